@@ -1,0 +1,72 @@
+"""Shared test helpers: building, quantizing, running and TensorRT-checking small models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
+
+
+def save(model: onnx.ModelProto, path: Path) -> Path:
+    onnx.save(model, str(path))
+    return path
+
+
+def quantize_dynamic(float_path: Path, out_path: Path, **kwargs) -> Path:
+    """onnxruntime's own quantize_dynamic (the producer of the models we convert)."""
+    from onnxruntime.quantization import quantize_dynamic as ort_quantize_dynamic
+
+    ort_quantize_dynamic(str(float_path), str(out_path), **kwargs)
+    return out_path
+
+
+def run_ort(model: Path | onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    """Run every feed; return the first output of each, in order."""
+    import onnxruntime as ort
+
+    src = str(model) if isinstance(model, Path) else model.SerializeToString()
+    session = ort.InferenceSession(src, providers=["CPUExecutionProvider"])
+    return [session.run(None, feed)[0] for feed in feeds]
+
+
+def snr_db(reference: list[np.ndarray], test: list[np.ndarray]) -> float:
+    from trt_bridge.convert import snr_db as snr
+
+    return snr(np.concatenate([r.ravel() for r in reference]), np.concatenate([t.ravel() for t in test]))
+
+
+def op_types(path: Path | onnx.ModelProto) -> set[str]:
+    model = onnx.load(str(path)) if isinstance(path, Path) else path
+    return {n.op_type for n in model.graph.node}
+
+
+def assert_tensorrt_ready(path: Path) -> None:
+    """The TensorRT-RTX parser accepts ``path`` and builds it ahead of time for SM 8.9."""
+    from trt_bridge.tensorrt.build import build_engine, parse
+
+    result = parse(path)
+    assert result.ok, f"TensorRT parser rejected {path}: {result.errors}"
+    engine = build_engine(path, compute_capability="SM89")
+    assert len(engine) > 0
+
+
+def assert_qdq_contract(path: Path) -> onnx.ModelProto:
+    """The output contract: int8 symmetric Q/DQ only, float32 scales, opset >= 13, checker clean."""
+    model = onnx.load(str(path))
+    onnx.checker.check_model(model, full_check=True)
+    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    opset = next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx"))
+    assert opset >= 13
+    banned = {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "QLinearConv", "QLinearMatMul"}
+    assert not (op_types(model) & banned)
+    assert all((n.domain or "") in ("", "ai.onnx") for n in model.graph.node)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            scale, zero = inits[node.input[1]], inits[node.input[2]]
+            assert scale.dtype == np.float32 and np.all(scale > 0), node.name
+            assert zero.dtype == np.int8 and not np.any(zero), node.name
+    return model

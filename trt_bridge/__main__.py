@@ -1,0 +1,5 @@
+import sys
+
+from trt_bridge.cli import main
+
+sys.exit(main())

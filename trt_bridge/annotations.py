@@ -1,0 +1,87 @@
+"""The canonical form that every lift rule produces.
+
+A lifted model is a plain float graph plus annotations: which tensors are meant to
+be quantized, with which scale (if known yet), on which axis, and where that scale
+came from. Placement, calibration and lowering work on this form only, so no rule
+needs to know about the others.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+class ScaleSource(str, enum.Enum):
+    """Where a quantization scale came from (recorded in the report)."""
+
+    CALIBRATION = "calibration"  # observed on calibration feeds
+    MODEL = "model"  # taken from a static scale in the source model
+    EXACT_WEIGHTS = "exact-int8-weights"  # the source's own symmetric int8 weights, kept bit-exact
+    REQUANTIZED = "requantized-weights"  # float (dequantized) weights quantized symmetric per channel
+
+
+@dataclass(frozen=True)
+class Site:
+    """One input edge that should read a quantized value: ``node.inputs[index]``."""
+
+    node: str
+    index: int
+
+
+@dataclass
+class ActivationSpec:
+    """A float activation tensor that is quantized per tensor in the output."""
+
+    tensor: str
+    sites: list[Site]
+    origin: str  # the source node this annotation was lifted from
+    scale: float | None = None  # None: needs calibration
+    source: ScaleSource | None = None
+
+
+@dataclass
+class WeightSpec:
+    """A constant weight tensor (float, in the lifted graph) to be emitted as int8 + DequantizeLinear.
+
+    ``int8`` and ``scale`` are set when the source model already had exact
+    symmetric int8 weights; otherwise lowering quantizes the float values
+    symmetric per output channel along ``axis``.
+    """
+
+    tensor: str
+    sites: list[Site]
+    axis: int  # output-channel axis for per-channel quantization
+    origin: str
+    int8: np.ndarray | None = None
+    scale: np.ndarray | None = None  # 0-d (per tensor) or 1-d along ``axis``
+    source: ScaleSource = ScaleSource.REQUANTIZED
+
+
+@dataclass
+class Annotations:
+    activations: dict[str, ActivationSpec] = field(default_factory=dict)
+    weights: dict[str, WeightSpec] = field(default_factory=dict)
+
+    def add_activation(self, tensor: str, site: Site, origin: str, scale: float | None = None,
+                       source: ScaleSource | None = None) -> None:
+        spec = self.activations.get(tensor)
+        if spec is None:
+            self.activations[tensor] = ActivationSpec(tensor, [site], origin, scale, source)
+            return
+        if site not in spec.sites:
+            spec.sites.append(site)
+        if spec.scale is None and scale is not None:
+            spec.scale, spec.source = scale, source
+
+    def add_weight(self, spec: WeightSpec) -> None:
+        existing = self.weights.get(spec.tensor)
+        if existing is None:
+            self.weights[spec.tensor] = spec
+        else:
+            existing.sites.extend(s for s in spec.sites if s not in existing.sites)
+
+    def needing_calibration(self) -> list[str]:
+        return sorted(name for name, spec in self.activations.items() if spec.scale is None)

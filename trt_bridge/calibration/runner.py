@@ -1,0 +1,98 @@
+"""Run onnxruntime on the lifted float model, feed by feed, into streaming observers."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+
+import onnx
+
+from trt_bridge.calibration.feeds import FeedSource
+from trt_bridge.calibration.observers import QMAX, CalibMethod, RangeObserver
+from trt_bridge.errors import CalibrationDataError, MissingDependencyError
+from trt_bridge.model import serialize_for_session
+
+log = logging.getLogger("trt_bridge.calibration")
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    amax: dict[str, float]
+    feeds: int
+    seconds: float
+    method: CalibMethod
+
+    def scale(self, tensor: str) -> float:
+        """Symmetric int8 scale; a tensor that was all zeros gets scale 1/127 (any positive scale is exact)."""
+        amax = self.amax[tensor]
+        return (amax if amax > 0 else 1.0) / QMAX
+
+
+def _import_ort():
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:  # pragma: no cover - onnxruntime is a core dependency
+        raise MissingDependencyError("onnxruntime is needed for calibration: pip install onnxruntime") from exc
+    return ort
+
+
+def calibrate(model: onnx.ModelProto, tensors: list[str], feeds: FeedSource, method: CalibMethod,
+              percentile: float = 99.99, progress: bool = True) -> CalibrationResult:
+    """Observe ``tensors`` of the float ``model`` on every feed; return their amax."""
+    ort = _import_ort()
+    start = time.perf_counter()
+    graph_inputs = {i.name for i in model.graph.input}
+    exposed = [t for t in tensors if t not in graph_inputs]
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    present = {o.name for o in probe.graph.output}
+    for name in exposed:
+        if name not in present:
+            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+            probe.graph.output[-1].type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+
+    observers = {t: RangeObserver(method, percentile) for t in tensors}
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    options.log_severity_level = 3
+    count = 0
+    with tempfile.TemporaryDirectory(prefix="trt-bridge-calib-") as workdir:
+        try:
+            session = ort.InferenceSession(serialize_for_session(probe, workdir), options,
+                                           providers=["CPUExecutionProvider"])
+        except Exception as exc:
+            raise CalibrationDataError(f"onnxruntime cannot run the lifted float model: {exc}") from exc
+        del probe
+        iterator = _progress(feeds, progress)
+        for feed in iterator:
+            try:
+                outputs = session.run(exposed, feed) if exposed else []
+            except Exception as exc:
+                raise CalibrationDataError(
+                    f"onnxruntime failed on calibration feed {count} "
+                    f"({', '.join(f'{k}{list(v.shape)}' for k, v in feed.items())}): {exc}"
+                ) from exc
+            for name, value in zip(exposed, outputs):
+                observers[name].update(value)
+            for name in tensors:
+                if name in graph_inputs:
+                    observers[name].update(feed[name])
+            count += 1
+    amax = {t: observers[t].amax() for t in tensors}
+    for t, v in amax.items():
+        if v == 0.0:
+            log.warning("activation '%s' was zero on every calibration feed", t)
+    return CalibrationResult(amax, count, time.perf_counter() - start, CalibMethod(method))
+
+
+def _progress(feeds: FeedSource, enabled: bool):
+    if not enabled:
+        return iter(feeds)
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iter(feeds)
+    return tqdm(feeds, total=feeds.total, desc="calibrating", unit="feed", leave=False, disable=None)
+

@@ -1,0 +1,173 @@
+"""The conversion pipeline: load → prepare → lift → place → calibrate → lower → finalize → save."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from trt_bridge.annotations import ScaleSource
+from trt_bridge.calibration import CalibMethod, calibrate, model_inputs, open_feeds
+from trt_bridge.errors import CalibrationDataError, TrtBridgeError, UnsupportedPatternError
+from trt_bridge.model import EXTERNAL_DATA_THRESHOLD, MIN_QDQ_OPSET, default_opset, load_model, save_model
+from trt_bridge.placement import PlacementPolicy, place
+from trt_bridge.report import ConversionReport, FloatLeftover, RuleHits
+
+log = logging.getLogger("trt_bridge.convert")
+
+#: Q/DQ nodes hold exact integer data; constant folding must leave them alone.
+_NO_FOLD = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Every option of ``trt-bridge convert`` (one field per CLI flag)."""
+
+    calib_data: str | None = None
+    calib_random: int | None = None
+    calib_method: CalibMethod = CalibMethod.PERCENTILE
+    percentile: float = 99.99
+    placement: PlacementPolicy = PlacementPolicy.TENSORRT
+    progress: bool = True
+
+
+def convert(model_path: str | Path, output_path: str | Path, options: ConvertOptions = ConvertOptions()
+            ) -> ConversionReport:
+    """Convert the model at ``model_path`` and write the TensorRT-ready model to ``output_path``."""
+    import onnx_graphsurgeon as gs
+
+    from trt_bridge.lift import leftover_blockers, lift
+    from trt_bridge.lower import lower
+
+    model_path, output_path = Path(model_path), Path(output_path)
+    if output_path.resolve() == model_path.resolve():
+        raise TrtBridgeError(f"the output path {output_path} is the input model; choose another with -o.")
+    seconds: dict[str, float] = {}
+    t0 = time.perf_counter()
+    model = load_model(model_path)
+    source_opset = default_opset(model)
+    inputs = model_inputs(model)
+    # Open (and check) the calibration source before any work, so a bad path fails fast.
+    feeds = None
+    if options.calib_data is not None or options.calib_random is not None:
+        feeds = open_feeds(options.calib_data, options.calib_random, inputs)
+    seconds["load"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    _name_nodes(model)
+    graph = gs.import_onnx(model)
+    del model
+    graph.fold_constants(should_exclude_node=lambda n: n.op in _NO_FOLD).cleanup()
+    ctx = lift(graph)
+    blockers = leftover_blockers(graph)
+    if blockers:
+        raise UnsupportedPatternError(_blocker_message(model_path, blockers, ctx.declined))
+    left = place(graph, ctx.annotations, options.placement)
+    lifted = _finalize(gs.export_onnx(graph), source_opset)
+    seconds["lift"] = time.perf_counter() - t0
+
+    calibration = None
+    needed = ctx.annotations.needing_calibration()
+    if needed:
+        if feeds is None:
+            raise CalibrationDataError(
+                f"{model_path}: {len(needed)} activation(s) (e.g. '{needed[0]}') have no static scale in "
+                "the model (dynamic quantization computes them at run time). Pass --calib-data with "
+                "representative inputs, or --calib-random N for a quick smoke test."
+            )
+        t0 = time.perf_counter()
+        result = calibrate(lifted, needed, feeds, options.calib_method, options.percentile, options.progress)
+        for name in needed:
+            spec = ctx.annotations.activations[name]
+            spec.scale, spec.source = result.scale(name), ScaleSource.CALIBRATION
+        calibration = {"feeds": result.feeds, "method": result.method.value, "seconds": result.seconds,
+                       "percentile": options.percentile if result.method is CalibMethod.PERCENTILE else None,
+                       "amax": {k: result.amax[k] for k in sorted(result.amax)}}
+        seconds["calibrate"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    graph = gs.import_onnx(lifted)
+    quantized = lower(graph, ctx.annotations)
+    out_model = _finalize(gs.export_onnx(graph), default_opset(lifted), check=True)
+    seconds["lower"] = time.perf_counter() - t0
+
+    t0 = time.perf_counter()
+    written = save_model(out_model, output_path, protect=(model_path,))
+    if out_model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
+        onnx.checker.check_model(str(written), full_check=True)
+    seconds["save"] = time.perf_counter() - t0
+
+    report = ConversionReport(
+        input=str(model_path), output=str(written), source_opset=source_opset,
+        output_opset=default_opset(out_model),
+        rules=[RuleHits(rule, nodes) for rule, nodes in ctx.fired.items()],
+        quantized=[asdict(q) for q in quantized],
+        left_in_float=[FloatLeftover(x.node, "", f"'{x.tensor}': {x.reason}") for x in left]
+        + [FloatLeftover(d.node, d.op, d.reason) for d in ctx.declined],
+        calibration=calibration, seconds=seconds,
+    )
+    return report
+
+
+def _name_nodes(model: onnx.ModelProto) -> None:
+    """Give every node a unique name: rules, sites and reports refer to nodes by name."""
+    seen: set[str] = set()
+    for i, node in enumerate(model.graph.node):
+        name = node.name or f"{node.op_type}_{i}"
+        while name in seen:
+            name = f"{name}_{i}"
+        node.name = name
+        seen.add(name)
+
+
+def _finalize(model: onnx.ModelProto, opset: int, check: bool = False) -> onnx.ModelProto:
+    """Drop unused opset imports, upgrade to opset ≥ 13, infer shapes; check when asked."""
+    used = {n.domain for n in model.graph.node}
+    keep = [imp for imp in model.opset_import if imp.domain in ("", "ai.onnx") or imp.domain in used]
+    del model.opset_import[:]
+    model.opset_import.extend(keep)
+    if opset < MIN_QDQ_OPSET:
+        from onnx import version_converter
+
+        try:
+            model = version_converter.convert_version(model, MIN_QDQ_OPSET)
+        except Exception as exc:
+            raise UnsupportedPatternError(
+                f"cannot upgrade the model from opset {opset} to {MIN_QDQ_OPSET} (needed for per-channel "
+                f"DequantizeLinear): {exc}. Re-export the model at opset {MIN_QDQ_OPSET} or newer."
+            ) from exc
+    if model.ir_version < 7:
+        model.ir_version = 7
+    del model.graph.value_info[:]
+    if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
+        return model  # protobuf cannot hold it for in-memory checks; checked from disk after saving
+    model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=check, data_prop=True)
+    if check:
+        onnx.checker.check_model(model, full_check=True)
+    return model
+
+
+def _blocker_message(path: Path, blockers, declined) -> str:
+    reasons = {d.node: d.reason for d in declined}
+    lines = [f"{path}: {len(blockers)} node(s) that TensorRT cannot import could not be rewritten:"]
+    for node in blockers[:20]:
+        why = reasons.get(node.name, f"no rule handles {node.domain + '.' if node.domain else ''}{node.op} yet")
+        lines.append(f"  - {node.op} '{node.name}': {why}")
+    if len(blockers) > 20:
+        lines.append(f"  ... and {len(blockers) - 20} more")
+    lines.append("Please report the pattern (with `trt-bridge convert --report`) so a rule can be added.")
+    return "\n".join(lines)
+
+
+def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
+    """Signal-to-noise ratio of ``test`` against ``reference`` in dB (higher is better)."""
+    ref = np.asarray(reference, np.float64).ravel()
+    err = ref - np.asarray(test, np.float64).ravel()
+    noise = float(np.sum(err * err))
+    if noise == 0.0:
+        return float("inf")
+    return 10.0 * float(np.log10(float(np.sum(ref * ref)) / noise))

@@ -1,0 +1,30 @@
+"""The exception hierarchy.
+
+``TrtBridgeError`` and its subclasses are problems with the user's input: the CLI
+prints their message (which says what, where and how to fix) and exits 2.
+``InternalError`` is a bug in trt-bridge and keeps its traceback.
+"""
+
+
+class TrtBridgeError(Exception):
+    """A user-facing problem; the message names the file/node/tensor and the fix."""
+
+
+class ModelLoadError(TrtBridgeError):
+    """The model file (or its external data) cannot be read or is not valid ONNX."""
+
+
+class CalibrationDataError(TrtBridgeError):
+    """Calibration feeds are missing, malformed or do not match the model's inputs."""
+
+
+class UnsupportedPatternError(TrtBridgeError):
+    """The model contains a construct that trt-bridge cannot rewrite for TensorRT."""
+
+
+class MissingDependencyError(TrtBridgeError):
+    """An optional dependency needed by this command is not installed."""
+
+
+class InternalError(Exception):
+    """A bug in trt-bridge (an invariant did not hold). Please report it."""

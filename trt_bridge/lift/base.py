@@ -1,0 +1,72 @@
+"""What every lift rule shares: the context it writes to, and how it declines."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trt_bridge.annotations import Annotations
+
+
+@dataclass(frozen=True)
+class Decline:
+    """A rule looked at ``node`` and did not rewrite it, for ``reason``."""
+
+    rule: str
+    node: str
+    op: str
+    reason: str
+
+
+class NameAllocator:
+    """Hands out node and tensor names that do not clash with any in the graph."""
+
+    def __init__(self, graph: gs.Graph):
+        self._taken = {n.name for n in graph.nodes} | set(graph.tensors().keys())
+
+    def __call__(self, base: str) -> str:
+        name, i = base, 1
+        while name in self._taken:
+            name = f"{base}_{i}"
+            i += 1
+        self._taken.add(name)
+        return name
+
+
+@dataclass
+class LiftContext:
+    graph: gs.Graph
+    annotations: Annotations = field(default_factory=Annotations)
+    fired: dict[str, list[str]] = field(default_factory=dict)  # rule -> nodes rewritten
+    declined: list[Decline] = field(default_factory=list)
+    constants: dict[tuple, gs.Constant] = field(default_factory=dict)  # dedup of lifted weights
+    names: NameAllocator | None = None
+
+    def __post_init__(self) -> None:
+        if self.names is None:
+            self.names = NameAllocator(self.graph)
+
+    def constant(self, base: str, values: np.ndarray, key: tuple) -> gs.Constant:
+        """A float constant, shared between rules that derive the same values from the same source."""
+        const = self.constants.get(key)
+        if const is None:
+            const = gs.Constant(self.names(base), np.ascontiguousarray(values))
+            self.constants[key] = const
+        return const
+
+
+class LiftRule(Protocol):
+    """One source pattern lifted to float graph + annotations.
+
+    ``apply`` rewires the edges around ``node`` and returns None, or returns the
+    reason it declined (and leaves the graph untouched). Dead nodes are removed by
+    a separate cleanup step.
+    """
+
+    name: str
+    op_types: tuple[str, ...]
+
+    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None: ...

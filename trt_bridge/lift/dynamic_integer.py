@@ -1,0 +1,270 @@
+"""Lift integer matmul/conv with their scaling epilogue back to a float op.
+
+Before (onnxruntime ``quantize_dynamic``; other dynamic quantizers differ in the epilogue)::
+
+    x ─ DynamicQuantizeLinear ─┬ x_q ──────────────┐
+                               ├ x_scale ─ Mul(·, w_scale) ─────────────┐
+                               └ x_zp ─────────────┤                    │
+    W_q (int8|uint8), w_zp ────────────── MatMulInteger|ConvInteger ─ acc:int32
+        acc [─ Add(bias_acc)]* ─ Cast(float) [─ Add(bias_acc)]* ─ Mul(x_scale·w_scale) ─ y
+
+After::
+
+    x ─────────────── MatMul|Conv ─ [Add(bias)]* ─ y
+    W (float = (W_q − w_zp)·w_scale) ─┘
+    annotations: x → activation, scale from calibration (dynamic has none);
+                 W → weight, exact int8 (symmetric source) or re-quantized per channel.
+
+The epilogue is not matched by node names or a fixed layout. Starting at the
+accumulator, the rule walks forward through Cast/Mul/Div/Add/Sub and tracks the
+multiplier applied so far as a :class:`Monomial` of dynamic scales and constants.
+The tensor where the multiplier equals the activation scale(s) times a constant is
+the float result; the constant is the weight scale (per tensor or per output
+channel). Any addend met on the way is "accumulator-scaled": its float value is
+recovered by undoing the division that produced it (``Floor(b / (s_x·s_w))`` → b),
+or by multiplying a constant integer addend by the remaining multiplier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trt_bridge.annotations import ScaleSource, Site, WeightSpec
+from trt_bridge.lift.base import LiftContext
+from trt_bridge.lift.scale_algebra import Monomial, constant_values, monomial_of
+
+_ROUNDING = {"Floor", "Round", "Ceil"}
+_CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
+
+
+@dataclass
+class _Activation:
+    float_tensor: gs.Tensor
+    scale: Monomial  # a dynamic symbol, or a constant (static QuantizeLinear)
+    static_scale: float | None
+
+
+@dataclass
+class _Weight:
+    tensor: gs.Tensor
+    values: np.ndarray
+    zero_point: np.ndarray
+
+
+def _zero_point(node: gs.Node, index: int) -> np.ndarray | str:
+    if len(node.inputs) <= index or node.inputs[index].name == "":
+        return np.zeros((), np.int64)
+    values = constant_values(node.inputs[index])
+    if values is None:
+        return f"zero point input {index} ('{node.inputs[index].name}') is not a constant"
+    return values.astype(np.int64)
+
+
+def _classify(node: gs.Node, index: int) -> _Activation | _Weight | str:
+    tensor = node.inputs[index]
+    values = constant_values(tensor)
+    if values is not None:
+        zp = _zero_point(node, index + 2)
+        if isinstance(zp, str):
+            return zp
+        return _Weight(tensor, values, zp)
+    producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+    if producer is not None and producer.op == "DynamicQuantizeLinear" and producer.outputs[0] is tensor:
+        zp_in = node.inputs[index + 2] if len(node.inputs) > index + 2 else None
+        if zp_in is not None and zp_in.name and zp_in is not producer.outputs[2]:
+            return f"operand {index} comes from DynamicQuantizeLinear '{producer.name}' but its zero point does not"
+        return _Activation(producer.inputs[0], monomial_of(producer.outputs[1]), None)
+    if producer is not None and producer.op == "QuantizeLinear":
+        scale = constant_values(producer.inputs[1])
+        if scale is not None and scale.size == 1:
+            return _Activation(producer.inputs[0], Monomial(scale.astype(np.float64).reshape(())),
+                               float(scale.reshape(())))
+    return (f"operand {index} ('{tensor.name}') is neither a constant nor produced by "
+            "DynamicQuantizeLinear or a per-tensor QuantizeLinear")
+
+
+def _channel_vector(numeric: np.ndarray, is_conv: bool, channels: int) -> np.ndarray | None:
+    """The weight scale as a 0-d or 1-d array over output channels, if ``numeric`` is one."""
+    if numeric.size == 1:
+        return numeric.reshape(())
+    shape = numeric.shape
+    if is_conv:
+        if len(shape) < 3 or shape[-2:] != (1, 1) or int(np.prod(shape[:-3])) != 1:
+            return None
+    elif int(np.prod(shape[:-1])) != 1:
+        return None
+    vec = numeric.reshape(-1)
+    return vec if vec.size == channels else None
+
+
+class DynamicIntegerOp:
+    name = "dynamic-integer-op"
+    op_types = ("MatMulInteger", "ConvInteger")
+
+    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+        is_conv = node.op == "ConvInteger"
+        operands = [_classify(node, 0), _classify(node, 1)]
+        for op in operands:
+            if isinstance(op, str):
+                return op
+        acts = [op for op in operands if isinstance(op, _Activation)]
+        if not acts or isinstance(operands[0], _Weight):
+            return "the left operand is a constant; only activation × weight or activation × activation is lifted"
+        weight = operands[1] if isinstance(operands[1], _Weight) else None
+        if is_conv and weight is None:
+            return "ConvInteger with a non-constant weight"
+
+        act_scale = Monomial.one()
+        for a in acts:
+            act_scale = act_scale * a.scale
+
+        walk = _walk_epilogue(node.outputs[0], act_scale)
+        if isinstance(walk, str):
+            return walk
+        end, multiplier, addends = walk
+
+        weight_scale = multiplier / act_scale  # symbols cancel; numeric = w_scale
+        if weight is not None:
+            channels = weight.values.shape[0] if is_conv else weight.values.shape[-1]
+            w_scale = _channel_vector(weight_scale.numeric, is_conv, channels)
+            if w_scale is None:
+                return (f"the scale multiplying the accumulator has shape {weight_scale.numeric.shape}, "
+                        "which is not per tensor or per output channel")
+        elif not np.allclose(weight_scale.numeric, 1.0, rtol=1e-5):
+            return "the accumulator of two activations is scaled by an unexpected constant"
+
+        float_addends = []
+        for other, mult_at, sign in addends:
+            value = _float_addend(ctx, other, multiplier / mult_at)
+            if value is None:
+                return (f"cannot tell the float value of '{other.name}', which is added to the "
+                        "accumulator before it is scaled back to float")
+            float_addends.append((value, sign))
+
+        if end.dtype is not None and np.dtype(end.dtype) != np.float32:
+            return f"the float result '{end.name}' is {np.dtype(end.dtype)}, not float32"
+
+        # --- rewrite: from here on the rule does not decline ---
+        inputs = [a.float_tensor for a in acts]
+        weight_const = None
+        if weight is not None:
+            weight_const = self._lift_weight(ctx, node, weight, w_scale, is_conv)
+            inputs.append(weight_const)
+        base = node.name or node.outputs[0].name
+        op_name = ctx.names(f"{base}/float")
+        attrs = {k: v for k, v in node.attrs.items() if k in _CONV_ATTRS} if is_conv else {}
+        result = gs.Variable(ctx.names(f"{base}/float_out"), dtype=np.float32)
+        new_nodes = [gs.Node("Conv" if is_conv else "MatMul", op_name, attrs, inputs, [result])]
+        for value, sign in float_addends:
+            out = gs.Variable(ctx.names(f"{base}/bias_out"), dtype=np.float32)
+            new_nodes.append(gs.Node("Add" if sign > 0 else "Sub", ctx.names(f"{base}/bias"), {},
+                                     [result, value], [out]))
+            result = out
+        # The last new node produces `end` itself, so its consumers stay wired.
+        end.inputs.clear()
+        new_nodes[-1].outputs = [end]
+        ctx.graph.nodes.extend(new_nodes)
+
+        for i, a in enumerate(acts):
+            ctx.annotations.add_activation(
+                a.float_tensor.name, Site(op_name, i), node.name, scale=None if a.static_scale is None
+                else a.static_scale, source=None if a.static_scale is None else ScaleSource.MODEL)
+        if weight_const is not None:
+            spec = ctx.annotations.weights.get(weight_const.name)
+            if spec is None:
+                spec = self._weight_spec(weight_const.name, weight, w_scale, is_conv, node.name)
+            spec.sites.append(Site(op_name, 1))
+            ctx.annotations.add_weight(spec)
+        return None
+
+    @staticmethod
+    def _axis(is_conv: bool, rank: int) -> int:
+        return 0 if is_conv else rank - 1
+
+    def _lift_weight(self, ctx: LiftContext, node: gs.Node, weight: _Weight, w_scale: np.ndarray,
+                     is_conv: bool) -> gs.Constant:
+        axis = self._axis(is_conv, weight.values.ndim)
+        shape = [1] * weight.values.ndim
+        shape[axis] = -1
+        scale = w_scale.reshape(shape) if w_scale.ndim else w_scale
+        zp = weight.zero_point.reshape(shape) if weight.zero_point.ndim else weight.zero_point
+        values = ((weight.values.astype(np.float64) - zp) * scale).astype(np.float32)
+        key = ("dynamic-weight", weight.tensor.name, w_scale.tobytes(), weight.zero_point.tobytes())
+        base = weight.tensor.name.removesuffix("_quantized") or node.name
+        return ctx.constant(f"{base}_float", values, key)
+
+    def _weight_spec(self, name: str, weight: _Weight, w_scale: np.ndarray, is_conv: bool,
+                     origin: str) -> WeightSpec:
+        axis = self._axis(is_conv, weight.values.ndim)
+        exact = (weight.values.dtype == np.int8 and not np.any(weight.zero_point)
+                 and bool(np.all(w_scale > 0)) and int(weight.values.min(initial=0)) >= -127)
+        if exact:
+            return WeightSpec(name, [], axis, origin, int8=np.asarray(weight.values),
+                              scale=np.asarray(w_scale, np.float32), source=ScaleSource.EXACT_WEIGHTS)
+        return WeightSpec(name, [], axis, origin)
+
+
+def _walk_epilogue(acc: gs.Tensor, act_scale: Monomial):
+    """Follow the accumulator to the tensor where it is back in float.
+
+    Returns ``(end tensor, total multiplier, [(addend, multiplier at that point, sign)])``
+    or a reason string.
+    """
+    t, mult, addends = acc, Monomial.one(), []
+    for _ in range(32):
+        if len(t.outputs) != 1:
+            return (f"accumulator-scaled tensor '{t.name}' has {len(t.outputs)} consumers; "
+                    "expected one chain ending in a multiply by the scales")
+        consumer = t.outputs[0]
+        out = consumer.outputs[0]
+        if consumer.op == "Cast":
+            pass
+        elif consumer.op in ("Mul", "Div"):
+            other = consumer.inputs[1] if consumer.inputs[0] is t else consumer.inputs[0]
+            if consumer.op == "Div" and consumer.inputs[0] is not t:
+                return f"'{t.name}' is a divisor in Div '{consumer.name}'"
+            m = monomial_of(other)
+            if m is None:
+                return f"'{other.name}' in {consumer.op} '{consumer.name}' is not a product of scales"
+            mult = mult * m if consumer.op == "Mul" else mult / m
+            if mult.symbols == act_scale.symbols:
+                return out, mult, addends
+        elif consumer.op in ("Add", "Sub"):
+            if consumer.op == "Sub" and consumer.inputs[1] is t:
+                return f"'{t.name}' is subtracted in Sub '{consumer.name}'"
+            other = consumer.inputs[1] if consumer.inputs[0] is t else consumer.inputs[0]
+            addends.append((other, mult, 1 if consumer.op == "Add" else -1))
+        else:
+            return (f"accumulator-scaled tensor '{t.name}' reaches {consumer.op} '{consumer.name}' "
+                    "before it is multiplied back to float")
+        t = out
+    return f"no multiply by the activation scale found after '{acc.name}'"
+
+
+def _float_addend(ctx: LiftContext, tensor: gs.Tensor, remaining: Monomial) -> gs.Tensor | None:
+    """The float tensor that ``tensor`` (in accumulator units) stands for, given the
+    multiplier ``remaining`` still to be applied to it."""
+    t = tensor
+    while len(t.inputs) == 1 and t.inputs[0].op in ("Cast", *_ROUNDING):
+        t = t.inputs[0].inputs[0]
+    values = constant_values(t)
+    if values is not None:
+        if remaining.symbols:
+            return None
+        scaled = (values.astype(np.float64) * remaining.numeric).astype(np.float32)
+        return ctx.constant(f"{tensor.name}_float", scaled, ("addend", tensor.name, remaining.numeric.tobytes()))
+    if len(t.inputs) != 1 or t.inputs[0].op not in ("Div", "Mul"):
+        return None
+    node = t.inputs[0]
+    for value, scale in ((node.inputs[0], node.inputs[1]), (node.inputs[1], node.inputs[0])):
+        m = monomial_of(scale)
+        if m is None:
+            continue
+        if node.op == "Div" and value is node.inputs[0] and m.matches(remaining):
+            return value
+        if node.op == "Mul" and (m * remaining).matches(Monomial.one()):
+            return value
+    return None

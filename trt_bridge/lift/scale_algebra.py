@@ -1,0 +1,122 @@
+"""Symbolic scale tracking for integer epilogues.
+
+A tensor that holds a scale is described as a :class:`Monomial`: a numeric part
+(a constant array, broadcastable) times a product of *dynamic* scale symbols, each
+with an integer exponent. The dynamic symbols are the scale outputs of
+``DynamicQuantizeLinear``; everything else is folded into the numeric part. This
+lets the lift rules recognise, whatever the exporter's node layout, when an int32
+accumulator has been multiplied back into the float domain, and what float value
+an accumulator-scaled addend (e.g. a bias quantized at run time) stands for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+Symbols = tuple[tuple[str, int], ...]
+
+
+def _merge(a: Symbols, b: Symbols, sign: int) -> Symbols:
+    out = dict(a)
+    for name, exp in b:
+        out[name] = out.get(name, 0) + sign * exp
+    return tuple(sorted((k, v) for k, v in out.items() if v != 0))
+
+
+@dataclass(frozen=True)
+class Monomial:
+    numeric: np.ndarray
+    symbols: Symbols = ()
+
+    @staticmethod
+    def one() -> Monomial:
+        return Monomial(np.ones((), np.float64))
+
+    def __mul__(self, other: Monomial) -> Monomial:
+        return Monomial(self.numeric * other.numeric, _merge(self.symbols, other.symbols, 1))
+
+    def __truediv__(self, other: Monomial) -> Monomial:
+        return Monomial(self.numeric / other.numeric, _merge(self.symbols, other.symbols, -1))
+
+    def matches(self, other: Monomial, rtol: float = 1e-5) -> bool:
+        if self.symbols != other.symbols:
+            return False
+        try:
+            a, b = np.broadcast_arrays(self.numeric, other.numeric)
+        except ValueError:
+            return False
+        return bool(np.allclose(a, b, rtol=rtol, atol=0))
+
+
+def constant_values(tensor: gs.Tensor) -> np.ndarray | None:
+    """The values of a constant tensor (initializer or Constant node output), else None."""
+    if isinstance(tensor, gs.Constant):
+        return np.asarray(tensor.values)
+    if len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant":
+        value = tensor.inputs[0].attrs.get("value")
+        if isinstance(value, gs.Constant):
+            return np.asarray(value.values)
+    return None
+
+
+def _reshape(values: np.ndarray, shape: np.ndarray) -> np.ndarray:
+    if values.size == 1:
+        return values.reshape(())
+    shape = [values.shape[i] if d == 0 and i < values.ndim else int(d) for i, d in enumerate(shape)]
+    return values.reshape(shape)
+
+
+_PASS_THROUGH = {"Identity", "Cast", "Expand"}
+
+
+def monomial_of(tensor: gs.Tensor, depth: int = 0) -> Monomial | None:
+    """Describe ``tensor`` as a Monomial, or None when it is not a product of scales."""
+    if depth > 16:
+        return None
+    values = constant_values(tensor)
+    if values is not None:
+        if not np.issubdtype(values.dtype, np.floating):
+            return None
+        return Monomial(values.astype(np.float64))
+    if len(tensor.inputs) != 1:
+        return None  # a graph input: unknown
+    node = tensor.inputs[0]
+    if node.op == "DynamicQuantizeLinear" and len(node.outputs) > 1 and node.outputs[1] is tensor:
+        return Monomial(np.ones((), np.float64), ((tensor.name, 1),))
+    if node.op in ("Mul", "Div") and len(node.inputs) == 2:
+        a, b = (monomial_of(t, depth + 1) for t in node.inputs)
+        if a is None or b is None:
+            return None
+        return a * b if node.op == "Mul" else a / b
+    if node.op in _PASS_THROUGH and node.inputs:
+        return monomial_of(node.inputs[0], depth + 1)
+    if node.op in ("Reshape", "Unsqueeze", "Squeeze") and node.inputs:
+        inner = monomial_of(node.inputs[0], depth + 1)
+        if inner is None:
+            return None
+        if inner.numeric.size == 1:
+            return Monomial(inner.numeric.reshape(()), inner.symbols)
+        return _reshape_like(node, inner)
+    return None
+
+
+def _reshape_like(node: gs.Node, inner: Monomial) -> Monomial | None:
+    vals = inner.numeric
+    if node.op == "Reshape":
+        shape = constant_values(node.inputs[1]) if len(node.inputs) > 1 else None
+        if shape is None:
+            return None
+        return Monomial(_reshape(vals, shape), inner.symbols)
+    axes = node.attrs.get("axes")
+    if axes is None and len(node.inputs) > 1:
+        axes = constant_values(node.inputs[1])
+    if node.op == "Squeeze":
+        return Monomial(np.squeeze(vals, axis=None if axes is None else tuple(int(a) for a in axes)),
+                        inner.symbols)
+    if axes is None:
+        return None
+    out_rank = vals.ndim + len(axes)
+    return Monomial(np.expand_dims(vals, tuple(int(a) % out_rank for a in axes)), inner.symbols)

@@ -1,0 +1,109 @@
+"""Lower the canonical form to TensorRT-ready explicit quantization.
+
+Before (lifted)::
+
+    x ─────────────┐                 annotations: x → act scale s_x
+    W (float) ─ MatMul|Conv ─ y                   W → weight, axis a
+
+After::
+
+    x ─ QuantizeLinear(s_x, 0:int8) ─ DequantizeLinear(s_x, 0) ─┐
+    W_q:int8 ─ DequantizeLinear(s_w[per channel], 0, axis=a) ─ MatMul|Conv ─ y
+
+Symmetric int8 only (zero point 0), float32 scales as initializers, per-tensor
+activations, weights per tensor or per output channel. Rounding is half to even.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trt_bridge.annotations import Annotations, ScaleSource, WeightSpec
+from trt_bridge.calibration.observers import QMAX
+from trt_bridge.errors import InternalError
+from trt_bridge.lift.base import NameAllocator
+
+
+@dataclass(frozen=True)
+class QuantizedTensor:
+    tensor: str
+    kind: str  # "activation" | "weight"
+    scale: float | list[float]
+    axis: int | None
+    source: str
+    consumers: tuple[str, ...]
+
+
+def quantize_weight(values: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per-channel quantization along ``axis``: (int8 values, 1-d scales)."""
+    reduce_axes = tuple(i for i in range(values.ndim) if i != axis)
+    amax = np.abs(values.astype(np.float64)).max(axis=reduce_axes)
+    scale = np.where(amax > 0, amax / QMAX, 1.0 / QMAX)
+    shape = [1] * values.ndim
+    shape[axis] = -1
+    q = np.clip(np.rint(values / scale.reshape(shape)), -QMAX, QMAX).astype(np.int8)
+    return q, scale.astype(np.float32)
+
+
+def lower(graph: gs.Graph, annotations: Annotations) -> list[QuantizedTensor]:
+    """Insert Q/DQ for every placed annotation (in place); return what was quantized."""
+    names = NameAllocator(graph)
+    nodes = {n.name: n for n in graph.nodes}
+    tensors = graph.tensors()
+    done: list[QuantizedTensor] = []
+
+    for name in sorted(annotations.weights):
+        spec = annotations.weights[name]
+        q, scale = _weight_values(spec, tensors[name])
+        dq_out = gs.Variable(names(f"{name}_dequantized"), dtype=np.float32, shape=list(q.shape))
+        zero = np.zeros(scale.shape, np.int8)
+        attrs = {"axis": spec.axis} if scale.ndim == 1 else {}
+        graph.nodes.append(gs.Node(
+            "DequantizeLinear", names(f"{name}_DequantizeLinear"), attrs,
+            [gs.Constant(names(f"{name}_int8"), q), gs.Constant(names(f"{name}_scale"), scale),
+             gs.Constant(names(f"{name}_zero_point"), zero)], [dq_out]))
+        _rewire(nodes, spec.sites, name, dq_out)
+        done.append(QuantizedTensor(name, "weight", _scale_out(scale), spec.axis if scale.ndim else None,
+                                    spec.source.value, tuple(s.node for s in spec.sites)))
+
+    for name in sorted(annotations.activations):
+        spec = annotations.activations[name]
+        if spec.scale is None:
+            raise InternalError(f"activation '{name}' reached lowering without a scale")
+        scale = gs.Constant(names(f"{name}_scale"), np.array(spec.scale, np.float32))
+        zero = gs.Constant(names(f"{name}_zero_point"), np.array(0, np.int8))
+        q_out = gs.Variable(names(f"{name}_quantized"), dtype=np.int8)
+        dq_out = gs.Variable(names(f"{name}_dequantized"), dtype=np.float32)
+        graph.nodes.append(gs.Node("QuantizeLinear", names(f"{name}_QuantizeLinear"), {},
+                                   [tensors[name], scale, zero], [q_out]))
+        graph.nodes.append(gs.Node("DequantizeLinear", names(f"{name}_DequantizeLinear"), {},
+                                   [q_out, scale, zero], [dq_out]))
+        _rewire(nodes, spec.sites, name, dq_out)
+        done.append(QuantizedTensor(name, "activation", float(np.float32(spec.scale)), None,
+                                    spec.source.value if spec.source else "", tuple(s.node for s in spec.sites)))
+    graph.cleanup().toposort()
+    return done
+
+
+def _weight_values(spec: WeightSpec, tensor: gs.Tensor) -> tuple[np.ndarray, np.ndarray]:
+    if spec.int8 is not None and spec.scale is not None:
+        return spec.int8, np.asarray(spec.scale, np.float32)
+    if not isinstance(tensor, gs.Constant):
+        raise InternalError(f"weight '{spec.tensor}' is not a constant at lowering")
+    spec.source = ScaleSource.REQUANTIZED
+    return quantize_weight(np.asarray(tensor.values), spec.axis)
+
+
+def _scale_out(scale: np.ndarray) -> float | list[float]:
+    return float(scale) if scale.ndim == 0 else [float(v) for v in scale]
+
+
+def _rewire(nodes: dict[str, gs.Node], sites, name: str, new: gs.Tensor) -> None:
+    for site in sites:
+        node = nodes[site.node]
+        if node.inputs[site.index].name != name:
+            raise InternalError(f"site {site} does not read '{name}'")
+        node.inputs[site.index] = new

@@ -1,0 +1,140 @@
+"""Loading and saving ONNX models: external data, models over 2 GB, atomic writes.
+
+Only ``onnx`` is imported here; it is light enough to load eagerly.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import onnx
+
+from trt_bridge.errors import ModelLoadError, TrtBridgeError
+
+log = logging.getLogger("trt_bridge.model")
+
+#: Protobuf cannot serialize a message of 2 GiB or more; above this size the
+#: weights go to an external-data file beside the model.
+PROTOBUF_LIMIT = 2**31 - 1
+#: Keep some headroom under the hard limit for the graph itself.
+EXTERNAL_DATA_THRESHOLD = int(1.8 * 2**30)
+
+MIN_QDQ_OPSET = 13  # per-channel QuantizeLinear/DequantizeLinear need `axis`
+
+
+def load_model(path: str | os.PathLike) -> onnx.ModelProto:
+    """Load ``path`` with its external data; raise ModelLoadError with the fix on failure."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelLoadError(f"{path}: no such file. Check the path to the ONNX model.")
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises DecodeError, others raise OSError
+        raise ModelLoadError(
+            f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc}). "
+            "Re-export the model, or check that the file is complete."
+        ) from exc
+    _check_external_data_present(model, path)
+    try:
+        onnx.load_external_data_for_model(model, str(path.parent))
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: cannot read its external data ({exc}).") from exc
+    if not model.graph.node:
+        raise ModelLoadError(f"{path}: the graph has no nodes; nothing to convert.")
+    return model
+
+
+def _check_external_data_present(model: onnx.ModelProto, path: Path) -> None:
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    missing: dict[str, list[str]] = {}
+    for tensor in _get_all_tensors(model):
+        if not uses_external_data(tensor):
+            continue
+        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+        if not (path.parent / location).is_file():
+            missing.setdefault(location, []).append(tensor.name)
+    if missing:
+        lines = ", ".join(
+            f"'{loc}' (tensors {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+            for loc, names in sorted(missing.items())
+        )
+        raise ModelLoadError(
+            f"{path}: external data file(s) missing next to the model: {lines}. "
+            f"Copy the data file(s) into {path.parent} alongside the .onnx file."
+        )
+
+
+def model_byte_size(model: onnx.ModelProto) -> int:
+    return model.ByteSize()
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple[Path, ...] = ()) -> Path:
+    """Write ``model`` to ``path`` atomically.
+
+    The model (and, over :data:`EXTERNAL_DATA_THRESHOLD`, its ``<name>.data`` file) is
+    first written into a temporary folder beside the target, then renamed into
+    place, so a crash never leaves a half-written model behind. ``protect`` lists
+    files that must never be overwritten (the input model).
+    """
+    path = Path(path).resolve()
+    for p in protect:
+        if path == Path(p).resolve():
+            raise TrtBridgeError(
+                f"refusing to overwrite the input model {p}; choose another output path with -o."
+            )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    external = model_byte_size(model) > EXTERNAL_DATA_THRESHOLD
+    data_name = path.name + ".data"
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".trt-bridge-") as tmp:
+        tmp_model = Path(tmp) / path.name
+        if external:
+            log.info("model is over 2 GB: writing weights to %s", data_name)
+            onnx.save_model(
+                model,
+                str(tmp_model),
+                save_as_external_data=True,
+                all_tensors_to_one_file=True,
+                location=data_name,
+                size_threshold=1024,
+            )
+            os.replace(Path(tmp) / data_name, path.parent / data_name)
+        else:
+            onnx.save_model(model, str(tmp_model))
+        os.replace(tmp_model, path)
+    return path
+
+
+def serialize_for_session(model: onnx.ModelProto, workdir: str) -> str | bytes:
+    """What onnxruntime's InferenceSession should be given for ``model``.
+
+    Small models go as bytes; models over the protobuf limit are written with
+    external data into ``workdir`` and passed by path.
+    """
+    if model_byte_size(model) <= EXTERNAL_DATA_THRESHOLD:
+        return model.SerializeToString()
+    target = Path(workdir) / "model.onnx"
+    onnx.save_model(
+        model, str(target), save_as_external_data=True, all_tensors_to_one_file=True,
+        location="model.onnx.data", size_threshold=1024,
+    )
+    return str(target)
+
+
+def default_opset(model: onnx.ModelProto) -> int:
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx"):
+            return imp.version
+    raise ModelLoadError("the model imports no default ONNX opset; it is not a valid ONNX model.")
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write a text file (a report) atomically."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".trt-bridge-", delete=False) as f:
+        f.write(text)
+    os.replace(f.name, path)

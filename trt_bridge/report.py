@@ -1,0 +1,63 @@
+"""The conversion report: typed, JSON-serialisable, with a short human summary."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class RuleHits:
+    rule: str
+    nodes: list[str]
+
+
+@dataclass(frozen=True)
+class FloatLeftover:
+    node: str
+    op: str
+    reason: str
+
+
+@dataclass
+class ConversionReport:
+    input: str
+    output: str
+    source_opset: int
+    output_opset: int
+    rules: list[RuleHits] = field(default_factory=list)
+    quantized: list[dict] = field(default_factory=list)  # QuantizedTensor as dicts
+    left_in_float: list[FloatLeftover] = field(default_factory=list)
+    calibration: dict | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    remaining_blockers: list[str] = field(default_factory=list)
+
+    def __bool__(self) -> bool:
+        return not self.remaining_blockers
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    def summary(self) -> str:
+        acts = [q for q in self.quantized if q["kind"] == "activation"]
+        weights = [q for q in self.quantized if q["kind"] == "weight"]
+        lines = [f"converted {self.input} -> {self.output} (opset {self.source_opset} -> {self.output_opset})"]
+        for hit in self.rules:
+            lines.append(f"  rule {hit.rule}: {len(hit.nodes)} node(s)")
+        sources: dict[str, int] = {}
+        for q in self.quantized:
+            sources[q["source"]] = sources.get(q["source"], 0) + 1
+        per_channel = sum(1 for w in weights if w["axis"] is not None)
+        lines.append(f"  quantized: {len(acts)} activation(s), {len(weights)} weight(s) "
+                     f"({per_channel} per-channel); scale sources: "
+                     + ", ".join(f"{k} {v}" for k, v in sorted(sources.items())))
+        if self.calibration:
+            c = self.calibration
+            lines.append(f"  calibration: {c['feeds']} feed(s), method {c['method']}, {c['seconds']:.2f} s")
+        if self.left_in_float:
+            lines.append(f"  left in float: {len(self.left_in_float)} edge(s) (see the JSON report)")
+        lines.append(f"  total {sum(self.seconds.values()):.2f} s")
+        return "\n".join(lines)

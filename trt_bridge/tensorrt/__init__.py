@@ -1,0 +1,35 @@
+"""A lazy shim over ``tensorrt`` (TensorRT 10/11, GPU machines) and ``tensorrt_rtx``
+(TensorRT-RTX, whose parser and builder also run ahead of time on a CPU-only machine).
+Both expose the same Python API; nothing is imported until it is needed."""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+from trt_bridge.errors import MissingDependencyError
+
+_MODULES = ("tensorrt", "tensorrt_rtx")
+_cache: dict[str, ModuleType] = {}
+
+
+def import_tensorrt(prefer: str | None = None) -> ModuleType:
+    """The TensorRT module: ``prefer`` if given, else ``tensorrt``, else ``tensorrt_rtx``."""
+    order = (prefer,) if prefer else _MODULES
+    for name in order:
+        if name in _cache:
+            return _cache[name]
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        _cache[name] = module
+        return module
+    raise MissingDependencyError(
+        "TensorRT is not installed. On any machine: pip install 'trt-bridge[rtx]' (TensorRT-RTX: parse "
+        "and build ahead of time); on a GPU machine with datacenter TensorRT: pip install 'trt-bridge[trt]'."
+    )
+
+
+def is_rtx(trt: ModuleType) -> bool:
+    return trt.__name__.startswith("tensorrt_rtx")

@@ -1,0 +1,89 @@
+"""Parse an ONNX model with TensorRT's parser and build an engine (ahead of time with TensorRT-RTX)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trt_bridge.errors import TrtBridgeError
+from trt_bridge.tensorrt import import_tensorrt, is_rtx
+
+log = logging.getLogger("trt_bridge.tensorrt")
+
+
+@dataclass
+class ParseResult:
+    ok: bool
+    errors: list[str] = field(default_factory=list)
+    layers: int = 0
+
+    def __bool__(self) -> bool:
+        return self.ok
+
+
+class _Logger:
+    """A TensorRT logger that keeps what the parser and builder say."""
+
+    def __new__(cls, trt):
+        class Impl(trt.ILogger):
+            def __init__(self):
+                trt.ILogger.__init__(self)
+                self.messages: list[str] = []
+
+            def log(self, severity, msg):
+                if severity <= trt.ILogger.Severity.WARNING:
+                    self.messages.append(msg)
+
+        return Impl()
+
+
+def _network(trt, builder):
+    flags = 0
+    if hasattr(trt.NetworkDefinitionCreationFlag, "STRONGLY_TYPED") and not is_rtx(trt):
+        flags |= 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    return builder.create_network(flags)
+
+
+def parse(path: str | Path, module: str | None = None) -> ParseResult:
+    """Run TensorRT's ONNX parser on ``path``; collect its errors instead of raising."""
+    trt = import_tensorrt(module)
+    logger = _Logger(trt)
+    builder = trt.Builder(logger)
+    network = _network(trt, builder)
+    parser = trt.OnnxParser(network, logger)
+    ok = parser.parse_from_file(str(path))
+    errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
+    return ParseResult(bool(ok), errors, network.num_layers)
+
+
+def build_engine(path: str | Path, compute_capability: str = "SM89", workspace: int = 1 << 30,
+                 module: str | None = None) -> bytes:
+    """Build a serialized engine for ``path``; with TensorRT-RTX ahead of time for ``compute_capability``."""
+    trt = import_tensorrt(module)
+    logger = _Logger(trt)
+    builder = trt.Builder(logger)
+    network = _network(trt, builder)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(path)):
+        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
+        raise TrtBridgeError(f"{path}: TensorRT's ONNX parser rejected the model: {errors}")
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace)
+    if is_rtx(trt):
+        config.num_compute_capabilities = 1
+        config.set_compute_capability(getattr(trt.ComputeCapability, compute_capability), 0)
+    profile = None
+    for i in range(network.num_inputs):
+        tensor = network.get_input(i)
+        shape = tuple(tensor.shape)
+        if any(d < 0 for d in shape):
+            profile = profile or builder.create_optimization_profile()
+            fixed = tuple(1 if d < 0 else d for d in shape)
+            profile.set_shape(tensor.name, fixed, fixed, fixed)
+    if profile is not None:
+        config.add_optimization_profile(profile)
+    engine = builder.build_serialized_network(network, config)
+    if engine is None:
+        raise TrtBridgeError(f"{path}: TensorRT failed to build an engine: {'; '.join(logger.messages[-5:])}")
+    return bytes(engine)
