@@ -32,6 +32,7 @@ class ConvertOptions:
     calib_method: CalibMethod = CalibMethod.PERCENTILE
     percentile: float = 99.99
     placement: PlacementPolicy = PlacementPolicy.TENSORRT
+    recenter: bool = True
     progress: bool = True
 
 
@@ -40,8 +41,8 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     """Convert the model at ``model_path`` and write the TensorRT-ready model to ``output_path``."""
     import onnx_graphsurgeon as gs
 
-    from trt_bridge.lift import leftover_blockers, lift
     from trt_bridge.lower import lower
+    from trt_bridge.recenter import recenter
 
     model_path, output_path = Path(model_path), Path(output_path)
     if output_path.resolve() == model_path.resolve():
@@ -58,16 +59,9 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     seconds["load"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    _name_nodes(model)
-    graph = gs.import_onnx(model)
+    lifted, ctx = lift_model(model, model_path)
     del model
-    graph.fold_constants(should_exclude_node=lambda n: n.op in _NO_FOLD).cleanup()
-    ctx = lift(graph)
-    blockers = leftover_blockers(graph)
-    if blockers:
-        raise UnsupportedPatternError(_blocker_message(model_path, blockers, ctx.declined))
-    left = place(graph, ctx.annotations, options.placement)
-    lifted = _finalize(gs.export_onnx(graph), source_opset)
+    left = place(gs.import_onnx(lifted), ctx.annotations, options.placement)
     seconds["lift"] = time.perf_counter() - t0
 
     calibration = None
@@ -86,11 +80,13 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
             spec.scale, spec.source = result.scale(name), ScaleSource.CALIBRATION
         calibration = {"feeds": result.feeds, "method": result.method.value, "seconds": result.seconds,
                        "percentile": options.percentile if result.method is CalibMethod.PERCENTILE else None,
-                       "amax": {k: result.amax[k] for k in sorted(result.amax)}}
+                       "ranges": {k: {"min": o.lo, "max": o.hi, "amax": result.amax(k)}
+                                  for k, o in sorted(result.observers.items())}}
         seconds["calibrate"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     graph = gs.import_onnx(lifted)
+    recentered = recenter(graph, ctx.annotations, result) if calibration and options.recenter else []
     quantized = lower(graph, ctx.annotations)
     out_model = _finalize(gs.export_onnx(graph), default_opset(lifted), check=True)
     seconds["lower"] = time.perf_counter() - t0
@@ -108,9 +104,31 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         quantized=[asdict(q) for q in quantized],
         left_in_float=[FloatLeftover(x.node, "", f"'{x.tensor}': {x.reason}") for x in left]
         + [FloatLeftover(d.node, d.op, d.reason) for d in ctx.declined],
-        calibration=calibration, seconds=seconds,
+        calibration=calibration, seconds=seconds, recentered=[asdict(r) for r in recentered],
     )
     return report
+
+
+def lift_model(model: onnx.ModelProto, where: str | Path = "model"):
+    """Lift ``model`` (consumed) to the canonical form: ``(float ModelProto, LiftContext)``.
+
+    The float model computes exactly what the source meant, with the source's own
+    (dequantized) weights; raises UnsupportedPatternError if anything TensorRT
+    cannot import is left.
+    """
+    import onnx_graphsurgeon as gs
+
+    from trt_bridge.lift import leftover_blockers, lift
+
+    source_opset = default_opset(model)
+    _name_nodes(model)
+    graph = gs.import_onnx(model)
+    graph.fold_constants(should_exclude_node=lambda n: n.op in _NO_FOLD).cleanup()
+    ctx = lift(graph)
+    blockers = leftover_blockers(graph)
+    if blockers:
+        raise UnsupportedPatternError(_blocker_message(where, blockers, ctx.declined))
+    return _finalize(gs.export_onnx(graph), source_opset), ctx
 
 
 def _name_nodes(model: onnx.ModelProto) -> None:

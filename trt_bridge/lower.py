@@ -97,6 +97,16 @@ def _weight_values(spec: WeightSpec, tensor: gs.Tensor) -> tuple[np.ndarray, np.
     return quantize_weight(np.asarray(tensor.values), spec.axis)
 
 
+def effective_weight(spec: WeightSpec, tensor: gs.Tensor) -> np.ndarray:
+    """The float weights the lowered model computes with: int8 values times their scales."""
+    q, scale = _weight_values(spec, tensor)
+    if scale.ndim == 0:
+        return q.astype(np.float32) * scale
+    shape = [1] * q.ndim
+    shape[spec.axis] = -1
+    return q.astype(np.float32) * scale.reshape(shape)
+
+
 def _scale_out(scale: np.ndarray) -> float | list[float]:
     return float(scale) if scale.ndim == 0 else [float(v) for v in scale]
 

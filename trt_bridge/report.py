@@ -31,6 +31,7 @@ class ConversionReport:
     calibration: dict | None = None
     seconds: dict[str, float] = field(default_factory=dict)
     remaining_blockers: list[str] = field(default_factory=list)
+    recentered: list[dict] = field(default_factory=list)  # recenter.Recentered as dicts
 
     def __bool__(self) -> bool:
         return not self.remaining_blockers
@@ -57,6 +58,8 @@ class ConversionReport:
         if self.calibration:
             c = self.calibration
             lines.append(f"  calibration: {c['feeds']} feed(s), method {c['method']}, {c['seconds']:.2f} s")
+        if self.recentered:
+            lines.append(f"  re-centred {len(self.recentered)} one-sided activation(s) (symmetric int8 keeps all 8 bits)")
         if self.left_in_float:
             lines.append(f"  left in float: {len(self.left_in_float)} edge(s) (see the JSON report)")
         lines.append(f"  total {sum(self.seconds.values()):.2f} s")

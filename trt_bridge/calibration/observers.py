@@ -1,8 +1,8 @@
 """Streaming range observers for symmetric int8 activation scales.
 
 Each observer sees a tensor's values one feed at a time and keeps O(bins) state:
-a running max and, for the histogram methods, a histogram of |x| over [0, hi].
-When a feed exceeds ``hi`` the range doubles and adjacent bins merge pairwise,
+the running min and max and, for the histogram methods, a signed histogram over
+[-R, R]. When a feed exceeds R the range doubles and adjacent bins merge pairwise,
 which is exact (no interpolation), so memory never grows with the number of feeds.
 
 Methods (the returned value is ``amax``; the scale is ``amax / 127``):
@@ -31,52 +31,74 @@ class CalibMethod(str, enum.Enum):
 
 
 class RangeObserver:
-    def __init__(self, method: CalibMethod = CalibMethod.MSE, percentile: float = 99.99, bins: int = 2048):
+    """Running min/max and a signed histogram over [-R, R] (R doubles as needed).
+
+    ``amax(center)`` folds the histogram around ``center`` and applies the method to
+    |x − center|: center 0 is plain symmetric quantization; a non-zero center is used
+    when a one-sided tensor is re-centred before quantization (see ``recenter``).
+    """
+
+    def __init__(self, method: CalibMethod = CalibMethod.PERCENTILE, percentile: float = 99.99,
+                 bins: int = 2048):
         if not 0 < percentile <= 100:
             raise ValueError(f"percentile must be in (0, 100], got {percentile}")
+        if bins % 2:
+            raise ValueError("bins must be even")
         self.method, self.percentile, self.bins = CalibMethod(method), percentile, bins
-        self.max = 0.0
-        self.hist = np.zeros(bins, np.float64)
-        self.hi = 0.0  # upper edge of the histogram; 0 until a non-zero value is seen
+        self.lo, self.hi = np.inf, -np.inf
+        self.hist = np.zeros(2 * bins, np.float64)  # over [-R, R]
+        self.R = 0.0
+        self._zeros = 0  # zeros seen while R is still 0
         self.count = 0
 
+    @property
+    def max(self) -> float:
+        """The largest |x| seen (0 before any value)."""
+        return 0.0 if self.count == 0 else float(max(abs(self.lo), abs(self.hi)))
+
     def update(self, values: np.ndarray) -> None:
-        mag = np.abs(np.asarray(values, dtype=np.float32).ravel())
-        if mag.size == 0:
+        v = np.asarray(values, dtype=np.float32).ravel()
+        if v.size and not np.isfinite(v).all():
+            v = v[np.isfinite(v)]
+        if v.size == 0:
             return
-        finite = np.isfinite(mag)
-        if not finite.all():
-            mag = mag[finite]
-            if mag.size == 0:
-                return
-        self.count += mag.size
-        batch_max = float(mag.max())
-        self.max = max(self.max, batch_max)
-        if self.method is CalibMethod.MAX or batch_max == 0.0 and self.hi == 0.0:
-            if self.method is not CalibMethod.MAX and self.hi == 0.0:
-                self.hist[0] += mag.size
+        self.count += v.size
+        lo, hi = float(v.min()), float(v.max())
+        self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
+        peak = max(abs(lo), abs(hi))
+        if self.method is CalibMethod.MAX:
             return
-        if self.hi == 0.0:
-            self.hi = batch_max
-        while batch_max > self.hi:
-            self.hist = np.concatenate([self.hist.reshape(-1, 2).sum(axis=1), np.zeros(self.bins // 2)])
-            self.hi *= 2.0
-        counts, _ = np.histogram(mag, bins=self.bins, range=(0.0, self.hi))
+        if peak == 0.0 and self.R == 0.0:
+            self._zeros += v.size
+            return
+        if self.R == 0.0:
+            self.R = peak
+            self.hist[self.bins] += self._zeros  # the bin starting at 0
+        while peak > self.R:
+            quarter = self.bins // 2
+            merged = self.hist.reshape(-1, 2).sum(axis=1)
+            self.hist = np.concatenate([np.zeros(quarter), merged, np.zeros(quarter)])
+            self.R *= 2.0
+        counts, _ = np.histogram(v, bins=2 * self.bins, range=(-self.R, self.R))
         self.hist += counts
 
-    def amax(self) -> float:
-        if self.max == 0.0:
+    def amax(self, center: float = 0.0) -> float:
+        """The clipping threshold for |x − center| under this observer's method."""
+        if self.count == 0:
             return 0.0
-        if self.method is CalibMethod.MAX:
-            return self.max
-        edges = np.linspace(0.0, self.hi, self.bins + 1)
+        top = float(max(self.hi - center, center - self.lo, 0.0))
+        if self.method is CalibMethod.MAX or top == 0.0 or self.R == 0.0:
+            return top
+        edges = np.linspace(-self.R, self.R, 2 * self.bins + 1)
+        mids = np.abs((edges[:-1] + edges[1:]) / 2 - center)
+        hist, fold_edges = np.histogram(mids, bins=self.bins, range=(0.0, top), weights=self.hist)
         if self.method is CalibMethod.PERCENTILE:
-            cdf = np.cumsum(self.hist) / self.hist.sum()
+            cdf = np.cumsum(hist) / hist.sum()
             idx = int(np.searchsorted(cdf, self.percentile / 100.0))
-            return float(min(edges[min(idx + 1, self.bins)], self.max))
+            return float(min(fold_edges[min(idx + 1, self.bins)], top))
         if self.method is CalibMethod.MSE:
-            return float(min(_mse_amax(self.hist, edges), self.max))
-        return float(min(_entropy_amax(self.hist, edges), self.max))
+            return float(min(_mse_amax(hist, fold_edges), top))
+        return float(min(_entropy_amax(hist, fold_edges), top))
 
 
 def _mse_amax(hist: np.ndarray, edges: np.ndarray, candidates: int = 256) -> float:

@@ -19,14 +19,17 @@ log = logging.getLogger("trt_bridge.calibration")
 
 @dataclass(frozen=True)
 class CalibrationResult:
-    amax: dict[str, float]
+    observers: dict[str, RangeObserver]
     feeds: int
     seconds: float
     method: CalibMethod
 
-    def scale(self, tensor: str) -> float:
+    def amax(self, tensor: str, center: float = 0.0) -> float:
+        return self.observers[tensor].amax(center)
+
+    def scale(self, tensor: str, center: float = 0.0) -> float:
         """Symmetric int8 scale; a tensor that was all zeros gets scale 1/127 (any positive scale is exact)."""
-        amax = self.amax[tensor]
+        amax = self.amax(tensor, center)
         return (amax if amax > 0 else 1.0) / QMAX
 
 
@@ -80,11 +83,10 @@ def calibrate(model: onnx.ModelProto, tensors: list[str], feeds: FeedSource, met
                 if name in graph_inputs:
                     observers[name].update(feed[name])
             count += 1
-    amax = {t: observers[t].amax() for t in tensors}
-    for t, v in amax.items():
-        if v == 0.0:
+    for t, obs in observers.items():
+        if obs.max == 0.0:
             log.warning("activation '%s' was zero on every calibration feed", t)
-    return CalibrationResult(amax, count, time.perf_counter() - start, CalibMethod(method))
+    return CalibrationResult(observers, count, time.perf_counter() - start, CalibMethod(method))
 
 
 def _progress(feeds: FeedSource, enabled: bool):

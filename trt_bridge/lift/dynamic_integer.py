@@ -33,6 +33,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site, WeightSpec
+from trt_bridge.calibration.observers import QMAX
 from trt_bridge.lift.base import LiftContext
 from trt_bridge.lift.scale_algebra import Monomial, constant_values, monomial_of
 
@@ -121,14 +122,21 @@ class DynamicIntegerOp:
         for a in acts:
             act_scale = act_scale * a.scale
 
-        walk = _walk_epilogue(node.outputs[0], act_scale)
+        channels = None
+        if weight is not None:
+            channels = weight.values.shape[0] if is_conv else weight.values.shape[-1]
+
+        def per_channel(m: Monomial) -> bool:
+            return _channel_vector((m / act_scale).numeric, is_conv, channels or 1) is not None
+
+        graph_outputs = {t.name for t in ctx.graph.outputs}
+        walk = _walk_epilogue(node.outputs[0], act_scale, per_channel, graph_outputs)
         if isinstance(walk, str):
             return walk
-        end, multiplier, addends = walk
+        (end, multiplier), addends = walk
 
         weight_scale = multiplier / act_scale  # symbols cancel; numeric = w_scale
         if weight is not None:
-            channels = weight.values.shape[0] if is_conv else weight.values.shape[-1]
             w_scale = _channel_vector(weight_scale.numeric, is_conv, channels)
             if w_scale is None:
                 return (f"the scale multiplying the accumulator has shape {weight_scale.numeric.shape}, "
@@ -198,25 +206,48 @@ class DynamicIntegerOp:
 
     def _weight_spec(self, name: str, weight: _Weight, w_scale: np.ndarray, is_conv: bool,
                      origin: str) -> WeightSpec:
+        """Keep the source's integers wherever ``W_q − w_zp`` fits symmetric int8.
+
+        Symmetric int8 sources are kept bit-exact. For uint8 (or zero-point) sources,
+        each output channel whose centred integers fit in [-127, 127] is kept exact
+        with the source's scale; only the channels that do not fit are re-quantized
+        (symmetric, per channel).
+        """
         axis = self._axis(is_conv, weight.values.ndim)
-        exact = (weight.values.dtype == np.int8 and not np.any(weight.zero_point)
-                 and bool(np.all(w_scale > 0)) and int(weight.values.min(initial=0)) >= -127)
-        if exact:
-            return WeightSpec(name, [], axis, origin, int8=np.asarray(weight.values),
+        shape = [1] * weight.values.ndim
+        shape[axis] = -1
+        zp = weight.zero_point.reshape(shape) if weight.zero_point.ndim else weight.zero_point
+        centred = weight.values.astype(np.int64) - zp
+        if not np.all(w_scale > 0):
+            return WeightSpec(name, [], axis, origin)
+        if np.abs(centred).max(initial=0) <= QMAX:
+            return WeightSpec(name, [], axis, origin, int8=centred.astype(np.int8),
                               scale=np.asarray(w_scale, np.float32), source=ScaleSource.EXACT_WEIGHTS)
-        return WeightSpec(name, [], axis, origin)
+        reduce_axes = tuple(i for i in range(centred.ndim) if i != axis)
+        fits = np.abs(centred).max(axis=reduce_axes) <= QMAX
+        scale_vec = np.broadcast_to(w_scale, fits.shape).astype(np.float64)
+        floats = centred * scale_vec.reshape(shape)
+        requant = np.abs(floats).max(axis=reduce_axes) / QMAX
+        scale = np.where(fits, scale_vec, requant)
+        q = np.where(fits.reshape(shape), centred, np.rint(floats / scale.reshape(shape)))
+        return WeightSpec(name, [], axis, origin, int8=np.clip(q, -QMAX, QMAX).astype(np.int8),
+                          scale=scale.astype(np.float32), source=ScaleSource.REQUANTIZED)
 
 
-def _walk_epilogue(acc: gs.Tensor, act_scale: Monomial):
+def _walk_epilogue(acc: gs.Tensor, act_scale: Monomial, per_channel, graph_outputs: set[str]):
     """Follow the accumulator to the tensor where it is back in float.
 
+    The float result is reached once the multiplier holds exactly the activation
+    scale symbols; constant multiplies right after it (a weight scale applied in a
+    separate step) are absorbed while the product stays per output channel.
     Returns ``(end tensor, total multiplier, [(addend, multiplier at that point, sign)])``
     or a reason string.
     """
     t, mult, addends = acc, Monomial.one(), []
     for _ in range(32):
-        if len(t.outputs) != 1:
-            return (f"accumulator-scaled tensor '{t.name}' has {len(t.outputs)} consumers; "
+        if len(t.outputs) != 1 or t.name in graph_outputs:
+            return (f"accumulator-scaled tensor '{t.name}' has {len(t.outputs)} consumers"
+                    f"{' and is a graph output' if t.name in graph_outputs else ''}; "
                     "expected one chain ending in a multiply by the scales")
         consumer = t.outputs[0]
         out = consumer.outputs[0]
@@ -231,7 +262,7 @@ def _walk_epilogue(acc: gs.Tensor, act_scale: Monomial):
                 return f"'{other.name}' in {consumer.op} '{consumer.name}' is not a product of scales"
             mult = mult * m if consumer.op == "Mul" else mult / m
             if mult.symbols == act_scale.symbols:
-                return out, mult, addends
+                return _absorb_constant_scales(out, mult, per_channel, graph_outputs), addends
         elif consumer.op in ("Add", "Sub"):
             if consumer.op == "Sub" and consumer.inputs[1] is t:
                 return f"'{t.name}' is subtracted in Sub '{consumer.name}'"
@@ -242,6 +273,23 @@ def _walk_epilogue(acc: gs.Tensor, act_scale: Monomial):
                     "before it is multiplied back to float")
         t = out
     return f"no multiply by the activation scale found after '{acc.name}'"
+
+
+def _absorb_constant_scales(t: gs.Tensor, mult: Monomial, per_channel,
+                            graph_outputs: set[str]) -> tuple[gs.Tensor, Monomial]:
+    while len(t.outputs) == 1 and t.name not in graph_outputs:
+        consumer = t.outputs[0]
+        if consumer.op not in ("Mul", "Div") or (consumer.op == "Div" and consumer.inputs[0] is not t):
+            break
+        other = consumer.inputs[1] if consumer.inputs[0] is t else consumer.inputs[0]
+        m = monomial_of(other)
+        if m is None or m.symbols:
+            break
+        candidate = mult * m if consumer.op == "Mul" else mult / m
+        if not per_channel(candidate):
+            break
+        t, mult = consumer.outputs[0], candidate
+    return t, mult
 
 
 def _float_addend(ctx: LiftContext, tensor: gs.Tensor, remaining: Monomial) -> gs.Tensor | None:

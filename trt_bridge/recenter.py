@@ -1,0 +1,165 @@
+"""Re-centre one-sided activations, so symmetric int8 spends its 8 bits on the range.
+
+TensorRT quantizes activations symmetrically (zero point 0). A tensor that lives in
+[0, 6] (after ReLU, an image in [0, 255]) then uses only the 128 non-negative levels:
+one bit is lost, which an asymmetric uint8 source (dynamic or static QOperator) did
+not lose. Subtracting the centre c of the range before quantizing, and adding the
+constant it removed back after the linear op, is exact in float and halves the scale::
+
+    Before:  x ∈ [0, 6] ─ Q/DQ(6/127) ─ MatMul(W) ─ y
+    After:   x ─ Sub(c=3) ─ Q/DQ(3/127) ─ MatMul(W) ─ Add(c·Σₖ W[k, :]) ─ y
+
+    Conv:    x ─ Sub(c) [─ Pad(value −c)] ─ Q/DQ ─ Conv(W, b + c·Σ W[k]) ─ y
+             (zero padding of x is −c after the shift, so padding becomes an explicit
+             Pad before the Q; the compensation folds into the conv bias.)
+
+TensorRT fuses the Sub into the producer's epilogue (or runs it as one pointwise
+op on a graph input) and the Add into the MatMul's. The shift is applied only
+where the range shrinks by at least ``MIN_GAIN`` and every quantized consumer can
+be compensated exactly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trt_bridge.annotations import ActivationSpec, Annotations, ScaleSource, Site
+from trt_bridge.calibration.observers import QMAX
+from trt_bridge.calibration.runner import CalibrationResult
+from trt_bridge.lift.base import NameAllocator
+from trt_bridge.lower import effective_weight
+
+MIN_GAIN = 0.75  # re-centre when the shifted range is below 75 % of the symmetric one
+
+
+@dataclass(frozen=True)
+class Recentered:
+    tensor: str
+    center: float
+    amax_symmetric: float
+    amax_centered: float
+
+
+def recenter(graph: gs.Graph, annotations: Annotations, calibration: CalibrationResult) -> list[Recentered]:
+    """Re-centre every calibrated one-sided activation that can be compensated exactly."""
+    names = NameAllocator(graph)
+    nodes = {n.name: n for n in graph.nodes}
+    tensors = graph.tensors()
+    done = []
+    for name in sorted(annotations.activations):
+        spec = annotations.activations[name]
+        if spec.source is not ScaleSource.CALIBRATION or name not in calibration.observers:
+            continue
+        obs = calibration.observers[name]
+        a0 = calibration.amax(name)
+        if a0 <= 0.0:
+            continue
+        center = (max(obs.lo, -a0) + min(obs.hi, a0)) / 2.0
+        if abs(center) < 1e-6 * a0:
+            continue
+        a1 = calibration.amax(name, center)
+        if not a1 < MIN_GAIN * a0:
+            continue
+        sites = [(nodes[s.node], s.index) for s in spec.sites]
+        if not all(_compensable(node, index, annotations, tensors[name]) for node, index in sites):
+            continue
+        _apply(graph, names, annotations, tensors, spec, sites, np.float32(center), a1)
+        done.append(Recentered(name, float(np.float32(center)), a0, a1))
+    if done:
+        graph.cleanup().toposort()
+    return done
+
+
+def _conv_pads(node: gs.Node, x: gs.Tensor) -> list[int] | None:
+    """Explicit [begin..., end...] pads of a Conv (resolving auto_pad), or None if unknown."""
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    weight = node.inputs[1]
+    spatial = len(weight.shape) - 2
+    if auto in ("NOTSET", ""):
+        return list(node.attrs.get("pads", [0] * (2 * spatial)))
+    if auto == "VALID":
+        return [0] * (2 * spatial)
+    shape = x.shape
+    if shape is None or len(shape) != spatial + 2 or not all(isinstance(d, int) for d in shape[2:]):
+        return None
+    strides = node.attrs.get("strides", [1] * spatial)
+    dilations = node.attrs.get("dilations", [1] * spatial)
+    begin, end = [], []
+    for size, k, s, d in zip(shape[2:], weight.shape[2:], strides, dilations):
+        total = max((-(-size // s) - 1) * s + (k - 1) * d + 1 - size, 0)
+        small = total // 2
+        begin.append(small if auto == "SAME_UPPER" else total - small)
+        end.append(total - begin[-1])
+    return begin + end
+
+
+def _compensable(node: gs.Node, index: int, annotations: Annotations, x: gs.Tensor) -> bool:
+    if index != 0 or len(node.inputs) < 2 or node.inputs[1].name not in annotations.weights:
+        return False
+    if not isinstance(node.inputs[1], gs.Constant):
+        return False
+    if node.op == "MatMul":
+        return True
+    if node.op == "Conv":
+        bias_ok = len(node.inputs) < 3 or isinstance(node.inputs[2], gs.Constant)
+        return bias_ok and _conv_pads(node, x) is not None
+    return False
+
+
+def _apply(graph, names, annotations, tensors, spec: ActivationSpec, sites, center: np.float32, amax: float):
+    x = tensors[spec.tensor]
+    shifted = gs.Variable(names(f"{spec.tensor}_centered"), dtype=np.float32, shape=x.shape)
+    center_const = gs.Constant(names(f"{spec.tensor}_center"), np.array(center, np.float32))
+    graph.nodes.append(gs.Node("Sub", names(f"{spec.tensor}_recenter"), {}, [x, center_const], [shifted]))
+    del annotations.activations[spec.tensor]
+    plain_sites = []
+    for node, index in sites:
+        weight = node.inputs[1]
+        w = effective_weight(annotations.weights[weight.name], weight).astype(np.float64)
+        if node.op == "MatMul":
+            plain_sites.append(Site(node.name, index))
+            node.inputs[index] = shifted
+            _add_after(graph, names, node, (float(center) * w.sum(axis=-2)).astype(np.float32))
+            continue
+        comp = float(center) * w.reshape(w.shape[0], -1).sum(axis=1)
+        bias = np.asarray(node.inputs[2].values, np.float64) if len(node.inputs) > 2 else 0.0
+        new_bias = gs.Constant(names(f"{node.name}_bias_recentered"), (bias + comp).astype(np.float32))
+        if len(node.inputs) > 2:
+            node.inputs[2] = new_bias
+        else:
+            node.inputs.append(new_bias)
+        pads = _conv_pads(node, x)
+        if not any(pads):
+            plain_sites.append(Site(node.name, index))
+            node.inputs[index] = shifted
+            continue
+        # Padding of x with 0 is padding of x − c with −c: make it explicit, before the Q.
+        half = len(pads) // 2
+        padded = gs.Variable(names(f"{spec.tensor}_padded"), dtype=np.float32)
+        pad_values = np.array([0, 0, *pads[:half], 0, 0, *pads[half:]], np.int64)
+        graph.nodes.append(gs.Node(
+            "Pad", names(f"{node.name}_pad"), {"mode": "constant"},
+            [shifted, gs.Constant(names(f"{node.name}_pads"), pad_values),
+             gs.Constant(names(f"{node.name}_pad_value"), np.array(-center, np.float32))], [padded]))
+        node.attrs["pads"] = [0] * len(pads)
+        node.attrs.pop("auto_pad", None)
+        node.inputs[index] = padded
+        # The pad value −c must stay representable: never clip below it.
+        annotations.activations[padded.name] = ActivationSpec(
+            padded.name, [Site(node.name, index)], spec.origin, max(amax, abs(float(center))) / QMAX,
+            ScaleSource.CALIBRATION)
+    if plain_sites:
+        annotations.activations[shifted.name] = ActivationSpec(
+            shifted.name, plain_sites, spec.origin, amax / QMAX, ScaleSource.CALIBRATION)
+
+
+def _add_after(graph, names, node: gs.Node, bias: np.ndarray) -> None:
+    out = node.outputs[0]
+    raw = gs.Variable(names(f"{out.name}_before_recenter"), dtype=out.dtype, shape=out.shape)
+    node.outputs[0] = raw
+    graph.nodes.append(gs.Node("Add", names(f"{node.name}_recenter_bias"), {},
+                               [raw, gs.Constant(names(f"{node.name}_recenter_bias"), bias)], [out]))
