@@ -13,7 +13,7 @@ import onnx
 from trt_bridge.annotations import ScaleSource
 from trt_bridge.calibration import CalibMethod, calibrate, model_inputs, open_feeds
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError, UnsupportedPatternError
-from trt_bridge.model import EXTERNAL_DATA_THRESHOLD, MIN_QDQ_OPSET, default_opset, load_model, save_model
+from trt_bridge.model import MIN_QDQ_OPSET, is_large, default_opset, load_model, save_model
 from trt_bridge.placement import PlacementPolicy, place
 from trt_bridge.report import ConversionReport, FloatLeftover, RuleHits
 
@@ -93,7 +93,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
 
     t0 = time.perf_counter()
     written = save_model(out_model, output_path, protect=(model_path,))
-    if out_model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
+    if is_large(out_model):
         onnx.checker.check_model(str(written), full_check=True)
     seconds["save"] = time.perf_counter() - t0
 
@@ -161,7 +161,7 @@ def _finalize(model: onnx.ModelProto, opset: int, check: bool = False) -> onnx.M
     if model.ir_version < 7:
         model.ir_version = 7
     del model.graph.value_info[:]
-    if model.ByteSize() > EXTERNAL_DATA_THRESHOLD:
+    if is_large(model):
         return model  # protobuf cannot hold it for in-memory checks; checked from disk after saving
     model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=check, data_prop=True)
     if check:

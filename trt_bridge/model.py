@@ -68,8 +68,9 @@ def _check_external_data_present(model: onnx.ModelProto, path: Path) -> None:
         )
 
 
-def model_byte_size(model: onnx.ModelProto) -> int:
-    return model.ByteSize()
+def is_large(model: onnx.ModelProto) -> bool:
+    """Too big for one protobuf message: weights must live in an external-data file."""
+    return model.ByteSize() > EXTERNAL_DATA_THRESHOLD
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple[Path, ...] = ()) -> Path:
@@ -87,7 +88,7 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tupl
                 f"refusing to overwrite the input model {p}; choose another output path with -o."
             )
     path.parent.mkdir(parents=True, exist_ok=True)
-    external = model_byte_size(model) > EXTERNAL_DATA_THRESHOLD
+    external = is_large(model)
     data_name = path.name + ".data"
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".trt-bridge-") as tmp:
         tmp_model = Path(tmp) / path.name
@@ -114,7 +115,7 @@ def serialize_for_session(model: onnx.ModelProto, workdir: str) -> str | bytes:
     Small models go as bytes; models over the protobuf limit are written with
     external data into ``workdir`` and passed by path.
     """
-    if model_byte_size(model) <= EXTERNAL_DATA_THRESHOLD:
+    if not is_large(model):
         return model.SerializeToString()
     target = Path(workdir) / "model.onnx"
     onnx.save_model(

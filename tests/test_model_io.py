@@ -1,0 +1,71 @@
+"""Loading and saving: external data (the >2 GB path), atomic writes, the input never touched."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import assert_tensorrt_ready, quantize_dynamic, run_ort, save, snr_db
+
+import trt_bridge.model as model_io
+from trt_bridge import samples
+from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.errors import ModelLoadError, TrtBridgeError
+
+
+@pytest.fixture
+def dynamic_conv_net(tmp_path):
+    fpath = save(samples.conv_net(), tmp_path / "float.onnx")
+    return fpath, quantize_dynamic(fpath, tmp_path / "dynamic.onnx")
+
+
+def test_large_model_path_uses_external_data_end_to_end(tmp_path, monkeypatch, dynamic_conv_net):
+    """With the size limit lowered, the >2 GB code path runs for real on a small model: the input is
+    read with external data, calibration gets the model by path, the output is written with a
+    '<name>.data' file beside it and checked from disk."""
+    fpath, dpath = dynamic_conv_net
+    external = tmp_path / "ext" / "dynamic.onnx"
+    external.parent.mkdir()
+    onnx.save(onnx.load(str(dpath)), str(external), save_as_external_data=True, all_tensors_to_one_file=True,
+              location="dynamic.onnx.data", size_threshold=0)
+    monkeypatch.setattr(model_io, "EXTERNAL_DATA_THRESHOLD", 1024)
+    np.savez(tmp_path / "calib.npz", x=samples.image_feeds(8, seed=1))
+    out = tmp_path / "out" / "converted.onnx"
+    convert(external, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    assert (out.parent / "converted.onnx.data").is_file()
+    assert out.stat().st_size < (out.parent / "converted.onnx.data").stat().st_size
+    assert sorted(p.name for p in out.parent.iterdir()) == ["converted.onnx", "converted.onnx.data"]
+    onnx.checker.check_model(str(out), full_check=True)
+    feeds = [{"x": f} for f in samples.image_feeds(4, seed=2)]
+    assert snr_db(run_ort(fpath, feeds), run_ort(out, feeds)) > 25
+    assert_tensorrt_ready(out)
+
+
+def test_missing_external_data_is_a_clear_error(tmp_path, dynamic_conv_net):
+    _, dpath = dynamic_conv_net
+    path = tmp_path / "ext.onnx"
+    onnx.save(onnx.load(str(dpath)), str(path), save_as_external_data=True, location="weights.bin",
+              size_threshold=0)
+    (tmp_path / "weights.bin").unlink()
+    with pytest.raises(ModelLoadError, match=r"ext.onnx: external data file\(s\) missing.*'weights.bin'"):
+        model_io.load_model(path)
+
+
+def test_save_is_atomic_and_refuses_to_overwrite_the_input(tmp_path, dynamic_conv_net):
+    _, dpath = dynamic_conv_net
+    model = onnx.load(str(dpath))
+    with pytest.raises(TrtBridgeError, match="refusing to overwrite the input model"):
+        model_io.save_model(model, dpath, protect=(dpath,))
+    target = tmp_path / "copy.onnx"
+    model_io.save_model(model, target)
+    assert onnx.load(str(target)) == model
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".trt-bridge-")] == []
+
+
+def test_not_onnx_and_empty_graph(tmp_path):
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"\x00\xffnot a model at all")
+    with pytest.raises(ModelLoadError, match="junk.onnx: not a readable ONNX model"):
+        model_io.load_model(junk)
+    with pytest.raises(ModelLoadError, match="no such file"):
+        model_io.load_model(tmp_path / "absent.onnx")

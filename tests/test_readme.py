@@ -1,0 +1,60 @@
+"""Every `$ trt-bridge ...` example in README.md runs, on a dynamically quantized sample model."""
+
+from __future__ import annotations
+
+import json
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import quantize_dynamic, save
+
+from trt_bridge import samples
+
+README = Path(__file__).resolve().parents[1] / "README.md"
+EXAMPLES = re.findall(r"^\$ (trt-bridge .+)$", README.read_text(), flags=re.MULTILINE)
+
+LOADER = '''
+import numpy as np
+
+def load_data():
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        yield {"x": rng.standard_normal((1, 3, 32, 32)).astype(np.float32)}
+'''
+
+
+@pytest.fixture
+def workdir(tmp_path):
+    fpath = save(samples.conv_net(), tmp_path / "float.onnx")
+    quantize_dynamic(fpath, tmp_path / "model.onnx")
+    feeds = samples.image_feeds(6, seed=1)
+    np.savez(tmp_path / "calib.npz", x=feeds)
+    (tmp_path / "feeds").mkdir()
+    for i, feed in enumerate(feeds):
+        np.savez(tmp_path / "feeds" / f"{i:03d}.npz", x=feed)
+    (tmp_path / "loader.py").write_text(LOADER)
+    return tmp_path
+
+
+def test_readme_has_examples():
+    assert len(EXAMPLES) >= 4
+
+
+@pytest.mark.parametrize("command", EXAMPLES)
+def test_readme_example_runs(workdir, command):
+    argv = shlex.split(command)
+    result = subprocess.run([sys.executable, "-m", "trt_bridge", *argv[1:]], cwd=workdir, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert (workdir / "model.trt.onnx").is_file()
+    if "--json" in argv:
+        assert json.loads(result.stdout)["quantized"]
+    else:
+        assert "converted model.onnx -> " in result.stdout
+    if "--report" in argv:
+        assert json.loads((workdir / "report.json").read_text())["rules"][0]["rule"] == "dynamic-integer-op"
