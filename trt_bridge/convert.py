@@ -29,10 +29,11 @@ class ConvertOptions:
 
     calib_data: str | None = None
     calib_random: int | None = None
-    calib_method: CalibMethod = CalibMethod.PERCENTILE
+    calib_method: CalibMethod = CalibMethod.MAX
     percentile: float = 99.99
     placement: PlacementPolicy = PlacementPolicy.TENSORRT
     recenter: bool = True
+    smooth: float | None = 0.65  # SmoothQuant alpha for MatMul inputs; None: off
     progress: bool = True
 
 
@@ -61,8 +62,18 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     t0 = time.perf_counter()
     lifted, ctx = lift_model(model, model_path)
     del model
-    left = place(gs.import_onnx(lifted), ctx.annotations, options.placement)
+    graph = gs.import_onnx(lifted)
+    left = place(graph, ctx.annotations, options.placement)
     seconds["lift"] = time.perf_counter() - t0
+
+    smoothed = []
+    if options.smooth is not None and feeds is not None:
+        t0 = time.perf_counter()
+        smoothed = _smooth(graph, ctx, lifted, feeds, options)
+        if smoothed:
+            lifted = _finalize(gs.export_onnx(graph), default_opset(lifted))
+        seconds["smooth"] = time.perf_counter() - t0
+    del graph
 
     calibration = None
     needed = ctx.annotations.needing_calibration()
@@ -105,6 +116,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         left_in_float=[FloatLeftover(x.node, "", f"'{x.tensor}': {x.reason}") for x in left]
         + [FloatLeftover(d.node, d.op, d.reason) for d in ctx.declined],
         calibration=calibration, seconds=seconds, recentered=[asdict(r) for r in recentered],
+        smoothed=[asdict(x) for x in smoothed],
     )
     return report
 
@@ -129,6 +141,20 @@ def lift_model(model: onnx.ModelProto, where: str | Path = "model"):
     if blockers:
         raise UnsupportedPatternError(_blocker_message(where, blockers, ctx.declined))
     return _finalize(gs.export_onnx(graph), source_opset), ctx
+
+
+def _smooth(graph, ctx, lifted: onnx.ModelProto, feeds, options: ConvertOptions):
+    """One observation pass for per-channel maxima, then SmoothQuant on the candidates."""
+    from trt_bridge.calibration.runner import observe
+    from trt_bridge.smooth import ChannelMaxObserver, candidates, smooth
+
+    names = candidates(graph, ctx.annotations)
+    if not names:
+        return []
+    observers = {n: ChannelMaxObserver() for n in names}
+    observe(lifted, observers, feeds, options.progress, desc="smoothing")
+    maxima = {n: o.max for n, o in observers.items() if o.max is not None}
+    return smooth(graph, ctx.annotations, maxima, options.smooth)
 
 
 def _name_nodes(model: onnx.ModelProto) -> None:

@@ -32,6 +32,7 @@ class ConversionReport:
     seconds: dict[str, float] = field(default_factory=dict)
     remaining_blockers: list[str] = field(default_factory=list)
     recentered: list[dict] = field(default_factory=list)  # recenter.Recentered as dicts
+    smoothed: list[dict] = field(default_factory=list)  # smooth.Smoothed as dicts
 
     def __bool__(self) -> bool:
         return not self.remaining_blockers
@@ -58,6 +59,10 @@ class ConversionReport:
         if self.calibration:
             c = self.calibration
             lines.append(f"  calibration: {c['feeds']} feed(s), method {c['method']}, {c['seconds']:.2f} s")
+        if self.smoothed:
+            folded = sum(1 for x in self.smoothed if x["folded_into"])
+            lines.append(f"  smoothed {len(self.smoothed)} MatMul input(s) (alpha {self.smoothed[0]['alpha']}; "
+                         f"{folded} folded into LayerNormalization)")
         if self.recentered:
             lines.append(f"  re-centred {len(self.recentered)} one-sided activation(s) (symmetric int8 keeps all 8 bits)")
         if self.left_in_float:

@@ -151,10 +151,12 @@ def image_feeds(count: int, seed: int, shape=(1, 3, 32, 32)) -> np.ndarray:
 
 
 def sequence_feeds(count: int, seed: int, seq: int, hidden: int) -> np.ndarray:
-    """Embedding-like sequences with a few outlier channels (as real transformer activations have)."""
+    """Embedding-like sequences with a few outlier channels (as real transformer activations have).
+
+    The outlier channels are a property of the "model", the same for every seed."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((count, 1, seq, hidden)).astype(np.float32)
-    outliers = rng.choice(hidden, size=max(1, hidden // 32), replace=False)
+    outliers = np.random.default_rng(hidden).choice(hidden, size=max(1, hidden // 32), replace=False)
     x[..., outliers] *= 6.0
     return x
 

@@ -43,33 +43,45 @@ def _import_ort():
 
 def calibrate(model: onnx.ModelProto, tensors: list[str], feeds: FeedSource, method: CalibMethod,
               percentile: float = 99.99, progress: bool = True) -> CalibrationResult:
-    """Observe ``tensors`` of the float ``model`` on every feed; return their amax."""
+    """Observe ``tensors`` of the float ``model`` on every feed into range observers."""
+    observers = {t: RangeObserver(method, percentile) for t in tensors}
+    count, seconds = observe(model, observers, feeds, progress)
+    for t, obs in observers.items():
+        if obs.max == 0.0:
+            log.warning("activation '%s' was zero on every calibration feed", t)
+    return CalibrationResult(observers, count, seconds, CalibMethod(method))
+
+
+def observe(model: onnx.ModelProto, observers: dict, feeds: FeedSource, progress: bool = True,
+            desc: str = "calibrating") -> tuple[int, float]:
+    """Run ``model`` on every feed and hand each observed tensor to ``observers[name].update``.
+
+    One onnxruntime session, one feed at a time: memory holds one feed's activations.
+    The model is not copied: the observed tensors are appended to its outputs for the
+    session and removed again.
+    """
     ort = _import_ort()
     start = time.perf_counter()
     graph_inputs = {i.name for i in model.graph.input}
-    exposed = [t for t in tensors if t not in graph_inputs]
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    present = {o.name for o in probe.graph.output}
-    for name in exposed:
-        if name not in present:
-            probe.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-            probe.graph.output[-1].type.tensor_type.elem_type = onnx.TensorProto.FLOAT
-
-    observers = {t: RangeObserver(method, percentile) for t in tensors}
+    exposed = [t for t in observers if t not in graph_inputs]
+    present = {o.name for o in model.graph.output}
+    added = [name for name in exposed if name not in present]
+    for name in added:
+        model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
     options = ort.SessionOptions()
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     options.log_severity_level = 3
     count = 0
     with tempfile.TemporaryDirectory(prefix="trt-bridge-calib-") as workdir:
         try:
-            session = ort.InferenceSession(serialize_for_session(probe, workdir), options,
-                                           providers=["CPUExecutionProvider"])
+            try:
+                session = ort.InferenceSession(serialize_for_session(model, workdir), options,
+                                               providers=["CPUExecutionProvider"])
+            finally:
+                del model.graph.output[len(model.graph.output) - len(added):]
         except Exception as exc:
             raise CalibrationDataError(f"onnxruntime cannot run the lifted float model: {exc}") from exc
-        del probe
-        iterator = _progress(feeds, progress)
-        for feed in iterator:
+        for feed in _progress(feeds, progress, desc):
             try:
                 outputs = session.run(exposed, feed) if exposed else []
             except Exception as exc:
@@ -79,22 +91,19 @@ def calibrate(model: onnx.ModelProto, tensors: list[str], feeds: FeedSource, met
                 ) from exc
             for name, value in zip(exposed, outputs):
                 observers[name].update(value)
-            for name in tensors:
+            for name in observers:
                 if name in graph_inputs:
                     observers[name].update(feed[name])
             count += 1
-    for t, obs in observers.items():
-        if obs.max == 0.0:
-            log.warning("activation '%s' was zero on every calibration feed", t)
-    return CalibrationResult(observers, count, time.perf_counter() - start, CalibMethod(method))
+    return count, time.perf_counter() - start
 
 
-def _progress(feeds: FeedSource, enabled: bool):
+def _progress(feeds: FeedSource, enabled: bool, desc: str):
     if not enabled:
         return iter(feeds)
     try:
         from tqdm import tqdm
     except ImportError:
         return iter(feeds)
-    return tqdm(feeds, total=feeds.total, desc="calibrating", unit="feed", leave=False, disable=None)
+    return tqdm(feeds, total=feeds.total, desc=desc, unit="feed", leave=False, disable=None)
 

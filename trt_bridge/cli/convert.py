@@ -36,10 +36,17 @@ def add_parser(sub) -> None:
                             "or a data-loader script (loader.py or loader.py:function)")
     calib.add_argument("--calib-random", type=int, metavar="N",
                        help="calibrate on N random feeds (smoke tests only: scales from noise are poor)")
-    calib.add_argument("--calib-method", choices=[m.value for m in CalibMethod], default="percentile",
-                       help="how an activation's range is chosen from its histogram (default: percentile)")
+    calib.add_argument("--calib-method", choices=[m.value for m in CalibMethod], default="max",
+                       help="how an activation's range is chosen from its histogram (default: max)")
     calib.add_argument("--percentile", type=float, default=99.99,
                        help="percentile for --calib-method percentile (default: 99.99)")
+    acc = p.add_argument_group("accuracy")
+    acc.add_argument("--smooth", type=float, default=0.65, metavar="ALPHA",
+                     help="SmoothQuant strength for MatMul inputs: move activation outlier channels into the "
+                          "per-channel weights (0 < ALPHA < 1; default 0.65)")
+    acc.add_argument("--no-smooth", action="store_true", help="do not smooth MatMul inputs")
+    acc.add_argument("--no-recenter", action="store_true",
+                     help="do not re-centre one-sided activations (keeps the graph free of the extra Sub/Add)")
     p.add_argument("--report", type=Path, metavar="JSON", help="write the conversion report as JSON")
     add_output_flags(p)
     p.set_defaults(run=run)
@@ -54,9 +61,12 @@ def run(args: argparse.Namespace) -> int:
     output = args.output or args.model.with_name(args.model.stem + ".int8.onnx")
     if not 0 < args.percentile <= 100:
         raise TrtBridgeError(f"--percentile must be in (0, 100], got {args.percentile}")
+    if not 0 < args.smooth < 1:
+        raise TrtBridgeError(f"--smooth must be between 0 and 1 (exclusive), got {args.smooth}")
     options = ConvertOptions(
         calib_data=args.calib_data, calib_random=args.calib_random,
         calib_method=CalibMethod(args.calib_method), percentile=args.percentile,
+        smooth=None if args.no_smooth else args.smooth, recenter=not args.no_recenter,
         progress=not args.quiet,
     )
     report = convert(args.model, output, options)

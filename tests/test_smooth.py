@@ -1,0 +1,82 @@
+"""SmoothQuant (smooth.py): exact in float, folded into LayerNormalization, and a real accuracy gain."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, quantize_dynamic, run_ort, save, snr_db
+
+from trt_bridge import samples
+from trt_bridge.annotations import Annotations, Site, WeightSpec
+from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.lower import effective_weight
+from trt_bridge.smooth import candidates, smooth
+
+
+#   x[2,4,8] ─ LayerNormalization(gamma, beta) ─ ln ─┬─ MatMul(Wq) ─ q
+#                                                    └─ MatMul(Wk) ─ k
+def _graph(rng):
+    x = gs.Variable("x", np.float32, [2, 4, 8])
+    ln = gs.Variable("ln", np.float32, [2, 4, 8])
+    q, k = gs.Variable("q", np.float32, [2, 4, 6]), gs.Variable("k", np.float32, [2, 4, 6])
+    gamma = gs.Constant("gamma", (1 + rng.normal(0, 0.2, 8)).astype(np.float32))
+    beta = gs.Constant("beta", rng.normal(0, 0.2, 8).astype(np.float32))
+    wq = gs.Constant("Wq", rng.normal(0, 0.3, (8, 6)).astype(np.float32))
+    wk = gs.Constant("Wk", rng.normal(0, 0.3, (8, 6)).astype(np.float32))
+    nodes = [gs.Node("LayerNormalization", "ln_node", {"axis": -1}, [x, gamma, beta], [ln]),
+             gs.Node("MatMul", "mm_q", {}, [ln, wq], [q]), gs.Node("MatMul", "mm_k", {}, [ln, wk], [k])]
+    graph = gs.Graph(nodes, [x], [q, k], opset=17)
+    ann = Annotations()
+    for node in ("mm_q", "mm_k"):
+        ann.add_activation("ln", Site(node, 0), node)
+    ann.add_weight(WeightSpec("Wq", [Site("mm_q", 1)], 1, "mm_q"))
+    ann.add_weight(WeightSpec("Wk", [Site("mm_k", 1)], 1, "mm_k"))
+    return graph, ann
+
+
+def test_smoothing_is_exact_in_float_and_folds_into_layer_norm():
+    rng = np.random.default_rng(0)
+    graph, ann = _graph(rng)
+    # the reference computes with the weights as lowering will emit them (int8 × scale)
+    ref_graph, ref_ann = _graph(np.random.default_rng(0))
+    for node in ref_graph.nodes[1:]:
+        node.inputs[1] = gs.Constant(node.inputs[1].name + "_eff",
+                                     effective_weight(ref_ann.weights[node.inputs[1].name], node.inputs[1]))
+    assert candidates(graph, ann) == ["ln"]
+    channel_max = {"ln": np.array([0.5, 8.0, 0.4, 0.6, 0.5, 12.0, 0.7, 0.5])}
+    done = smooth(graph, ann, channel_max, alpha=0.65)
+    assert [d.folded_into for d in done] == ["ln_node"]
+    assert [n.op for n in graph.nodes] == ["LayerNormalization", "MatMul", "MatMul"]  # no Mul added
+    assert set(ann.weights) == {"Wq_smoothed", "Wk_smoothed"} and ann.weights["Wq_smoothed"].int8 is None
+    feeds = [{"x": rng.standard_normal((2, 4, 8)).astype(np.float32)} for _ in range(3)]
+    got, want = run_ort(gs.export_onnx(graph), feeds), run_ort(gs.export_onnx(ref_graph), feeds)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_not_smoothed_when_the_layer_norm_output_has_other_readers():
+    graph, ann = _graph(np.random.default_rng(1))
+    graph.outputs.append(graph.nodes[0].outputs[0])  # ln is also a graph output
+    assert candidates(graph, ann) == []
+
+
+def test_smoothing_wins_accuracy_on_an_encoder_with_outlier_channels(tmp_path):
+    fpath = save(samples.transformer_block(layers=2), tmp_path / "float.onnx")
+    dpath = quantize_dynamic(fpath, tmp_path / "dynamic.onnx")
+    np.savez(tmp_path / "calib.npz", x=samples.sequence_feeds(32, 1, 16, 64)[:, 0])
+    held_out = [{"x": f} for f in samples.sequence_feeds(16, 2, 16, 64)]
+    reference = run_ort(fpath, held_out)
+    results = {}
+    for alpha in (None, 0.65):
+        out = tmp_path / f"converted-{alpha}.onnx"
+        report = convert(dpath, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), smooth=alpha,
+                                                    progress=False))
+        results[alpha] = (snr_db(reference, run_ort(out, held_out)), report, out)
+    plain, smoothed = results[None][0], results[0.65][0]
+    report, out = results[0.65][1], results[0.65][2]
+    assert {s["folded_into"] for s in report.smoothed} == {"layer0.ln1", "layer0.ln2", "layer1.ln1", "layer1.ln2"}
+    assert op_types(out) - op_types(results[None][2]) == set()  # smoothing adds no op type
+    assert smoothed > plain + 1.0, (plain, smoothed)
+    assert smoothed >= snr_db(reference, run_ort(dpath, held_out)) - 1.0  # the dynamic source's accuracy
+    assert_qdq_contract(out)
+    assert_tensorrt_ready(out)

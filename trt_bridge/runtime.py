@@ -1,0 +1,29 @@
+"""onnxruntime sessions for measuring what a converted model computes.
+
+onnxruntime's CPU provider fuses DequantizeLinear → MatMul/Conv ← DequantizeLinear into
+its own integer kernels. On x86 CPUs without VNNI those kernels multiply u8×s8 pairs with
+16-bit saturation, so a Q/DQ model can score several dB worse in onnxruntime than the
+same model in TensorRT (which accumulates in int32). For accuracy measurements
+trt-bridge therefore keeps Q/DQ as float simulation (``session.disable_quant_qdq``):
+the values TensorRT's int8 kernels compute, up to accumulation order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+
+def session(model: str | Path | onnx.ModelProto | bytes, simulate_qdq: bool = True):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if simulate_qdq:
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
+    if isinstance(model, onnx.ModelProto):
+        model = model.SerializeToString()
+    elif isinstance(model, Path):
+        model = str(model)
+    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
