@@ -57,9 +57,14 @@ def parse(path: str | Path, module: str | None = None) -> ParseResult:
     return ParseResult(bool(ok), errors, network.num_layers)
 
 
-def build_engine(path: str | Path, compute_capability: str = "SM89", workspace: int = 1 << 30,
+def build_engine(path: str | Path, compute_capability: str | None = "SM89", workspace: int = 1 << 30,
                  module: str | None = None) -> bytes:
-    """Build a serialized engine for ``path``; with TensorRT-RTX ahead of time for ``compute_capability``."""
+    """Build a serialized engine for ``path``.
+
+    With TensorRT-RTX the engine is built ahead of time for ``compute_capability``
+    (no GPU needed); ``None`` builds for the GPU in this machine. Datacenter TensorRT
+    always builds for the local GPU and ignores it.
+    """
     trt = import_tensorrt(module)
     logger = _Logger(trt)
     builder = trt.Builder(logger)
@@ -70,7 +75,7 @@ def build_engine(path: str | Path, compute_capability: str = "SM89", workspace: 
         raise TrtBridgeError(f"{path}: TensorRT's ONNX parser rejected the model: {errors}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace)
-    if is_rtx(trt):
+    if is_rtx(trt) and compute_capability is not None:
         config.num_compute_capabilities = 1
         config.set_compute_capability(getattr(trt.ComputeCapability, compute_capability), 0)
     profile = None
