@@ -399,21 +399,15 @@ def test_unknown_suffix(tmp_path):
     assert ".npz" in msg and "loader.py:function" in msg
 
 
-# ---------------------------------------------------------------- known bugs (see the xfail reasons)
+# ---------------------------------------------------------------- unreadable arrays, failing loaders, scalars
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="feeds.py NpzFeeds.__init__: reading an array (self._npz[name]) is outside the try, so "
-                          "numpy's ValueError for object arrays escapes as a traceback")
 def test_npz_with_an_object_array(tmp_path):
     np.savez(tmp_path / "c.npz", x=np.array([None, 1], dtype=object))
     msg = calib_error(tmp_path / "c.npz", specs(with_t=False))
     assert "'x'" in msg or "c.npz" in msg
 
 
-@pytest.mark.xfail(strict=True, raises=KeyError,
-                   reason="feeds.py ScriptFeeds.raw: exceptions raised while calling/iterating the user's "
-                          "function are not wrapped in CalibrationDataError")
 def test_loader_function_that_raises(tmp_path):
     script = tmp_path / "loader.py"
     script.write_text("def load_data():\n    raise KeyError('oops')\n    yield {}\n")
@@ -421,9 +415,6 @@ def test_loader_function_that_raises(tmp_path):
     assert "load_data" in msg and "oops" in msg
 
 
-@pytest.mark.xfail(strict=True, raises=CalibrationDataError,
-                   reason="feeds.py NpzFeeds._count: a rank-0 input given a rank-0 array is rejected, although "
-                          "the message itself says rank 0 is accepted")
 def test_npz_scalar_input(tmp_path):
     np.savez(tmp_path / "c.npz", s=np.float32(3.0))
     feeds = list(open_feeds(str(tmp_path / "c.npz"), None, [InputSpec("s", np.dtype(np.float32), ())]))

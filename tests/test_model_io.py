@@ -69,3 +69,18 @@ def test_not_onnx_and_empty_graph(tmp_path):
         model_io.load_model(junk)
     with pytest.raises(ModelLoadError, match="no such file"):
         model_io.load_model(tmp_path / "absent.onnx")
+
+
+def test_output_never_overwrites_the_inputs_external_data(tmp_path, monkeypatch, dynamic_conv_net):
+    """Input 'm.onnx' keeps its weights in 'out.onnx.data'; writing 'out.onnx' beside it with external
+    data would replace that file: refused, and the input's data is untouched."""
+    _, dpath = dynamic_conv_net
+    src = tmp_path / "m.onnx"
+    onnx.save(onnx.load(str(dpath)), str(src), save_as_external_data=True, location="out.onnx.data",
+              size_threshold=0)
+    data_before = (tmp_path / "out.onnx.data").read_bytes()
+    monkeypatch.setattr(model_io, "EXTERNAL_DATA_THRESHOLD", 1024)
+    with pytest.raises(TrtBridgeError, match="would overwrite the input model's external data"):
+        convert(src, tmp_path / "out.onnx", ConvertOptions(calib_random=2, progress=False))
+    assert (tmp_path / "out.onnx.data").read_bytes() == data_before
+    assert not (tmp_path / "out.onnx").exists()

@@ -13,7 +13,14 @@ import onnx
 from trt_bridge.annotations import ScaleSource
 from trt_bridge.calibration import CalibMethod, calibrate, model_inputs, open_feeds
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError, UnsupportedPatternError
-from trt_bridge.model import MIN_QDQ_OPSET, is_large, default_opset, load_model, save_model
+from trt_bridge.model import (
+    MIN_QDQ_OPSET,
+    default_opset,
+    external_data_files,
+    is_large,
+    load_model,
+    save_model,
+)
 from trt_bridge.placement import PlacementPolicy, place
 from trt_bridge.report import ConversionReport, FloatLeftover, RuleHits
 
@@ -103,7 +110,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     seconds["lower"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    written = save_model(out_model, output_path, protect=(model_path,))
+    written = save_model(out_model, output_path, protect=(model_path, *external_data_files(model_path)))
     if is_large(out_model):
         onnx.checker.check_model(str(written), full_check=True)
     seconds["save"] = time.perf_counter() - t0

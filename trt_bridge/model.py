@@ -47,16 +47,28 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
     return model
 
 
-def _check_external_data_present(model: onnx.ModelProto, path: Path) -> None:
+def _external_locations(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """External-data file name → the tensors stored in it."""
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
-    missing: dict[str, list[str]] = {}
+    locations: dict[str, list[str]] = {}
     for tensor in _get_all_tensors(model):
-        if not uses_external_data(tensor):
-            continue
-        location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-        if not (path.parent / location).is_file():
-            missing.setdefault(location, []).append(tensor.name)
+        if uses_external_data(tensor):
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+            locations.setdefault(location, []).append(tensor.name)
+    return locations
+
+
+def external_data_files(path: str | os.PathLike) -> list[Path]:
+    """The external-data files a model file refers to (read from its header only)."""
+    path = Path(path)
+    model = onnx.load(str(path), load_external_data=False)
+    return [path.parent / loc for loc in sorted(_external_locations(model))]
+
+
+def _check_external_data_present(model: onnx.ModelProto, path: Path) -> None:
+    missing = {loc: names for loc, names in _external_locations(model).items()
+               if not (path.parent / loc).is_file()}
     if missing:
         lines = ", ".join(
             f"'{loc}' (tensors {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
@@ -90,6 +102,11 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tupl
     path.parent.mkdir(parents=True, exist_ok=True)
     external = is_large(model)
     data_name = path.name + ".data"
+    if external and any((path.parent / data_name).resolve() == Path(p).resolve() for p in protect):
+        raise TrtBridgeError(
+            f"writing {path} would overwrite the input model's external data {path.parent / data_name}; "
+            "choose another output name with -o."
+        )
     with tempfile.TemporaryDirectory(dir=path.parent, prefix=".trt-bridge-") as tmp:
         tmp_model = Path(tmp) / path.name
         if external:

@@ -60,11 +60,11 @@ class ConversionReport:
             c = self.calibration
             lines.append(f"  calibration: {c['feeds']} feed(s), method {c['method']}, {c['seconds']:.2f} s")
         if self.smoothed:
-            folded = sum(1 for x in self.smoothed if x["folded_into"])
-            lines.append(f"  smoothed {len(self.smoothed)} MatMul input(s) (alpha {self.smoothed[0]['alpha']}; "
-                         f"{folded} folded into LayerNormalization)")
+            lines.append(f"  smoothed {len(self.smoothed)} LayerNormalization output(s) into their MatMul weights "
+                         f"(alpha {self.smoothed[0]['alpha']})")
         if self.recentered:
-            lines.append(f"  re-centred {len(self.recentered)} one-sided activation(s) (symmetric int8 keeps all 8 bits)")
+            lines.append(f"  re-centred {len(self.recentered)} one-sided activation(s) "
+                         "so symmetric int8 keeps all 8 bits")
         if self.left_in_float:
             lines.append(f"  left in float: {len(self.left_in_float)} edge(s) (see the JSON report)")
         lines.append(f"  total {sum(self.seconds.values()):.2f} s")

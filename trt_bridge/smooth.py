@@ -5,11 +5,11 @@ must cover them and loses resolution everywhere else. For ``X[.., K] · W[K, N]`
 per-channel factors ``s_k = max|X_k|^α / max|W_k|^(1−α)`` move the outliers into the
 weights, which are quantized per output channel anyway::
 
-    Before:  x ─ MatMul(W) ─ y                       (x has outlier channels)
-    After:   x ─ Mul(1/s) ─ MatMul(diag(s)·W) ─ y    exact in float
+    Before:  LayerNormalization(γ, β) ─ x ─ MatMul(W) ─ y        (x has outlier channels)
+    After:   LayerNormalization(γ/s, β/s) ─ x/s ─ MatMul(diag(s)·W) ─ y    exact in float
 
-    When x is a LayerNormalization output read only by smoothed MatMuls, 1/s folds
-    into its gamma and beta and no Mul is added.
+Only LayerNormalization outputs read by nothing but such MatMuls are smoothed, so
+``1/s`` always folds into gamma and beta and no op is added.
 
 All MatMuls that read the same tensor (q, k, v projections) share one ``s``. Their
 weights become new float constants, re-quantized per output channel at lowering
@@ -32,10 +32,9 @@ S_RANGE = (1e-4, 1e4)
 
 @dataclass(frozen=True)
 class Smoothed:
-    tensor: str  # the activation as quantized now
-    source: str  # the activation before smoothing
+    tensor: str  # the LayerNormalization output whose channels were rescaled
     alpha: float
-    folded_into: str | None  # the LayerNormalization that absorbed 1/s, if any
+    folded_into: str  # the LayerNormalization that absorbed 1/s
     max_factor: float
 
 
@@ -99,19 +98,14 @@ def smooth(graph: gs.Graph, annotations: Annotations, channel_max: dict[str, np.
             s = np.power(act, alpha) / np.power(w_max, 1.0 - alpha)
         s = np.where(np.isfinite(s) & (act > 0) & (w_max > 0), s, 1.0)
         s = np.clip(s, *S_RANGE)
-        x = tensors[name]
-        ln = _foldable_layer_norm(x, sites, graph_outputs)
-        if ln is not None:
-            gamma, beta = ln.inputs[1], ln.inputs[2] if len(ln.inputs) > 2 else None
-            ln.inputs[1] = gs.Constant(names(f"{gamma.name}_smoothed"), (gamma.values / s).astype(np.float32))
-            if beta is not None:
-                ln.inputs[2] = gs.Constant(names(f"{beta.name}_smoothed"), (beta.values / s).astype(np.float32))
-            target = x
-        else:
-            target = gs.Variable(names(f"{name}_smoothed"), dtype=np.float32, shape=x.shape)
-            inv = gs.Constant(names(f"{name}_smooth_factor"), (1.0 / s).astype(np.float32))
-            graph.nodes.append(gs.Node("Mul", names(f"{name}_smooth"), {}, [x, inv], [target]))
-        for node, w in zip(sites, weights):
+        ln = _foldable_layer_norm(tensors[name], sites, graph_outputs)
+        if ln is None:
+            continue
+        gamma, beta = ln.inputs[1], ln.inputs[2] if len(ln.inputs) > 2 else None
+        ln.inputs[1] = gs.Constant(names(f"{gamma.name}_smoothed"), (gamma.values / s).astype(np.float32))
+        if beta is not None:
+            ln.inputs[2] = gs.Constant(names(f"{beta.name}_smoothed"), (beta.values / s).astype(np.float32))
+        for node, w in zip(sites, weights, strict=True):
             old = node.inputs[1]
             new = gs.Constant(names(f"{old.name}_smoothed"), (w * s[:, None]).astype(np.float32))
             old_spec = annotations.weights[old.name]
@@ -120,12 +114,7 @@ def smooth(graph: gs.Graph, annotations: Annotations, channel_max: dict[str, np.
                 del annotations.weights[old.name]
             annotations.add_weight(WeightSpec(new.name, [Site(node.name, 1)], old_spec.axis, old_spec.origin))
             node.inputs[1] = new
-            node.inputs[0] = target
-        if target is not x:
-            del annotations.activations[name]
-            for site in spec.sites:
-                annotations.add_activation(target.name, site, spec.origin)
-        done.append(Smoothed(target.name, name, alpha, ln.name if ln is not None else None, float(s.max())))
+        done.append(Smoothed(name, alpha, ln.name, float(s.max())))
     if done:
         graph.cleanup().toposort()
     return done

@@ -150,32 +150,46 @@ class NpzFeeds(FeedSource):
         super().__init__(inputs)
         self.path, self.description = path, str(path)
         try:
-            self._npz = np.load(path, allow_pickle=False)
+            npz = np.load(path, allow_pickle=False)
         except Exception as exc:
             raise CalibrationDataError(f"{path}: not a readable .npz file ({exc}).") from exc
-        names = {i.name for i in inputs}
-        unknown = sorted(set(self._npz.files) - names)
-        if unknown:
-            raise CalibrationDataError(
-                f"{path}: array '{unknown[0]}' is not an input of the model. The model's inputs are: "
-                f"{', '.join(sorted(names))}."
-            )
-        missing = sorted(names - set(self._npz.files))
-        if missing:
-            raise CalibrationDataError(
-                f"{path}: no array for input '{missing[0]}'. Arrays given: {', '.join(self._npz.files)}."
-            )
-        self._arrays = {i.name: self._npz[i.name] for i in inputs}
-        counts = {name: self._count(spec, self._arrays[name]) for name, spec in
-                  ((i.name, i) for i in inputs)}
+        with npz:
+            self._arrays = self._read(npz, inputs)
+        counts = {spec.name: self._count(spec, self._arrays[spec.name]) for spec in inputs}
         if len(set(counts.values())) != 1:
             detail = ", ".join(f"'{k}': {v}" for k, v in counts.items())
             raise CalibrationDataError(f"{path}: inputs hold different numbers of feeds ({detail}).")
         self.total = next(iter(counts.values()))
 
+    def _read(self, npz, inputs: list[InputSpec]) -> dict[str, np.ndarray]:
+        path = self.path
+        names = {i.name for i in inputs}
+        unknown = sorted(set(npz.files) - names)
+        if unknown:
+            raise CalibrationDataError(
+                f"{path}: array '{unknown[0]}' is not an input of the model. The model's inputs are: "
+                f"{', '.join(sorted(names))}."
+            )
+        missing = sorted(names - set(npz.files))
+        if missing:
+            raise CalibrationDataError(
+                f"{path}: no array for input '{missing[0]}'. Arrays given: {', '.join(npz.files)}."
+            )
+        arrays = {}
+        for name in sorted(names):
+            try:
+                arrays[name] = npz[name]  # members are read lazily: errors surface here
+            except Exception as exc:
+                raise CalibrationDataError(
+                    f"{path}: cannot read array '{name}' ({exc}). Save plain numeric arrays with np.savez."
+                ) from exc
+        return arrays
+
     def _count(self, spec: InputSpec, arr: np.ndarray) -> int:
         if arr.ndim == spec.rank + 1:
             return arr.shape[0]
+        if arr.ndim == spec.rank == 0:
+            return 1  # a scalar input given one scalar
         if arr.ndim == spec.rank and spec.rank > 0:
             if arr.shape[0] % spec.batch:
                 raise CalibrationDataError(
@@ -194,7 +208,12 @@ class NpzFeeds(FeedSource):
             feed = {}
             for spec in self.inputs:
                 arr = self._arrays[spec.name]
-                feed[spec.name] = arr[i] if arr.ndim == spec.rank + 1 else arr[i * spec.batch:(i + 1) * spec.batch]
+                if arr.ndim == spec.rank + 1:
+                    feed[spec.name] = arr[i]
+                elif arr.ndim == 0:
+                    feed[spec.name] = arr
+                else:
+                    feed[spec.name] = arr[i * spec.batch:(i + 1) * spec.batch]
             yield f"{self.path} (feed {i})", feed
 
 
@@ -233,21 +252,36 @@ class ScriptFeeds(FeedSource):
         self.description = f"{self.path}:{self.func}"
         if not self.path.is_file():
             raise CalibrationDataError(f"{self.path}: data-loader script not found.")
-
-    def raw(self):
         module_spec = importlib.util.spec_from_file_location("trt_bridge_user_loader", self.path)
         module = importlib.util.module_from_spec(module_spec)
         try:
             module_spec.loader.exec_module(module)
         except Exception as exc:
             raise CalibrationDataError(f"{self.path}: the data-loader script failed to import: {exc!r}") from exc
-        func = getattr(module, self.func, None)
-        if not callable(func):
+        self._load = getattr(module, self.func, None)
+        if not callable(self._load):
             raise CalibrationDataError(
                 f"{self.path}: defines no function '{self.func}'. Name it with {self.path}:FUNCTION."
             )
-        for i, feed in enumerate(func()):
+
+    def raw(self):
+        try:
+            iterator = iter(self._load())
+        except Exception as exc:
+            raise CalibrationDataError(
+                f"{self.description}: the data loader failed ({exc!r}); it must return an iterable of "
+                "{input name: array} dicts."
+            ) from exc
+        i = 0
+        while True:
+            try:
+                feed = next(iterator)
+            except StopIteration:
+                return
+            except Exception as exc:
+                raise CalibrationDataError(f"{self.description}: the data loader raised {exc!r} at feed {i}.") from exc
             yield f"{self.description} (feed {i})", feed
+            i += 1
 
 
 class RandomFeeds(FeedSource):
