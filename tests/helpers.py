@@ -69,3 +69,27 @@ def assert_qdq_contract(path: Path) -> onnx.ModelProto:
             assert scale.dtype == np.float32 and np.all(scale > 0), node.name
             assert zero.dtype == np.int8 and not np.any(zero), node.name
     return model
+
+
+def assert_lift_is_exact(float_model, dpath, feeds):
+    """The lifted float graph computes exactly the float model with the source's dequantized weights."""
+    source = {i.name: onnx.numpy_helper.to_array(i) for i in onnx.load(str(dpath)).graph.initializer}
+    reference = onnx.ModelProto()
+    reference.CopyFrom(float_model)
+    is_conv = {n.input[1]: n.op_type == "Conv" for n in float_model.graph.node if len(n.input) > 1}
+    for init in reference.graph.initializer:
+        # onnxruntime stores a Gemm(transB=1) weight transposed, as '<name>_Transposed'
+        for stored, transposed in ((init.name, False), (f"{init.name}_Transposed", True)):
+            if f"{stored}_quantized" not in source:
+                continue
+            q = source[f"{stored}_quantized"].astype(np.float64)
+            zp, scale = source[f"{stored}_zero_point"], source[f"{stored}_scale"]
+            shape = [-1] + [1] * (q.ndim - 1) if is_conv.get(init.name) else [1] * (q.ndim - 1) + [-1]
+            deq = (q - zp.reshape(shape if zp.ndim else ())) * scale.reshape(shape if scale.ndim else ())
+            deq = deq.T if transposed else deq
+            init.CopyFrom(onnx.numpy_helper.from_array(deq.astype(np.float32), init.name))
+    from trt_bridge.convert import lift_model
+
+    lifted, _ = lift_model(onnx.load(str(dpath)))
+    for want, got in zip(run_ort(reference, feeds), run_ort(lifted, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from helpers import (
+    assert_lift_is_exact,
     assert_qdq_contract,
     assert_tensorrt_ready,
     op_types,
@@ -24,7 +25,7 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType
 
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions, convert, lift_model
+from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.errors import UnsupportedPatternError
 
 REJECTED = {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "Cast"}
@@ -64,30 +65,8 @@ def _roundtrip(tmp_path, float_model, feeds_name, shape, per_channel=False, weig
     report = convert(dpath, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False, **options))
     held_out = [{feeds_name: f} for f in _feeds(feeds_name, shape, 16, 2, one_sided)]
     ref = run_ort(fpath, held_out)
-    _assert_lift_is_exact(float_model, dpath, held_out)
+    assert_lift_is_exact(float_model, dpath, held_out)
     return dpath, out, report, snr_db(ref, run_ort(dpath, held_out)), snr_db(ref, run_ort(out, held_out))
-
-
-def _assert_lift_is_exact(float_model, dpath, feeds):
-    """The lifted float graph computes exactly the float model with the source's dequantized weights."""
-    source = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(dpath)).graph.initializer}
-    reference = onnx.ModelProto()
-    reference.CopyFrom(float_model)
-    is_conv = {n.input[1]: n.op_type == "Conv" for n in float_model.graph.node if len(n.input) > 1}
-    for init in reference.graph.initializer:
-        # onnxruntime stores a Gemm(transB=1) weight transposed, as '<name>_Transposed'
-        for stored, transposed in ((init.name, False), (f"{init.name}_Transposed", True)):
-            if f"{stored}_quantized" not in source:
-                continue
-            q = source[f"{stored}_quantized"].astype(np.float64)
-            zp, scale = source[f"{stored}_zero_point"], source[f"{stored}_scale"]
-            shape = [-1] + [1] * (q.ndim - 1) if is_conv.get(init.name) else [1] * (q.ndim - 1) + [-1]
-            deq = (q - zp.reshape(shape if zp.ndim else ())) * scale.reshape(shape if scale.ndim else ())
-            deq = deq.T if transposed else deq
-            init.CopyFrom(numpy_helper.from_array(deq.astype(np.float32), init.name))
-    lifted, _ = lift_model(onnx.load(str(dpath)))
-    for want, got in zip(run_ort(reference, feeds), run_ort(lifted, feeds)):
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
 def _weight_dq(model: onnx.ModelProto, weight_prefix: str):

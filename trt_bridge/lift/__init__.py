@@ -11,8 +11,10 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.lift.base import Decline, LiftContext, LiftRule
 from trt_bridge.lift.dynamic_integer import DynamicIntegerOp
+from trt_bridge.lift.fused_dynamic_matmul import FusedDynamicMatMul
+from trt_bridge.lift.fused_matmul import FusedMatMul
 
-LIFT_RULES: tuple[LiftRule, ...] = (DynamicIntegerOp(),)
+LIFT_RULES: tuple[LiftRule, ...] = (DynamicIntegerOp(), FusedDynamicMatMul(), FusedMatMul())
 
 #: Ops that TensorRT's ONNX parser rejects; none may survive lifting.
 TENSORRT_REJECTS = frozenset({

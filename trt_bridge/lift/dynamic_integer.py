@@ -32,10 +32,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trt_bridge.annotations import ScaleSource, Site, WeightSpec
-from trt_bridge.calibration.observers import QMAX
+from trt_bridge.annotations import ScaleSource, Site
 from trt_bridge.lift.base import LiftContext
 from trt_bridge.lift.scale_algebra import Monomial, constant_values, monomial_of
+from trt_bridge.lift.weights import lift_integer_weight
 
 _ROUNDING = {"Floor", "Round", "Ceil"}
 _CONV_ATTRS = ("auto_pad", "dilations", "group", "kernel_shape", "pads", "strides")
@@ -157,12 +157,12 @@ class DynamicIntegerOp:
 
         # --- rewrite: from here on the rule does not decline ---
         inputs = [a.float_tensor for a in acts]
-        weight_const = None
-        if weight is not None:
-            weight_const = self._lift_weight(ctx, node, weight, w_scale, is_conv)
-            inputs.append(weight_const)
         base = node.name or node.outputs[0].name
         op_name = ctx.names(f"{base}/float")
+        if weight is not None:
+            axis = 0 if is_conv else weight.values.ndim - 1
+            inputs.append(lift_integer_weight(ctx, weight.tensor, weight.values, weight.zero_point, w_scale, axis,
+                                              Site(op_name, 1), node.name))
         attrs = {k: v for k, v in node.attrs.items() if k in _CONV_ATTRS} if is_conv else {}
         result = gs.Variable(ctx.names(f"{base}/float_out"), dtype=np.float32)
         new_nodes = [gs.Node("Conv" if is_conv else "MatMul", op_name, attrs, inputs, [result])]
@@ -180,58 +180,7 @@ class DynamicIntegerOp:
             ctx.annotations.add_activation(
                 a.float_tensor.name, Site(op_name, i), node.name, scale=None if a.static_scale is None
                 else a.static_scale, source=None if a.static_scale is None else ScaleSource.MODEL)
-        if weight_const is not None:
-            spec = ctx.annotations.weights.get(weight_const.name)
-            if spec is None:
-                spec = self._weight_spec(weight_const.name, weight, w_scale, is_conv, node.name)
-            spec.sites.append(Site(op_name, 1))
-            ctx.annotations.add_weight(spec)
         return None
-
-    @staticmethod
-    def _axis(is_conv: bool, rank: int) -> int:
-        return 0 if is_conv else rank - 1
-
-    def _lift_weight(self, ctx: LiftContext, node: gs.Node, weight: _Weight, w_scale: np.ndarray,
-                     is_conv: bool) -> gs.Constant:
-        axis = self._axis(is_conv, weight.values.ndim)
-        shape = [1] * weight.values.ndim
-        shape[axis] = -1
-        scale = w_scale.reshape(shape) if w_scale.ndim else w_scale
-        zp = weight.zero_point.reshape(shape) if weight.zero_point.ndim else weight.zero_point
-        values = ((weight.values.astype(np.float64) - zp) * scale).astype(np.float32)
-        key = ("dynamic-weight", weight.tensor.name, w_scale.tobytes(), weight.zero_point.tobytes())
-        base = weight.tensor.name.removesuffix("_quantized") or node.name
-        return ctx.constant(f"{base}_float", values, key)
-
-    def _weight_spec(self, name: str, weight: _Weight, w_scale: np.ndarray, is_conv: bool,
-                     origin: str) -> WeightSpec:
-        """Keep the source's integers wherever ``W_q − w_zp`` fits symmetric int8.
-
-        Symmetric int8 sources are kept bit-exact. For uint8 (or zero-point) sources,
-        each output channel whose centred integers fit in [-127, 127] is kept exact
-        with the source's scale; only the channels that do not fit are re-quantized
-        (symmetric, per channel).
-        """
-        axis = self._axis(is_conv, weight.values.ndim)
-        shape = [1] * weight.values.ndim
-        shape[axis] = -1
-        zp = weight.zero_point.reshape(shape) if weight.zero_point.ndim else weight.zero_point
-        centred = weight.values.astype(np.int64) - zp
-        if not np.all(w_scale > 0):
-            return WeightSpec(name, [], axis, origin)
-        if np.abs(centred).max(initial=0) <= QMAX:
-            return WeightSpec(name, [], axis, origin, int8=centred.astype(np.int8),
-                              scale=np.asarray(w_scale, np.float32), source=ScaleSource.EXACT_WEIGHTS)
-        reduce_axes = tuple(i for i in range(centred.ndim) if i != axis)
-        fits = np.abs(centred).max(axis=reduce_axes) <= QMAX
-        scale_vec = np.broadcast_to(w_scale, fits.shape).astype(np.float64)
-        floats = centred * scale_vec.reshape(shape)
-        requant = np.abs(floats).max(axis=reduce_axes) / QMAX
-        scale = np.where(fits, scale_vec, requant)
-        q = np.where(fits.reshape(shape), centred, np.rint(floats / scale.reshape(shape)))
-        return WeightSpec(name, [], axis, origin, int8=np.clip(q, -QMAX, QMAX).astype(np.int8),
-                          scale=scale.astype(np.float32), source=ScaleSource.REQUANTIZED)
 
 
 def _walk_epilogue(acc: gs.Tensor, act_scale: Monomial, per_channel, graph_outputs: set[str]):

@@ -1,0 +1,101 @@
+"""onnxruntime-optimized dynamic models: DynamicQuantizeMatMul, MatMulIntegerToFloat, FusedMatMul
+(lift/fused_dynamic_matmul.py, lift/fused_matmul.py)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from helpers import (
+    assert_lift_is_exact,
+    assert_qdq_contract,
+    assert_tensorrt_ready,
+    op_types,
+    quantize_dynamic,
+    run_ort,
+    save,
+    snr_db,
+)
+from onnx import TensorProto, helper, numpy_helper
+
+from trt_bridge import samples
+from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.errors import UnsupportedPatternError
+
+OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
+
+
+def _optimized(dynamic, out):
+    """What onnxruntime writes with `optimized_model_filepath` at the extended level: fused contrib ops."""
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED
+    options.optimized_model_filepath = str(out)
+    ort.InferenceSession(str(dynamic), options, providers=["CPUExecutionProvider"])
+    return out
+
+
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
+def test_optimized_transformer_block(tmp_path, per_channel):
+    model = samples.transformer_block(layers=1)
+    fpath = save(model, tmp_path / "float.onnx")
+    dpath = quantize_dynamic(fpath, tmp_path / "dynamic.onnx", per_channel=per_channel)
+    opath = _optimized(dpath, tmp_path / "optimized.onnx")
+    ops = Counter((n.domain, n.op_type) for n in onnx.load(str(opath)).graph.node)
+    assert ops[("com.microsoft", "DynamicQuantizeMatMul")] and ops[("com.microsoft", "MatMulIntegerToFloat")]
+    assert ops[("com.microsoft", "FusedMatMul")] == 1
+
+    held_out = [{"x": f} for f in samples.sequence_feeds(8, 2, 16, 64)]
+    assert_lift_is_exact(model, opath, held_out)
+
+    np.savez(tmp_path / "calib.npz", x=samples.sequence_feeds(32, 1, 16, 64)[:, 0])
+    out = tmp_path / "converted.onnx"
+    report = convert(opath, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    fired = {hit.rule: len(hit.nodes) for hit in report.rules}
+    assert fired == {"fused-dynamic-matmul": 6, "fused-matmul": 1}
+    converted = assert_qdq_contract(out)
+    assert not op_types(converted) & {"DynamicQuantizeMatMul", "MatMulIntegerToFloat", "FusedMatMul",
+                                      "DynamicQuantizeLinear"}
+    reference = run_ort(fpath, held_out)
+    snr_source, snr_out = snr_db(reference, run_ort(dpath, held_out)), snr_db(reference, run_ort(out, held_out))
+    assert snr_out >= snr_source - 1.0, (snr_source, snr_out)
+    assert_tensorrt_ready(out)
+
+
+#   a[2,3,4,5], b[2,3,6,5] ─ FusedMatMul(alpha=0.5, transB=1) ─ y[2,3,4,6]
+def test_fused_matmul_with_transpose_and_alpha(tmp_path):
+    node = helper.make_node("FusedMatMul", ["a", "b"], ["y"], "fmm", domain="com.microsoft", alpha=0.5, transB=1)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3, 4, 5]),
+                                            helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 3, 6, 5])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4, 6])])
+    model = helper.make_model(graph, opset_imports=OPSETS)
+    src = save(model, tmp_path / "fmm.onnx")
+    out = tmp_path / "out.onnx"
+    report = convert(src, out, ConvertOptions(progress=False))
+    assert report.rules[0].rule == "fused-matmul"
+    converted = onnx.load(str(out))
+    assert [n.op_type for n in converted.graph.node] == ["Transpose", "MatMul", "Mul"]
+    assert [i.domain for i in converted.opset_import] == [""]
+    rng = np.random.default_rng(0)
+    feeds = [{"a": rng.standard_normal((2, 3, 4, 5)).astype(np.float32),
+              "b": rng.standard_normal((2, 3, 6, 5)).astype(np.float32)}]
+    np.testing.assert_allclose(run_ort(converted, feeds)[0], run_ort(src, feeds)[0], rtol=1e-5, atol=1e-5)
+    assert_tensorrt_ready(out)
+
+
+def test_matmul_integer_to_float_needs_dynamic_quantize_linear(tmp_path):
+    """An int8 A fed from a graph input has no float meaning: declined with the reason, convert fails clearly."""
+    rng = np.random.default_rng(0)
+    node = helper.make_node("MatMulIntegerToFloat", ["a_q", "W_q", "a_scale", "w_scale"], ["y"], "mitf",
+                            domain="com.microsoft")
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info("a_q", TensorProto.UINT8, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [numpy_helper.from_array(rng.integers(-100, 100, (4, 3)).astype(np.int8), "W_q"),
+         numpy_helper.from_array(np.array(0.1, np.float32), "a_scale"),
+         numpy_helper.from_array(np.array(0.02, np.float32), "w_scale")])
+    model = helper.make_model(graph, opset_imports=OPSETS)
+    with pytest.raises(UnsupportedPatternError, match="MatMulIntegerToFloat 'mitf'.*not come from DynamicQuantize"):
+        convert(save(model, tmp_path / "m.onnx"), tmp_path / "out.onnx", ConvertOptions(calib_random=1, progress=False))

@@ -1,0 +1,49 @@
+"""Lift onnxruntime's float ``FusedMatMul`` (com.microsoft) to standard ONNX.
+
+onnxruntime's optimizer folds transposes and a scalar multiply into the attention
+MatMuls of a saved, optimized model; TensorRT has no importer for it::
+
+    Before:  a, b ─ FusedMatMul(alpha, transA, transB) ─ y
+    After:   a [─ Transpose(last two)] , b [─ Transpose(last two)] ─ MatMul [─ Mul(alpha)] ─ y
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trt_bridge.lift.base import LiftContext
+
+
+class FusedMatMul:
+    name = "fused-matmul"
+    op_types = ("FusedMatMul",)
+
+    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+        if (node.domain or "") != "com.microsoft":
+            return f"FusedMatMul in domain '{node.domain}' is not onnxruntime's contrib op"
+        if node.attrs.get("transBatchA", 0) or node.attrs.get("transBatchB", 0):
+            return "transBatchA/transBatchB are not lifted"
+        base = node.name or node.outputs[0].name
+        operands = []
+        for tensor, flag in ((node.inputs[0], "transA"), (node.inputs[1], "transB")):
+            if not node.attrs.get(flag, 0):
+                operands.append(tensor)
+                continue
+            if tensor.shape is None:
+                return f"'{tensor.name}' has unknown rank, so {flag} cannot be made a Transpose"
+            rank = len(tensor.shape)
+            perm = list(range(rank - 2)) + [rank - 1, rank - 2]
+            out = gs.Variable(ctx.names(f"{tensor.name}_transposed"), dtype=tensor.dtype)
+            ctx.graph.nodes.append(gs.Node("Transpose", ctx.names(f"{base}/{flag}"), {"perm": perm}, [tensor], [out]))
+            operands.append(out)
+        y = node.outputs[0]
+        alpha = float(node.attrs.get("alpha", 1.0))
+        result = y if alpha == 1.0 else gs.Variable(ctx.names(f"{base}/matmul_out"), dtype=y.dtype)
+        y.inputs.clear()
+        ctx.graph.nodes.append(gs.Node("MatMul", ctx.names(f"{base}/matmul"), {}, operands, [result]))
+        if alpha != 1.0:
+            ctx.graph.nodes.append(gs.Node("Mul", ctx.names(f"{base}/alpha"), {},
+                                           [result, gs.Constant(ctx.names(f"{base}/alpha_value"),
+                                                                np.array(alpha, np.float32))], [y]))
+        return None
