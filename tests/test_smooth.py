@@ -44,7 +44,8 @@ def test_smoothing_is_exact_in_float_and_folds_into_layer_norm():
                                      effective_weight(ref_ann.weights[node.inputs[1].name], node.inputs[1]))
     assert candidates(graph, ann) == ["ln"]
     channel_max = {"ln": np.array([0.5, 8.0, 0.4, 0.6, 0.5, 12.0, 0.7, 0.5])}
-    done = smooth(graph, ann, channel_max, alpha=0.65)
+    done, factors = smooth(graph, ann, channel_max, alpha=0.65)
+    assert set(factors) == {"ln"} and factors["ln"].shape == (8,)
     assert [d.folded_into for d in done] == ["ln_node"]
     assert [n.op for n in graph.nodes] == ["LayerNormalization", "MatMul", "MatMul"]  # no Mul added
     assert set(ann.weights) == {"Wq_smoothed", "Wk_smoothed"} and ann.weights["Wq_smoothed"].int8 is None

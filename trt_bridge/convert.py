@@ -11,12 +11,13 @@ import numpy as np
 import onnx
 
 from trt_bridge.annotations import ScaleSource
-from trt_bridge.calibration import CalibMethod, calibrate, model_inputs, open_feeds
+from trt_bridge.calibration import CalibMethod, model_inputs, open_feeds
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError, UnsupportedPatternError
 from trt_bridge.model import (
     MIN_QDQ_OPSET,
     default_opset,
     external_data_files,
+    infer_shapes,
     is_large,
     load_model,
     save_model,
@@ -69,20 +70,11 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     t0 = time.perf_counter()
     lifted, ctx = lift_model(model, model_path)
     del model
-    graph = gs.import_onnx(lifted)
+    graph = gs.import_onnx(lifted)  # keeps referring to lifted's weights: no copy
     left = place(graph, ctx.annotations, options.placement)
     seconds["lift"] = time.perf_counter() - t0
 
-    smoothed = []
-    if options.smooth is not None and feeds is not None:
-        t0 = time.perf_counter()
-        smoothed = _smooth(graph, ctx, lifted, feeds, options)
-        if smoothed:
-            lifted = _finalize(gs.export_onnx(graph), default_opset(lifted))
-        seconds["smooth"] = time.perf_counter() - t0
-    del graph
-
-    calibration = None
+    calibration, smoothed, recentered = None, [], []
     needed = ctx.annotations.needing_calibration()
     if needed:
         if feeds is None:
@@ -92,7 +84,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
                 "representative inputs, or --calib-random N for a quick smoke test."
             )
         t0 = time.perf_counter()
-        result = calibrate(lifted, needed, feeds, options.calib_method, options.percentile, options.progress)
+        result, smoothed = _calibrate(graph, ctx, lifted, needed, feeds, options)
         for name in needed:
             spec = ctx.annotations.activations[name]
             spec.scale, spec.source = result.scale(name), ScaleSource.CALIBRATION
@@ -101,12 +93,13 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
                        "ranges": {k: {"min": o.lo, "max": o.hi, "amax": result.amax(k)}
                                   for k, o in sorted(result.observers.items())}}
         seconds["calibrate"] = time.perf_counter() - t0
+        if options.recenter:
+            recentered = recenter(graph, ctx.annotations, result)
 
     t0 = time.perf_counter()
-    graph = gs.import_onnx(lifted)
-    recentered = recenter(graph, ctx.annotations, result) if calibration and options.recenter else []
     quantized = lower(graph, ctx.annotations)
     out_model = _finalize(gs.export_onnx(graph), default_opset(lifted), check=True)
+    del graph, lifted
     seconds["lower"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -150,18 +143,33 @@ def lift_model(model: onnx.ModelProto, where: str | Path = "model"):
     return _finalize(gs.export_onnx(graph), source_opset), ctx
 
 
-def _smooth(graph, ctx, lifted: onnx.ModelProto, feeds, options: ConvertOptions):
-    """One observation pass for per-channel maxima, then SmoothQuant on the candidates."""
-    from trt_bridge.calibration.runner import observe
-    from trt_bridge.smooth import ChannelMaxObserver, candidates, smooth
+def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, options: ConvertOptions):
+    """Calibrate ``needed`` in one onnxruntime session; with smoothing, in two passes over the feeds.
 
-    names = candidates(graph, ctx.annotations)
-    if not names:
-        return []
-    observers = {n: ChannelMaxObserver() for n in names}
-    observe(lifted, observers, feeds, options.progress, desc="smoothing")
-    maxima = {n: o.max for n, o in observers.items() if o.max is not None}
-    return smooth(graph, ctx.annotations, maxima, options.smooth)
+    Pass 1 records per-channel maxima of the smoothing candidates (LayerNormalization
+    outputs) and the ranges of everything else. Smoothing then divides each candidate
+    by its factors ``s`` (folded into the LayerNormalization, so the tensor keeps its
+    name), and pass 2 records the candidates' ranges as ``x / s`` on the same session.
+    """
+    from trt_bridge.calibration.observers import RangeObserver
+    from trt_bridge.calibration.runner import CalibrationSession, finish
+    from trt_bridge.smooth import ChannelMaxObserver, Rescaled, candidates, smooth
+
+    start = time.perf_counter()
+    observers = {t: RangeObserver(options.calib_method, options.percentile) for t in needed}
+    todo = [] if options.smooth is None else [t for t in candidates(graph, ctx.annotations) if t in observers]
+    smoothed = []
+    with CalibrationSession(lifted, needed) as session:
+        if not todo:
+            count = session.run(observers, feeds, options.progress)
+        else:
+            maxima = {t: ChannelMaxObserver() for t in todo}
+            count = session.run({**{t: o for t, o in observers.items() if t not in maxima}, **maxima}, feeds,
+                                options.progress, desc="calibrating (1/2)")
+            smoothed, factors = smooth(graph, ctx.annotations, {t: m.max for t, m in maxima.items()}, options.smooth)
+            session.run({t: Rescaled(observers[t], 1.0 / f) for t, f in factors.items()}, feeds, options.progress,
+                        desc="calibrating (2/2)")
+    return finish(observers, count, time.perf_counter() - start, options.calib_method), smoothed
 
 
 def _name_nodes(model: onnx.ModelProto) -> None:
@@ -196,7 +204,7 @@ def _finalize(model: onnx.ModelProto, opset: int, check: bool = False) -> onnx.M
     del model.graph.value_info[:]
     if is_large(model):
         return model  # protobuf cannot hold it for in-memory checks; checked from disk after saving
-    model = onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=check, data_prop=True)
+    model = infer_shapes(model, strict=check)
     if check:
         onnx.checker.check_model(model, full_check=True)
     return model

@@ -81,8 +81,61 @@ def _check_external_data_present(model: onnx.ModelProto, path: Path) -> None:
 
 
 def is_large(model: onnx.ModelProto) -> bool:
-    """Too big for one protobuf message: weights must live in an external-data file."""
-    return model.ByteSize() > EXTERNAL_DATA_THRESHOLD
+    """Too big for one protobuf message: weights must live in an external-data file.
+
+    Estimated from the tensor payloads (computing ``ByteSize`` of a large model costs
+    about a second each time); the threshold keeps headroom for the graph itself.
+    """
+    return _payload_bytes(model) > EXTERNAL_DATA_THRESHOLD
+
+
+def _payload_bytes(model: onnx.ModelProto) -> int:
+    total = 0
+    for tensor in model.graph.initializer:
+        total += len(tensor.raw_data) if tensor.raw_data else tensor.ByteSize()
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                total += len(attr.t.raw_data) if attr.t.raw_data else attr.t.ByteSize()
+    return total
+
+
+def infer_shapes(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelProto:
+    """``onnx.shape_inference.infer_shapes`` without shipping the weights to C++ and back.
+
+    Shape inference needs the weights' shapes, not their values (except small ones,
+    such as Reshape targets, which data propagation reads): it runs on a skeleton
+    whose large initializers have no data, and the inferred value_info is copied back.
+    """
+    skeleton = onnx.ModelProto()
+    skeleton.CopyFrom(model) if _payload_bytes(model) < (1 << 20) else _copy_skeleton(model, skeleton)
+    inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=strict, data_prop=True)
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
+    for target, source in ((model.graph.output, inferred.graph.output),):
+        for mine, theirs in zip(target, source):
+            if not mine.type.tensor_type.HasField("shape") and theirs.type.tensor_type.HasField("shape"):
+                mine.CopyFrom(theirs)
+    return model
+
+
+def _copy_skeleton(model: onnx.ModelProto, skeleton: onnx.ModelProto) -> None:
+    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        setattr(skeleton, field, getattr(model, field))
+    skeleton.opset_import.extend(model.opset_import)
+    skeleton.functions.extend(model.functions)
+    graph = skeleton.graph
+    graph.name = model.graph.name
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    graph.output.extend(model.graph.output)
+    for tensor in model.graph.initializer:
+        if len(tensor.raw_data) > 1024:
+            empty = graph.initializer.add()
+            empty.name, empty.data_type = tensor.name, tensor.data_type
+            empty.dims.extend(tensor.dims)
+        else:
+            graph.initializer.append(tensor)
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple[Path, ...] = ()) -> Path:

@@ -51,6 +51,17 @@ class ChannelMaxObserver:
         self.max = v if self.max is None else np.maximum(self.max, v)
 
 
+class Rescaled:
+    """Feeds ``observer`` with ``x · factors`` (per channel of the last axis): how a range observer
+    sees a tensor that smoothing has since divided by ``s``, without running the model again."""
+
+    def __init__(self, observer, factors: np.ndarray):
+        self.observer, self.factors = observer, np.asarray(factors, np.float32)
+
+    def update(self, values: np.ndarray) -> None:
+        self.observer.update(np.asarray(values, np.float32) * self.factors)
+
+
 def candidates(graph: gs.Graph, annotations: Annotations) -> list[str]:
     """Activations (still to be calibrated) whose every quantized reader is MatMul(x, constant weight)
     and whose 1/s folds into the LayerNormalization that produces them.
@@ -79,13 +90,16 @@ def candidates(graph: gs.Graph, annotations: Annotations) -> list[str]:
 
 
 def smooth(graph: gs.Graph, annotations: Annotations, channel_max: dict[str, np.ndarray],
-           alpha: float) -> list[Smoothed]:
-    """Apply smoothing to every tensor in ``channel_max`` (from :func:`candidates`), in place."""
+           alpha: float) -> tuple[list[Smoothed], dict[str, np.ndarray]]:
+    """Apply smoothing to every tensor in ``channel_max`` (from :func:`candidates`), in place.
+
+    Returns what was smoothed and, per tensor, the factors ``s`` it is now divided by.
+    """
     names = NameAllocator(graph)
     nodes = {n.name: n for n in graph.nodes}
     tensors = graph.tensors()
     graph_outputs = {t.name for t in graph.outputs}
-    done = []
+    done, factors = [], {}
     for name in sorted(channel_max):
         spec = annotations.activations[name]
         sites = [nodes[s.node] for s in spec.sites]
@@ -115,9 +129,10 @@ def smooth(graph: gs.Graph, annotations: Annotations, channel_max: dict[str, np.
             annotations.add_weight(WeightSpec(new.name, [Site(node.name, 1)], old_spec.axis, old_spec.origin))
             node.inputs[1] = new
         done.append(Smoothed(name, alpha, ln.name, float(s.max())))
+        factors[name] = s
     if done:
         graph.cleanup().toposort()
-    return done
+    return done, factors
 
 
 def _foldable_layer_norm(x: gs.Tensor, sites: list[gs.Node], graph_outputs: set[str]) -> gs.Node | None:

@@ -44,58 +44,77 @@ def _import_ort():
 def calibrate(model: onnx.ModelProto, tensors: list[str], feeds: FeedSource, method: CalibMethod,
               percentile: float = 99.99, progress: bool = True) -> CalibrationResult:
     """Observe ``tensors`` of the float ``model`` on every feed into range observers."""
+    start = time.perf_counter()
     observers = {t: RangeObserver(method, percentile) for t in tensors}
-    count, seconds = observe(model, observers, feeds, progress)
+    with CalibrationSession(model, tensors) as session:
+        count = session.run(observers, feeds, progress)
+    return finish(observers, count, time.perf_counter() - start, method)
+
+
+def finish(observers: dict[str, RangeObserver], count: int, seconds: float, method: CalibMethod
+           ) -> CalibrationResult:
     for t, obs in observers.items():
         if obs.max == 0.0:
             log.warning("activation '%s' was zero on every calibration feed", t)
     return CalibrationResult(observers, count, seconds, CalibMethod(method))
 
 
-def observe(model: onnx.ModelProto, observers: dict, feeds: FeedSource, progress: bool = True,
-            desc: str = "calibrating") -> tuple[int, float]:
-    """Run ``model`` on every feed and hand each observed tensor to ``observers[name].update``.
+class CalibrationSession:
+    """One onnxruntime session over ``model`` that can fetch any of ``tensors``, feed by feed.
 
-    One onnxruntime session, one feed at a time: memory holds one feed's activations.
-    The model is not copied: the observed tensors are appended to its outputs for the
-    session and removed again.
+    The model is not copied: the tensors are appended to its outputs while the session
+    is created and removed again. Memory holds one feed's activations at a time.
     """
-    ort = _import_ort()
-    start = time.perf_counter()
-    graph_inputs = {i.name for i in model.graph.input}
-    exposed = [t for t in observers if t not in graph_inputs]
-    present = {o.name for o in model.graph.output}
-    added = [name for name in exposed if name not in present]
-    for name in added:
-        model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    options = ort.SessionOptions()
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    options.log_severity_level = 3
-    count = 0
-    with tempfile.TemporaryDirectory(prefix="trt-bridge-calib-") as workdir:
+
+    def __init__(self, model: onnx.ModelProto, tensors: list[str]):
+        ort = _import_ort()
+        self.graph_inputs = {i.name for i in model.graph.input}
+        present = {o.name for o in model.graph.output}
+        added = [t for t in tensors if t not in self.graph_inputs and t not in present]
+        for name in added:
+            model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.log_severity_level = 3
+        self._workdir = tempfile.TemporaryDirectory(prefix="trt-bridge-calib-")
         try:
-            try:
-                session = ort.InferenceSession(serialize_for_session(model, workdir), options,
-                                               providers=["CPUExecutionProvider"])
-            finally:
-                del model.graph.output[len(model.graph.output) - len(added):]
+            self.session = ort.InferenceSession(serialize_for_session(model, self._workdir.name), options,
+                                                providers=["CPUExecutionProvider"])
         except Exception as exc:
+            self.close()
             raise CalibrationDataError(f"onnxruntime cannot run the lifted float model: {exc}") from exc
+        finally:
+            del model.graph.output[len(model.graph.output) - len(added):]
+
+    def __enter__(self) -> CalibrationSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.session = None
+        self._workdir.cleanup()
+
+    def run(self, observers: dict, feeds: FeedSource, progress: bool = True, desc: str = "calibrating") -> int:
+        """Hand every feed's value of each observed tensor to ``observers[name].update``; return the feed count."""
+        fetch = [t for t in observers if t not in self.graph_inputs]
+        count = 0
         for feed in _progress(feeds, progress, desc):
             try:
-                outputs = session.run(exposed, feed) if exposed else []
+                outputs = self.session.run(fetch, feed) if fetch else []
             except Exception as exc:
                 raise CalibrationDataError(
                     f"onnxruntime failed on calibration feed {count} "
                     f"({', '.join(f'{k}{list(v.shape)}' for k, v in feed.items())}): {exc}"
                 ) from exc
-            for name, value in zip(exposed, outputs):
+            for name, value in zip(fetch, outputs):
                 observers[name].update(value)
             for name in observers:
-                if name in graph_inputs:
+                if name in self.graph_inputs:
                     observers[name].update(feed[name])
             count += 1
-    return count, time.perf_counter() - start
+        return count
 
 
 def _progress(feeds: FeedSource, enabled: bool, desc: str):
