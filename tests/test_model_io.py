@@ -84,3 +84,21 @@ def test_output_never_overwrites_the_inputs_external_data(tmp_path, monkeypatch,
         convert(src, tmp_path / "out.onnx", ConvertOptions(calib_random=2, progress=False))
     assert (tmp_path / "out.onnx.data").read_bytes() == data_before
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_calibration_feeds_are_checked_before_any_work(tmp_path, monkeypatch, dynamic_conv_net):
+    """A wrong-shape feed (the UNet-timestep kind of mistake) fails at once, naming the input and both
+    shapes, before the model is lifted or onnxruntime runs."""
+    import trt_bridge.convert as convert_module
+    from trt_bridge.errors import CalibrationDataError
+
+    _, dpath = dynamic_conv_net
+    (tmp_path / "feeds").mkdir()
+    np.save(tmp_path / "feeds" / "000.npy", np.zeros((1, 3, 16, 16), np.float32))
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("lifting started before the feeds were checked")
+
+    monkeypatch.setattr(convert_module, "lift_model", must_not_run)
+    with pytest.raises(CalibrationDataError, match=r"input 'x' expects shape \[N, 3, 32, 32\].*\[1, 3, 16, 16\]"):
+        convert(dpath, tmp_path / "out.onnx", ConvertOptions(calib_data=str(tmp_path / "feeds"), progress=False))

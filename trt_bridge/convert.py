@@ -65,6 +65,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     feeds = None
     if options.calib_data is not None or options.calib_random is not None:
         feeds = open_feeds(options.calib_data, options.calib_random, inputs)
+        feeds.check()
     seconds["load"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()

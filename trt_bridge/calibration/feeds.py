@@ -136,6 +136,11 @@ class FeedSource:
     def raw(self) -> Iterable[tuple[str, object]]:  # (where, feed)
         raise NotImplementedError
 
+    def check(self) -> None:
+        """Validate the first feed now, so a wrong name, dtype or shape fails before any work starts."""
+        for _ in self:
+            return
+
     def __iter__(self) -> Iterator[Feed]:
         count = 0
         for where, feed in self.raw():
