@@ -322,3 +322,56 @@ def test_unsupported_pattern_names_the_node(tmp_path):
     with pytest.raises(UnsupportedPatternError, match="MatMulInteger 'odd_matmul'.*neither a constant"):
         convert(src, tmp_path / "out.onnx", ConvertOptions(calib_random=2, progress=False))
     assert not (tmp_path / "out.onnx").exists()
+
+
+def _weights_as_constant_nodes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The paddle2onnx export style: every weight is a Constant node, not an initializer."""
+    constants = [helper.make_node("Constant", [], [i.name], f"const_{i.name}", value=i)
+                 for i in model.graph.initializer]
+    del model.graph.initializer[:]
+    nodes = list(model.graph.node)
+    del model.graph.node[:]
+    model.graph.node.extend(constants + nodes)
+    return model
+
+
+#   x[1,3,8,8] ─ Conv(W: Constant node) ─ Relu ─ Conv(W2: Constant node) ─ y   (dims '?' in the input)
+def test_weights_quantized_at_run_time_and_unnamed_dims(tmp_path):
+    """quantize_dynamic puts a DynamicQuantizeLinear on weights that are Constant nodes (it takes them
+    for activations): the lifted weight is the float constant, re-quantized per channel. Two '?' input
+    dims must not tell TensorRT that height equals width."""
+    model = conv_model(seed=2)
+    del model.graph.node[0].input[2]  # onnxruntime only quantizes a biased conv with an initializer weight
+    model.graph.initializer.remove(next(i for i in model.graph.initializer if i.name == "b"))
+    model = _weights_as_constant_nodes(model)
+    for dim, value in zip(model.graph.input[0].type.tensor_type.shape.dim, ("N", 3, "?", "?")):
+        dim.Clear()
+        if isinstance(value, str):
+            dim.dim_param = value
+        else:
+            dim.dim_value = value
+    model.graph.output[0].type.tensor_type.ClearField("shape")
+    fpath = save(model, tmp_path / "float.onnx")
+    dpath = quantize_dynamic(fpath, tmp_path / "dynamic.onnx")
+    source = onnx.load(str(dpath))
+    dql_inputs = {n.input[0] for n in source.graph.node if n.op_type == "DynamicQuantizeLinear"}
+    assert {"W", "W2"} <= dql_inputs  # the weights are quantized at run time
+
+    np.savez(tmp_path / "calib.npz", x=_feeds("x", [1, 3, 8, 8], 32, 1))
+    out = tmp_path / "converted.onnx"
+    report = convert(dpath, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    converted = assert_qdq_contract(out)
+    assert not op_types(converted) & REJECTED
+    assert len(report.rules[0].nodes) == 2
+    for prefix, channels in (("W_", 4), ("W2", 6)):
+        _, scale, axis = _weight_dq(converted, prefix)
+        assert axis == 0 and scale.shape == (channels,)
+    assert {q["tensor"] for q in report.quantized if q["kind"] == "activation"} == {"x", "r_centered"}
+    dims = [d.dim_param or d.dim_value for d in converted.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == ["N", 3, 0, 0]  # no name, no value: unknown
+    held_out = [{"x": f} for f in _feeds("x", [1, 3, 8, 8], 8, 2)]
+    reference = run_ort(fpath, held_out)
+    assert snr_db(reference, run_ort(out, held_out)) > 25
+    from trt_bridge.tensorrt.build import build_engine
+
+    assert build_engine(out, shapes={"x": (1, 3, 8, 12)})  # height ≠ width builds

@@ -202,6 +202,7 @@ def _finalize(model: onnx.ModelProto, opset: int, check: bool = False) -> onnx.M
             ) from exc
     if model.ir_version < 7:
         model.ir_version = 7
+    _unname_unknown_dims(model)
     del model.graph.value_info[:]
     if is_large(model):
         return model  # protobuf cannot hold it for in-memory checks; checked from disk after saving
@@ -209,6 +210,15 @@ def _finalize(model: onnx.ModelProto, opset: int, check: bool = False) -> onnx.M
     if check:
         onnx.checker.check_model(model, full_check=True)
     return model
+
+
+def _unname_unknown_dims(model: onnx.ModelProto) -> None:
+    """Exporters write '?' for unknown dimensions; TensorRT takes equal names for equal sizes,
+    so two '?' dimensions (height and width) would be forced equal. Leave them unnamed."""
+    for value in (*model.graph.input, *model.graph.output):
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param") and dim.dim_param == "?":
+                dim.ClearField("dim_param")
 
 
 def _blocker_message(path: Path, blockers, declined) -> str:

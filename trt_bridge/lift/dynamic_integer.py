@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trt_bridge.annotations import ScaleSource, Site
+from trt_bridge.annotations import ScaleSource, Site, WeightSpec
 from trt_bridge.lift.base import LiftContext
 from trt_bridge.lift.scale_algebra import Monomial, constant_values, monomial_of
 from trt_bridge.lift.weights import lift_integer_weight
@@ -115,7 +115,12 @@ class DynamicIntegerOp:
         if not acts or isinstance(operands[0], _Weight):
             return "the left operand is a constant; only activation × weight or activation × activation is lifted"
         weight = operands[1] if isinstance(operands[1], _Weight) else None
-        if is_conv and weight is None:
+        # A float constant quantized at run time (an exporter that kept weights as Constant nodes
+        # makes quantize_dynamic treat them as activations): its float value is the weight.
+        float_weight = None
+        if isinstance(operands[1], _Activation) and constant_values(operands[1].float_tensor) is not None:
+            float_weight = operands[1]
+        if is_conv and weight is None and float_weight is None:
             return "ConvInteger with a non-constant weight"
 
         act_scale = Monomial.one()
@@ -125,6 +130,9 @@ class DynamicIntegerOp:
         channels = None
         if weight is not None:
             channels = weight.values.shape[0] if is_conv else weight.values.shape[-1]
+        elif float_weight is not None:
+            values = constant_values(float_weight.float_tensor)
+            channels = values.shape[0] if is_conv else values.shape[-1]
 
         def per_channel(m: Monomial) -> bool:
             return _channel_vector((m / act_scale).numeric, is_conv, channels or 1) is not None
@@ -177,6 +185,11 @@ class DynamicIntegerOp:
         ctx.graph.nodes.extend(new_nodes)
 
         for i, a in enumerate(acts):
+            if a is float_weight:
+                values = constant_values(a.float_tensor)
+                ctx.annotations.add_weight(WeightSpec(a.float_tensor.name, [Site(op_name, i)],
+                                                      0 if is_conv else values.ndim - 1, node.name))
+                continue
             ctx.annotations.add_activation(
                 a.float_tensor.name, Site(op_name, i), node.name, scale=None if a.static_scale is None
                 else a.static_scale, source=None if a.static_scale is None else ScaleSource.MODEL)

@@ -58,12 +58,13 @@ def parse(path: str | Path, module: str | None = None) -> ParseResult:
 
 
 def build_engine(path: str | Path, compute_capability: str | None = "SM89", workspace: int = 1 << 30,
-                 module: str | None = None) -> bytes:
+                 module: str | None = None, shapes: dict[str, tuple[int, ...]] | None = None) -> bytes:
     """Build a serialized engine for ``path``.
 
     With TensorRT-RTX the engine is built ahead of time for ``compute_capability``
     (no GPU needed); ``None`` builds for the GPU in this machine. Datacenter TensorRT
-    always builds for the local GPU and ignores it.
+    always builds for the local GPU and ignores it. Dynamic inputs get one fixed shape:
+    ``shapes[name]``, or 1 for every dynamic dimension.
     """
     trt = import_tensorrt(module)
     logger = _Logger(trt)
@@ -84,7 +85,7 @@ def build_engine(path: str | Path, compute_capability: str | None = "SM89", work
         shape = tuple(tensor.shape)
         if any(d < 0 for d in shape):
             profile = profile or builder.create_optimization_profile()
-            fixed = tuple(1 if d < 0 else d for d in shape)
+            fixed = tuple((shapes or {}).get(tensor.name) or (1 if d < 0 else d for d in shape))
             profile.set_shape(tensor.name, fixed, fixed, fixed)
     if profile is not None:
         config.add_optimization_profile(profile)
