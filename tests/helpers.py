@@ -31,6 +31,21 @@ def run_ort(model: Path | onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -
     return [sess.run(None, feed)[0] for feed in feeds]
 
 
+def run_exact(model: Path | onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
+    """Run every feed in onnx's reference evaluator; return the first output of each.
+
+    For the *source* (dynamically quantized) models: onnxruntime's integer kernels are
+    exact on CPUs with VNNI and saturate 16-bit pair sums on those without, so the same
+    dynamic model scores several dB apart from one CI machine to the next. The reference
+    evaluator computes DynamicQuantizeLinear / MatMulInteger / ConvInteger exactly in
+    numpy, the way TensorRT's int32 accumulation would.
+    """
+    from onnx.reference import ReferenceEvaluator
+
+    evaluator = ReferenceEvaluator(str(model) if isinstance(model, Path) else model)
+    return [evaluator.run(None, feed)[0] for feed in feeds]
+
+
 def snr_db(reference: list[np.ndarray], test: list[np.ndarray]) -> float:
     from trt_bridge.convert import snr_db as snr
 

@@ -294,3 +294,37 @@ def test_unsupported_pattern_names_the_node(tmp_path):
     assert str(src) in first and "could not be rewritten" in first
     assert any("MatMulInteger 'mmi'" in line and "'A'" in line for line in rest), msg
     assert not (tmp_path / "int_input.int8.onnx").exists()
+
+
+def test_invalid_model_is_named_with_onnx_checker_reason(tmp_path):
+    """A node reading a tensor nobody produces: onnx.checker's reason, not a stack trace from the lift."""
+    graph = helper.make_graph([helper.make_node("Relu", ["ghost"], ["y"], "relu")], "broken",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "broken.onnx")
+    msg = error_message(cli("convert", src, "--calib-random", "1"))
+    assert str(src) in msg and "not a valid ONNX model" in msg and "ghost" in msg
+
+
+def test_model_whose_types_contradict_its_ops(tmp_path):
+    """Add(float, int64) passes the checker but not shape inference: a load error naming the op."""
+    graph = helper.make_graph([helper.make_node("Add", ["x", "k"], ["y"], "add")], "mixed",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
+                              [numpy_helper.from_array(np.array([1, 2], np.int64), "k")])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "mixed.onnx")
+    msg = error_message(cli("convert", src, "--calib-random", "1"))
+    assert str(src) in msg and "shape inference fails" in msg and "Add" in msg
+
+
+@pytest.mark.parametrize("where", ["output-under-a-file", "output-is-a-directory", "report-under-a-file"])
+def test_unwritable_output_or_report_fails_before_any_work(corpus, model, tmp_path, where):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    args = {"output-under-a-file": ["-o", blocker / "out.onnx"],
+            "output-is-a-directory": ["-o", tmp_path],
+            "report-under-a-file": ["--report", blocker / "report.json"]}[where]
+    msg = error_message(cli("convert", model, "--calib-data", corpus["calib"], *args))
+    assert "cannot write" in msg or "is a directory" in msg
+    assert str(args[1]) in msg or str(blocker) in msg
+    assert not (tmp_path / "model.int8.onnx").exists()  # failed before converting

@@ -17,6 +17,7 @@ from helpers import (
     assert_tensorrt_ready,
     op_types,
     quantize_dynamic,
+    run_exact,
     run_ort,
     save,
     snr_db,
@@ -28,6 +29,11 @@ from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.errors import UnsupportedPatternError
 
+# On Gaussian test feeds a static per-tensor scale (max over 512 calibration feeds) is up
+# to ~1.7x coarser than the range a dynamic model measures on each feed, which costs up
+# to ~4.6 dB here. That gap is the price of static INT8, not of the lift (checked exact by
+# assert_lift_is_exact); the 1 dB bar of issue 2 is held on real models (tests/corpus).
+STATIC_VS_DYNAMIC_DB = 5.0
 REJECTED = {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "Cast"}
 VARIANTS = [
     pytest.param(False, QuantType.QUInt8, id="per-tensor-uint8"),
@@ -59,14 +65,14 @@ def _roundtrip(tmp_path, float_model, feeds_name, shape, per_channel=False, weig
     """float model → quantize_dynamic → convert; returns (paths, snr_dynamic, snr_converted)."""
     fpath = save(float_model, tmp_path / "float.onnx")
     dpath = quantize_dynamic(fpath, tmp_path / "dynamic.onnx", per_channel=per_channel, weight_type=weight_type)
-    calib = _feeds(feeds_name, shape, 64, 1, one_sided)
+    calib = _feeds(feeds_name, shape, 512, 1, one_sided)
     np.savez(tmp_path / "calib.npz", **{feeds_name: calib})
     out = tmp_path / "converted.onnx"
     report = convert(dpath, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False, **options))
     held_out = [{feeds_name: f} for f in _feeds(feeds_name, shape, 16, 2, one_sided)]
     ref = run_ort(fpath, held_out)
     assert_lift_is_exact(float_model, dpath, held_out)
-    return dpath, out, report, snr_db(ref, run_ort(dpath, held_out)), snr_db(ref, run_ort(out, held_out))
+    return dpath, out, report, snr_db(ref, run_exact(dpath, held_out)), snr_db(ref, run_ort(out, held_out))
 
 
 def _weight_dq(model: onnx.ModelProto, weight_prefix: str):
@@ -106,24 +112,22 @@ def test_matmul(tmp_path, per_channel, weight_type):
         source = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(dpath)).graph.initializer}
         np.testing.assert_array_equal(q, source["W_quantized"])
         assert report.quantized[0]["source"] == "exact-int8-weights"
-    # Static per-tensor activation scales cost a few dB against per-inference dynamic ranges
-    # on a model this small (64 values per feed); the lift itself is exact (checked above).
-    assert snr_out > 35 and snr_out >= snr_dyn - 4.5, (snr_dyn, snr_out)
+    assert snr_out > 38 and snr_out >= snr_dyn - STATIC_VS_DYNAMIC_DB, (snr_dyn, snr_out)
     assert_tensorrt_ready(out)
 
 
-# x[2,16] ─ Gemm(W[8,16], transB=1, b) ─ y      (onnxruntime turns it into MatMulInteger + Add)
+# x[16,16] ─ Gemm(W[8,16], transB=1, b) ─ y      (onnxruntime turns it into MatMulInteger + Add)
 def test_gemm(tmp_path):
     rng = np.random.default_rng(3)
     model = _model([helper.make_node("Gemm", ["x", "W", "b"], ["y"], "gemm", transB=1)],
-                   [_vi("x", [2, 16])], [_vi("y", [2, 8])],
+                   [_vi("x", [16, 16])], [_vi("y", [16, 8])],
                    [numpy_helper.from_array(rng.standard_normal((8, 16)).astype(np.float32) * 0.3, "W"),
                     numpy_helper.from_array(rng.standard_normal(8).astype(np.float32), "b")])
-    _, out, _, snr_dyn, snr_out = _roundtrip(tmp_path, model, "x", [2, 16], True, QuantType.QInt8)
+    _, out, _, snr_dyn, snr_out = _roundtrip(tmp_path, model, "x", [16, 16], True, QuantType.QInt8)
     assert not op_types(out) & REJECTED
     q, scale, axis = _weight_dq(assert_qdq_contract(out), "W")
     assert q.shape == (16, 8) and axis == 1 and scale.shape == (8,)
-    assert snr_out > 30 and snr_out >= snr_dyn - 2.0
+    assert snr_out > 38 and snr_out >= snr_dyn - STATIC_VS_DYNAMIC_DB, (snr_dyn, snr_out)
     assert_tensorrt_ready(out)
 
 
@@ -152,9 +156,7 @@ def test_conv(tmp_path, per_channel, weight_type):
         _, scale, axis = _weight_dq(model, prefix)
         assert scale.shape == () or (axis == 0 and scale.shape == (channels,))
     assert len([q for q in report.quantized if q["kind"] == "activation"]) == 2
-    # The held-out feeds reach 6.8 where calibration saw at most 5.9 on the ReLU output: the
-    # clipping a static scale pays on a tiny model (the lift itself is exact, checked above).
-    assert snr_out > 25 and snr_out >= snr_dyn - 12.0, (snr_dyn, snr_out)
+    assert snr_out > 34 and snr_out >= snr_dyn - STATIC_VS_DYNAMIC_DB, (snr_dyn, snr_out)
     assert_tensorrt_ready(out)
 
 
@@ -177,21 +179,21 @@ def test_one_sided_input_is_recentred_exactly(tmp_path):
     assert_tensorrt_ready(out)
 
 
-# x[2,8] ─ MatMul(W) ─ Relu ─ MatMul(W) ─ y        (one weight initializer used twice)
+# x[16,8] ─ MatMul(W) ─ Relu ─ MatMul(W) ─ y        (one weight initializer used twice)
 def test_shared_weights(tmp_path):
     rng = np.random.default_rng(5)
     model = _model([helper.make_node("MatMul", ["x", "W"], ["a"], "mm1"), helper.make_node("Relu", ["a"], ["r"]),
                     helper.make_node("MatMul", ["r", "W"], ["y"], "mm2")],
-                   [_vi("x", [2, 8])], [_vi("y", [2, 8])],
+                   [_vi("x", [16, 8])], [_vi("y", [16, 8])],
                    [numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32) * 0.4, "W")])
-    _, out, report, snr_dyn, snr_out = _roundtrip(tmp_path, model, "x", [2, 8], True, QuantType.QInt8)
+    _, out, report, snr_dyn, snr_out = _roundtrip(tmp_path, model, "x", [16, 8], True, QuantType.QInt8)
     converted = assert_qdq_contract(out)
     weight_dqs = [n for n in converted.graph.node if n.op_type == "DequantizeLinear" and "W" in n.input[0]
                   and n.input[0] in {i.name for i in converted.graph.initializer}]
     assert len(weight_dqs) == 1  # one int8 copy, one DQ, two consumers
     consumers = [n for n in converted.graph.node if weight_dqs[0].output[0] in n.input]
     assert len(consumers) == 2
-    assert snr_out > 30 and snr_out >= snr_dyn - 2.0
+    assert snr_out > 35 and snr_out >= snr_dyn - STATIC_VS_DYNAMIC_DB
     assert_tensorrt_ready(out)
 
 
@@ -209,7 +211,7 @@ def test_transformer_block_one_dql_feeds_three_projections(tmp_path):
     assert len(q_nodes) == 1
     dq = next(n for n in converted.graph.node if n.op_type == "DequantizeLinear" and n.input[0] == q_nodes[0].output[0])
     assert sum(dq.output[0] in n.input for n in converted.graph.node if n.op_type == "MatMul") == 3
-    assert snr_out > 25 and snr_out >= snr_dyn - 3.0, (snr_dyn, snr_out)
+    assert snr_out > 25 and snr_out >= snr_dyn - STATIC_VS_DYNAMIC_DB, (snr_dyn, snr_out)
     assert_tensorrt_ready(out)
 
 
@@ -375,3 +377,162 @@ def test_weights_quantized_at_run_time_and_unnamed_dims(tmp_path):
     from trt_bridge.tensorrt.build import build_engine
 
     assert build_engine(out, shapes={"x": (1, 3, 8, 12)})  # height ≠ width builds
+
+
+# x ─ QuantizeLinear(s, zp) ─ MatMulInteger(W_q int8, a_zp) ─ Cast ─ Mul(s·s_w) ─ y
+def _static_ql_model(q_zp: np.ndarray, a_zp: int | None):
+    rng = np.random.default_rng(11)
+    w_q = rng.integers(-127, 128, (16, 8)).astype(np.int8)
+    s, s_w = np.float32(0.02), np.float32(0.01)
+    mm_inputs = ["x_q", "W_q"] + ([] if a_zp is None else ["a_zp"])
+    inits = [numpy_helper.from_array(w_q, "W_q"), numpy_helper.from_array(np.array(s, np.float32), "s"),
+             numpy_helper.from_array(q_zp, "q_zp"), numpy_helper.from_array(np.array(s * s_w, np.float32), "s_xw")]
+    if a_zp is not None:
+        inits.append(numpy_helper.from_array(np.array(a_zp, q_zp.dtype), "a_zp"))
+    model = _model([helper.make_node("QuantizeLinear", ["x", "s", "q_zp"], ["x_q"], "ql"),
+                    helper.make_node("MatMulInteger", mm_inputs, ["acc"], "mm_int"),
+                    helper.make_node("Cast", ["acc"], ["acc_f"], "cast", to=TensorProto.FLOAT),
+                    helper.make_node("Mul", ["acc_f", "s_xw"], ["y"], "rescale")],
+                   [_vi("x", [4, 16])], [_vi("y", [4, 8])], inits)
+    return model, s
+
+
+@pytest.mark.parametrize("q_zp, covering", [(np.array(128, np.uint8), 128 / 127), (np.array(0, np.int8), 1.0),
+                                            (np.array(3, np.int8), 131 / 127)], ids=["uint8-zp128", "int8-zp0",
+                                                                                     "int8-zp3"])
+def test_static_quantize_linear_operand_keeps_its_range(tmp_path, q_zp, covering):
+    """A static QuantizeLinear's codes stand for x/s only after its own zero point is subtracted; the
+    symmetric int8 scale covers the same float range as the source's codes."""
+    model, s = _static_ql_model(q_zp, int(q_zp))
+    src = save(model, tmp_path / "src.onnx")
+    out = tmp_path / "out.onnx"
+    report = convert(src, out, ConvertOptions(calib_random=2, progress=False))
+    converted = assert_qdq_contract(out)
+    assert not op_types(converted) & REJECTED
+    act = next(q for q in report.quantized if q["kind"] == "activation")
+    assert act["source"] == "model" and act["scale"] == pytest.approx(s * covering, rel=1e-6)
+    feeds = [{"x": f} for f in _feeds("x", [4, 16], 8, 2)]
+    assert snr_db(run_exact(src, feeds), run_ort(out, feeds)) > 35
+    assert_tensorrt_ready(out)
+
+
+@pytest.mark.parametrize("a_zp, message", [(0, "subtracts zero point 0 from operand 0, but QuantizeLinear 'ql' "
+                                                "added 128"),
+                                           (None, "subtracts zero point 0 .* added 128")])
+def test_static_quantize_linear_with_another_zero_point_is_declined(tmp_path, a_zp, message):
+    model, _ = _static_ql_model(np.array(128, np.uint8), a_zp)
+    with pytest.raises(UnsupportedPatternError, match=f"MatMulInteger 'mm_int'.*{message}"):
+        convert(save(model, tmp_path / "src.onnx"), tmp_path / "out.onnx", ConvertOptions(calib_random=1,
+                                                                                           progress=False))
+
+
+def test_dynamic_operand_without_its_zero_point_is_declined(tmp_path):
+    """MatMulInteger(x_q, W_q) with no a_zero_point multiplies raw uint8 codes: not x/s, so no lift."""
+    rng = np.random.default_rng(0)
+    model = _model([helper.make_node("DynamicQuantizeLinear", ["x"], ["x_q", "s_x", "x_zp"], "dql"),
+                    helper.make_node("MatMulInteger", ["x_q", "W_q"], ["acc"], "mm_int"),
+                    helper.make_node("Cast", ["acc"], ["acc_f"], "cast", to=TensorProto.FLOAT),
+                    helper.make_node("Mul", ["acc_f", "s_x"], ["y"], "rescale")],
+                   [_vi("x", [2, 4])], [_vi("y", [2, 3])],
+                   [numpy_helper.from_array(rng.integers(0, 255, (4, 3)).astype(np.uint8), "W_q")])
+    with pytest.raises(UnsupportedPatternError, match="does not subtract its zero point 'x_zp' .input 2 is missing"):
+        convert(save(model, tmp_path / "src.onnx"), tmp_path / "out.onnx", ConvertOptions(calib_random=1,
+                                                                                           progress=False))
+
+
+# x[2,4,16] ≥ 0 ─ DynamicQuantizeLinear ─ MatMulInteger(W_q[2,16,8]) ─ Cast ─ Mul(s_x) ─ Mul(s_w) ─ y
+def test_one_sided_input_of_a_batched_matmul_is_recentred_per_batch(tmp_path):
+    """The compensation c·Σₖ W[b, k, :] differs per batch: it must broadcast as [2, 1, 8], not [2, 8]."""
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((2, 16, 8)).astype(np.float32) * 0.3
+    s_w = np.float32(np.abs(w).max() / 127)
+    w_q = np.rint(w / s_w).astype(np.int8)
+    model = _model([helper.make_node("DynamicQuantizeLinear", ["x"], ["x_q", "s_x", "x_zp"], "dql"),
+                    helper.make_node("MatMulInteger", ["x_q", "W_q", "x_zp"], ["acc"], "bmm_int"),
+                    helper.make_node("Cast", ["acc"], ["acc_f"], "cast", to=TensorProto.FLOAT),
+                    helper.make_node("Mul", ["acc_f", "s_x"], ["part"], "mul_sx"),
+                    helper.make_node("Mul", ["part", "s_w"], ["y"], "mul_sw")],
+                   [_vi("x", [2, 4, 16])], [_vi("y", [2, 4, 8])],
+                   [numpy_helper.from_array(w_q, "W_q"), numpy_helper.from_array(np.array(s_w), "s_w")])
+    src = save(model, tmp_path / "src.onnx")
+    np.savez(tmp_path / "calib.npz", x=_feeds("x", [2, 4, 16], 256, 1, one_sided=True))
+    out = tmp_path / "out.onnx"
+    report = convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    assert [r["tensor"] for r in report.recentered] == ["x"]
+    converted = assert_qdq_contract(out)
+    assert {"Sub", "Add", "MatMul"} <= op_types(converted) and not op_types(converted) & REJECTED
+    feeds = [{"x": f} for f in _feeds("x", [2, 4, 16], 8, 2, one_sided=True)]
+    reference = [f["x"] @ (w_q.astype(np.float32) * s_w) for f in feeds]
+    assert snr_db(reference, run_exact(src, feeds)) > 35  # the hand-built source is right
+    assert snr_db(reference, run_ort(out, feeds)) > 35
+    assert_tensorrt_ready(out)
+
+
+def _scaled_integer_op(conv: bool, scale_shape: tuple[int, ...]):
+    """DynamicQuantizeLinear ─ {Conv3d|MatMul}Integer ─ Cast ─ Mul(s_x) ─ Mul(s_w shaped ``scale_shape``)."""
+    rng = np.random.default_rng(9)
+    if conv:  # x[1,2,3,4,4] ─ ConvInteger(W_q[3,2,1,1,1]) ─ [1,3,3,4,4]
+        w_q = rng.integers(-127, 128, (3, 2, 1, 1, 1)).astype(np.int8)
+        shape_in, shape_out, op = [1, 2, 3, 4, 4], [1, 3, 3, 4, 4], "ConvInteger"
+    else:  # x[4,16] ─ MatMulInteger(W_q[16,8]) ─ [4,8]
+        w_q = rng.integers(-127, 128, (16, 8)).astype(np.int8)
+        shape_in, shape_out, op = [4, 16], [4, 8], "MatMulInteger"
+    s_w = (rng.uniform(0.5, 2.0, scale_shape) * 0.01).astype(np.float32)
+    out_shape = list(np.broadcast_shapes(tuple(shape_out), scale_shape))
+    model = _model([helper.make_node("DynamicQuantizeLinear", ["x"], ["x_q", "s_x", "x_zp"], "dql"),
+                    helper.make_node(op, ["x_q", "W_q", "x_zp"], ["acc"], "int_op"),
+                    helper.make_node("Cast", ["acc"], ["acc_f"], "cast", to=TensorProto.FLOAT),
+                    helper.make_node("Mul", ["acc_f", "s_x"], ["part"], "mul_sx"),
+                    helper.make_node("Mul", ["part", "s_w"], ["y"], "mul_sw")],
+                   [_vi("x", shape_in)], [_vi("y", out_shape)],
+                   [numpy_helper.from_array(w_q, "W_q"), numpy_helper.from_array(s_w, "s_w")])
+    return model, shape_in, out_shape
+
+
+@pytest.mark.parametrize("conv, scale_shape", [(True, (3, 1, 1)), (False, (1, 1, 8))],
+                         ids=["conv3d-scale-on-depth", "matmul-scale-of-higher-rank"])
+def test_scale_that_is_not_per_output_channel_stays_a_float_multiply(tmp_path, conv, scale_shape):
+    """A Conv3d 'scale' [3,1,1] multiplies the depth axis, and a [1,1,8] scale on a rank-2 MatMul
+    output makes it rank 3: neither is a per-channel weight scale. The weight is lifted with scale 1
+    and the multiply stays, so values and output shape are the source's."""
+    model, shape_in, out_shape = _scaled_integer_op(conv, scale_shape)
+    onnx.checker.check_model(model, full_check=True)
+    src = save(model, tmp_path / "src.onnx")
+    np.savez(tmp_path / "calib.npz", x=_feeds("x", shape_in, 64, 1))
+    out = tmp_path / "out.onnx"
+    convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    converted = assert_qdq_contract(out)
+    assert not op_types(converted) & REJECTED
+    mul = [n for n in converted.graph.node if n.op_type == "Mul"]
+    assert len(mul) == 1 and "s_w" in mul[0].input
+    feeds = [{"x": f} for f in _feeds("x", shape_in, 8, 2)]
+    source, result = run_exact(src, feeds), run_ort(out, feeds)
+    assert all(r.shape == tuple(out_shape) for r in result)
+    assert snr_db(source, result) > 30
+    assert_tensorrt_ready(out)
+
+
+def test_dynamic_quantization_inside_a_subgraph_is_named(tmp_path):
+    """A DynamicQuantizeLinear in an If branch is not lifted (main graph only): convert must fail naming
+    the node and the If that holds it, not write a model TensorRT would reject."""
+    rng = np.random.default_rng(0)
+    then_branch = helper.make_graph(
+        [helper.make_node("DynamicQuantizeLinear", ["x"], ["x_q", "s_x", "x_zp"], "branch_dql"),
+         helper.make_node("MatMulInteger", ["x_q", "W_q", "x_zp"], ["acc"], "branch_mm"),
+         helper.make_node("Cast", ["acc"], ["acc_f"], "branch_cast", to=TensorProto.FLOAT),
+         helper.make_node("Mul", ["acc_f", "s_x"], ["t"], "branch_mul")],
+        "then", [], [_vi("t", [2, 3])])
+    else_branch = helper.make_graph([helper.make_node("Identity", ["z"], ["e"], "else_id")], "else", [],
+                                    [_vi("e", [2, 3])])
+    model = _model([helper.make_node("If", ["cond"], ["y"], "gate", then_branch=then_branch,
+                                     else_branch=else_branch)],
+                   [_vi("x", [2, 4]), _vi("cond", [], TensorProto.BOOL)], [_vi("y", [2, 3])],
+                   [numpy_helper.from_array(rng.integers(-100, 100, (4, 3)).astype(np.int8), "W_q"),
+                    numpy_helper.from_array(np.zeros((2, 3), np.float32), "z")])
+    src = save(model, tmp_path / "if.onnx")
+    with pytest.raises(UnsupportedPatternError) as err:
+        convert(src, tmp_path / "out.onnx", ConvertOptions(calib_random=1, progress=False))
+    message = str(err.value)
+    assert "If 'gate' then_branch / DynamicQuantizeLinear 'branch_dql'" in message
+    assert "If 'gate' then_branch / MatMulInteger 'branch_mm'" in message and "subgraph" in message
+    assert not (tmp_path / "out.onnx").exists()

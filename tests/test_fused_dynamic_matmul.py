@@ -65,11 +65,13 @@ def test_optimized_transformer_block(tmp_path, per_channel):
 
 
 #   a[2,3,4,5], b[2,3,6,5] ─ FusedMatMul(alpha=0.5, transB=1) ─ y[2,3,4,6]
-def test_fused_matmul_with_transpose_and_alpha(tmp_path):
+@pytest.mark.parametrize("dtype", [np.float32, np.float16], ids=["float32", "float16"])
+def test_fused_matmul_with_transpose_and_alpha(tmp_path, dtype):
+    elem = helper.np_dtype_to_tensor_dtype(np.dtype(dtype))
     node = helper.make_node("FusedMatMul", ["a", "b"], ["y"], "fmm", domain="com.microsoft", alpha=0.5, transB=1)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", TensorProto.FLOAT, [2, 3, 4, 5]),
-                                            helper.make_tensor_value_info("b", TensorProto.FLOAT, [2, 3, 6, 5])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 4, 6])])
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", elem, [2, 3, 4, 5]),
+                                            helper.make_tensor_value_info("b", elem, [2, 3, 6, 5])],
+                              [helper.make_tensor_value_info("y", elem, [2, 3, 4, 6])])
     model = helper.make_model(graph, opset_imports=OPSETS)
     src = save(model, tmp_path / "fmm.onnx")
     out = tmp_path / "out.onnx"
@@ -78,10 +80,16 @@ def test_fused_matmul_with_transpose_and_alpha(tmp_path):
     converted = onnx.load(str(out))
     assert [n.op_type for n in converted.graph.node] == ["Transpose", "MatMul", "Mul"]
     assert [i.domain for i in converted.opset_import] == [""]
+    alpha = next(i for i in converted.graph.initializer if "alpha" in i.name)
+    assert alpha.data_type == elem  # Mul(float16, float32) would not type-check
     rng = np.random.default_rng(0)
-    feeds = [{"a": rng.standard_normal((2, 3, 4, 5)).astype(np.float32),
-              "b": rng.standard_normal((2, 3, 6, 5)).astype(np.float32)}]
-    np.testing.assert_allclose(run_ort(converted, feeds)[0], run_ort(src, feeds)[0], rtol=1e-5, atol=1e-5)
+    feeds = [{"a": rng.standard_normal((2, 3, 4, 5)).astype(dtype),
+              "b": rng.standard_normal((2, 3, 6, 5)).astype(dtype)}]
+    expected = 0.5 * feeds[0]["a"].astype(np.float32) @ feeds[0]["b"].astype(np.float32).swapaxes(-1, -2)
+    tol = 1e-5 if dtype == np.float32 else 1e-2
+    np.testing.assert_allclose(run_ort(converted, feeds)[0].astype(np.float32), expected, rtol=tol, atol=tol)
+    if dtype == np.float32:
+        np.testing.assert_allclose(run_ort(converted, feeds)[0], run_ort(src, feeds)[0], rtol=1e-5, atol=1e-5)
     assert_tensorrt_ready(out)
 
 
@@ -98,4 +106,21 @@ def test_matmul_integer_to_float_needs_dynamic_quantize_linear(tmp_path):
          numpy_helper.from_array(np.array(0.02, np.float32), "w_scale")])
     model = helper.make_model(graph, opset_imports=OPSETS)
     with pytest.raises(UnsupportedPatternError, match="MatMulIntegerToFloat 'mitf'.*not come from DynamicQuantize"):
+        convert(save(model, tmp_path / "m.onnx"), tmp_path / "out.onnx", ConvertOptions(calib_random=1, progress=False))
+
+
+def test_matmul_integer_to_float_without_the_activation_zero_point_is_declined(tmp_path):
+    """MatMulIntegerToFloat(x_q, W_q, s_x, s_w) without a_zero_point multiplies raw uint8 codes."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["x_q", "s_x", "x_zp"], "dql"),
+             helper.make_node("MatMulIntegerToFloat", ["x_q", "W_q", "s_x", "w_scale"], ["y"], "mitf",
+                              domain="com.microsoft")]
+    graph = helper.make_graph(
+        nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3])],
+        [numpy_helper.from_array(rng.integers(-100, 100, (4, 3)).astype(np.int8), "W_q"),
+         numpy_helper.from_array(np.array(0.02, np.float32), "w_scale")])
+    model = helper.make_model(graph, opset_imports=OPSETS)
+    message = "MatMulIntegerToFloat 'mitf'.*zero point .missing. is not 'x_zp'"
+    with pytest.raises(UnsupportedPatternError, match=message):
         convert(save(model, tmp_path / "m.onnx"), tmp_path / "out.onnx", ConvertOptions(calib_random=1, progress=False))

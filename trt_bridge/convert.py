@@ -15,6 +15,7 @@ from trt_bridge.calibration import CalibMethod, model_inputs, open_feeds
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError, UnsupportedPatternError
 from trt_bridge.model import (
     MIN_QDQ_OPSET,
+    check_writable,
     default_opset,
     external_data_files,
     infer_shapes,
@@ -56,6 +57,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     model_path, output_path = Path(model_path), Path(output_path)
     if output_path.resolve() == model_path.resolve():
         raise TrtBridgeError(f"the output path {output_path} is the input model; choose another with -o.")
+    check_writable(output_path, "output model")
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     model = load_model(model_path)
@@ -110,7 +112,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     seconds["save"] = time.perf_counter() - t0
 
     report = ConversionReport(
-        input=str(model_path), output=str(written), source_opset=source_opset,
+        input=str(model_path), output=str(output_path), source_opset=source_opset,
         output_opset=default_opset(out_model),
         rules=[RuleHits(rule, nodes) for rule, nodes in ctx.fired.items()],
         quantized=[asdict(q) for q in quantized],
@@ -224,9 +226,12 @@ def _unname_unknown_dims(model: onnx.ModelProto) -> None:
 def _blocker_message(path: Path, blockers, declined) -> str:
     reasons = {d.node: d.reason for d in declined}
     lines = [f"{path}: {len(blockers)} node(s) that TensorRT cannot import could not be rewritten:"]
-    for node in blockers[:20]:
-        why = reasons.get(node.name, f"no rule handles {node.domain + '.' if node.domain else ''}{node.op} yet")
-        lines.append(f"  - {node.op} '{node.name}': {why}")
+    for node, where in blockers[:20]:
+        if where:
+            why = "it sits in a control-flow subgraph, which trt-bridge does not rewrite yet"
+        else:
+            why = reasons.get(node.name, f"no rule handles {node.domain + '.' if node.domain else ''}{node.op} yet")
+        lines.append(f"  - {where}{node.op} '{node.name}': {why}")
     if len(blockers) > 20:
         lines.append(f"  ... and {len(blockers) - 20} more")
     lines.append("Please report the pattern (with `trt-bridge convert --report`) so a rule can be added.")

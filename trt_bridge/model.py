@@ -26,7 +26,8 @@ MIN_QDQ_OPSET = 13  # per-channel QuantizeLinear/DequantizeLinear need `axis`
 
 
 def load_model(path: str | os.PathLike) -> onnx.ModelProto:
-    """Load ``path`` with its external data; raise ModelLoadError with the fix on failure."""
+    """Load ``path`` with its external data, checked and with inferred shapes (:func:`validate_model`);
+    raise ModelLoadError with the fix on failure."""
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such file. Check the path to the ONNX model.")
@@ -44,7 +45,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise ModelLoadError(f"{path}: cannot read its external data ({exc}).") from exc
     if not model.graph.node:
         raise ModelLoadError(f"{path}: the graph has no nodes; nothing to convert.")
-    return model
+    return validate_model(model, path)
 
 
 def _external_locations(model: onnx.ModelProto) -> dict[str, list[str]]:
@@ -105,11 +106,11 @@ def infer_shapes(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelProt
 
     Shape inference needs the weights' shapes, not their values (except small ones,
     such as Reshape targets, which data propagation reads): it runs on a skeleton
-    whose large initializers have no data, and the inferred value_info is copied back.
+    whose large initializers are graph inputs of the same type and shape, and the
+    inferred value_info is copied back.
     """
-    skeleton = onnx.ModelProto()
-    skeleton.CopyFrom(model) if _payload_bytes(model) < (1 << 20) else _copy_skeleton(model, skeleton)
-    inferred = onnx.shape_inference.infer_shapes(skeleton, check_type=True, strict_mode=strict, data_prop=True)
+    inferred = onnx.shape_inference.infer_shapes(_skeleton(model), check_type=True, strict_mode=strict,
+                                                 data_prop=True)
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)
     for target, source in ((model.graph.output, inferred.graph.output),):
@@ -119,7 +120,37 @@ def infer_shapes(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelProt
     return model
 
 
-def _copy_skeleton(model: onnx.ModelProto, skeleton: onnx.ModelProto) -> None:
+def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool = False) -> onnx.ModelProto:
+    """Run ``onnx.checker`` and shape inference on ``model`` (in place); raise ModelLoadError.
+
+    A graph that refers to tensors nobody produces, nodes out of order, attributes
+    of the wrong type or inputs whose types contradict their op all surface here,
+    named by onnx, instead of as a stack trace from deep inside the conversion.
+    """
+    skeleton = _skeleton(model)
+    try:
+        onnx.checker.check_model(skeleton)
+    except onnx.checker.ValidationError as exc:
+        raise ModelLoadError(f"{path}: not a valid ONNX model: {_first_lines(exc)}. Fix the exporter's "
+                             "output (onnx.checker.check_model reports the same).") from exc
+    try:
+        return infer_shapes(model, strict=strict)
+    except Exception as exc:  # onnx raises InferenceError / TypeError-like errors from C++
+        raise ModelLoadError(f"{path}: ONNX shape inference fails: {_first_lines(exc)}. The model's declared "
+                             "types or shapes contradict its ops; fix them in the exporter.") from exc
+
+
+def _first_lines(exc: Exception, limit: int = 3) -> str:
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    return " ".join(lines[:limit]).rstrip(".")
+
+
+def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` without its large weights: each becomes a graph input of the same type and shape."""
+    skeleton = onnx.ModelProto()
+    if _payload_bytes(model) < (1 << 20):
+        skeleton.CopyFrom(model)
+        return skeleton
     for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
         setattr(skeleton, field, getattr(model, field))
     skeleton.opset_import.extend(model.opset_import)
@@ -129,13 +160,31 @@ def _copy_skeleton(model: onnx.ModelProto, skeleton: onnx.ModelProto) -> None:
     graph.node.extend(model.graph.node)
     graph.input.extend(model.graph.input)
     graph.output.extend(model.graph.output)
+    graph.value_info.extend(model.graph.value_info)
+    declared = {i.name for i in model.graph.input}
     for tensor in model.graph.initializer:
-        if len(tensor.raw_data) > 1024:
-            empty = graph.initializer.add()
-            empty.name, empty.data_type = tensor.name, tensor.data_type
-            empty.dims.extend(tensor.dims)
+        if len(tensor.raw_data) > 1024 or tensor.data_location == onnx.TensorProto.EXTERNAL:
+            if tensor.name not in declared:
+                graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type,
+                                                                      list(tensor.dims)))
         else:
             graph.initializer.append(tensor)
+    return skeleton
+
+
+def check_writable(path: str | os.PathLike, what: str) -> None:
+    """Fail before any work if ``path`` cannot be written (``what``: 'output model', 'report', ...)."""
+    path = Path(path)
+    if path.is_dir():
+        raise TrtBridgeError(f"the {what} path {path} is a directory; give a file name (e.g. {path / 'model.onnx'}).")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise TrtBridgeError(f"cannot write the {what} {path}: {parent} is a file, not a directory.")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise TrtBridgeError(f"cannot write the {what} {path}: permission denied in {parent}. "
+                             "Choose a writable location.")
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple[Path, ...] = ()) -> Path:
@@ -152,6 +201,14 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tupl
             raise TrtBridgeError(
                 f"refusing to overwrite the input model {p}; choose another output path with -o."
             )
+    try:
+        return _save_model(model, path, protect)
+    except OSError as exc:
+        raise TrtBridgeError(f"cannot write the output model {path}: {exc.strerror or exc}. "
+                             "Check free disk space and permissions, or choose another path with -o.") from exc
+
+
+def _save_model(model: onnx.ModelProto, path: Path, protect: tuple[Path, ...]) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     external = is_large(model)
     data_name = path.name + ".data"
@@ -205,7 +262,10 @@ def default_opset(model: onnx.ModelProto) -> int:
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     """Write a text file (a report) atomically."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".trt-bridge-", delete=False) as f:
-        f.write(text)
-    os.replace(f.name, path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".trt-bridge-", delete=False) as f:
+            f.write(text)
+        os.replace(f.name, path)
+    except OSError as exc:
+        raise TrtBridgeError(f"cannot write {path}: {exc.strerror or exc}. Choose a writable location.") from exc

@@ -103,7 +103,8 @@ def _compensable(node: gs.Node, index: int, annotations: Annotations, x: gs.Tens
     if not isinstance(node.inputs[1], gs.Constant):
         return False
     if node.op == "MatMul":
-        return True
+        # c·Σₖ W[..., k, :] must broadcast against the output; a 1-D weight drops the axis it sums
+        return len(node.inputs[1].shape) >= 2
     if node.op == "Conv":
         bias_ok = len(node.inputs) < 3 or isinstance(node.inputs[2], gs.Constant)
         return bias_ok and _conv_pads(node, x) is not None
@@ -123,7 +124,8 @@ def _apply(graph, names, annotations, tensors, spec: ActivationSpec, sites, cent
         if node.op == "MatMul":
             plain_sites.append(Site(node.name, index))
             node.inputs[index] = shifted
-            _add_after(graph, names, node, (float(center) * w.sum(axis=-2)).astype(np.float32))
+            # batched weights [..., K, N] keep the row axis so the sum broadcasts over each batch's rows
+            _add_after(graph, names, node, (float(center) * w.sum(axis=-2, keepdims=w.ndim > 2)).astype(np.float32))
             continue
         comp = float(center) * w.reshape(w.shape[0], -1).sum(axis=1)
         bias = np.asarray(node.inputs[2].values, np.float64) if len(node.inputs) > 2 else 0.0

@@ -56,13 +56,15 @@ def run(args: argparse.Namespace) -> int:
     from trt_bridge.calibration.observers import CalibMethod
     from trt_bridge.convert import ConvertOptions, convert
     from trt_bridge.errors import TrtBridgeError
-    from trt_bridge.model import write_text_atomic
+    from trt_bridge.model import check_writable, write_text_atomic
 
     output = args.output or args.model.with_name(args.model.stem + ".int8.onnx")
     if not 0 < args.percentile <= 100:
         raise TrtBridgeError(f"--percentile must be in (0, 100], got {args.percentile}")
     if not 0 < args.smooth < 1:
         raise TrtBridgeError(f"--smooth must be between 0 and 1 (exclusive), got {args.smooth}")
+    if args.report:
+        check_writable(args.report, "report")
     options = ConvertOptions(
         calib_data=args.calib_data, calib_random=args.calib_random,
         calib_method=CalibMethod(args.calib_method), percentile=args.percentile,

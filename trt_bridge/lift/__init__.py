@@ -36,9 +36,23 @@ def lift(graph: gs.Graph, rules: tuple[LiftRule, ...] = LIFT_RULES) -> LiftConte
     return ctx
 
 
-def leftover_blockers(graph: gs.Graph) -> list[gs.Node]:
-    """Nodes TensorRT cannot import that are still in the graph after lifting."""
-    return [n for n in graph.nodes if n.op in TENSORRT_REJECTS or (n.domain or "") not in ("", "ai.onnx")]
+def leftover_blockers(graph: gs.Graph) -> list[tuple[gs.Node, str]]:
+    """Nodes TensorRT cannot import that are still in the graph after lifting, each with
+    where it sits: '' in the main graph, else the control-flow node(s) whose subgraph
+    holds it (the rules lift the main graph only, so any such node in a subgraph stays)."""
+    found: list[tuple[gs.Node, str]] = []
+
+    def visit(g: gs.Graph, where: str) -> None:
+        for n in g.nodes:
+            if n.op in TENSORRT_REJECTS or (n.domain or "") not in ("", "ai.onnx"):
+                found.append((n, where))
+            for attr, value in n.attrs.items():
+                for sub in value if isinstance(value, list) else [value]:
+                    if isinstance(sub, gs.Graph):
+                        visit(sub, f"{where}{n.op} '{n.name}' {attr} / ")
+
+    visit(graph, "")
+    return found
 
 
 __all__ = ["LIFT_RULES", "Decline", "LiftContext", "lift", "leftover_blockers"]

@@ -73,29 +73,63 @@ def _classify(node: gs.Node, index: int) -> _Activation | _Weight | str:
             return zp
         return _Weight(tensor, values, zp)
     producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+    zp_in = node.inputs[index + 2] if len(node.inputs) > index + 2 and node.inputs[index + 2].name else None
     if producer is not None and producer.op == "DynamicQuantizeLinear" and producer.outputs[0] is tensor:
-        zp_in = node.inputs[index + 2] if len(node.inputs) > index + 2 else None
-        if zp_in is not None and zp_in.name and zp_in is not producer.outputs[2]:
-            return f"operand {index} comes from DynamicQuantizeLinear '{producer.name}' but its zero point does not"
+        if zp_in is not producer.outputs[2]:
+            # uint8 codes without their zero point subtracted are not x/s: nothing float to lift
+            return (f"operand {index} comes from DynamicQuantizeLinear '{producer.name}' but "
+                    f"{node.op} '{node.name}' does not subtract its zero point "
+                    f"'{producer.outputs[2].name}' (input {index + 2} is "
+                    f"{'missing' if zp_in is None else repr(zp_in.name)})")
         return _Activation(producer.inputs[0], monomial_of(producer.outputs[1]), None)
     if producer is not None and producer.op == "QuantizeLinear":
-        scale = constant_values(producer.inputs[1])
-        if scale is not None and scale.size == 1:
-            return _Activation(producer.inputs[0], Monomial(scale.astype(np.float64).reshape(())),
-                               float(scale.reshape(())))
+        return _static_activation(node, index, producer, zp_in)
     return (f"operand {index} ('{tensor.name}') is neither a constant nor produced by "
             "DynamicQuantizeLinear or a per-tensor QuantizeLinear")
 
 
-def _channel_vector(numeric: np.ndarray, is_conv: bool, channels: int) -> np.ndarray | None:
-    """The weight scale as a 0-d or 1-d array over output channels, if ``numeric`` is one."""
+def _static_activation(node: gs.Node, index: int, producer: gs.Node, zp_in: gs.Tensor | None) -> _Activation | str:
+    """An operand quantized by a static per-tensor QuantizeLinear(x, s, zp).
+
+    The integer op computes with (q − a_zp) = round(x/s) + zp − a_zp, which is x/s only
+    when a_zp equals the QuantizeLinear's zero point. The codes cover the float range
+    [s·(qmin − zp), s·(qmax − zp)]; the symmetric int8 scale that covers it is
+    s·max(qmax − zp, zp − qmin)/127 (exactly s for int8 with zero point 0).
+    """
+    scale = constant_values(producer.inputs[1])
+    if scale is None or scale.size != 1:
+        return f"QuantizeLinear '{producer.name}' feeding operand {index} is not per tensor with a constant scale"
+    q_zp_tensor = producer.inputs[2] if len(producer.inputs) > 2 and producer.inputs[2].name else None
+    q_zp = np.zeros((), np.uint8) if q_zp_tensor is None else constant_values(q_zp_tensor)
+    a_zp = np.zeros((), np.int64) if zp_in is None else constant_values(zp_in)
+    if q_zp is None or a_zp is None or q_zp.size != 1 or a_zp.size != 1:
+        return f"the zero points of QuantizeLinear '{producer.name}' and {node.op} '{node.name}' must be constants"
+    if int(q_zp.reshape(())) != int(a_zp.reshape(())):
+        return (f"{node.op} '{node.name}' subtracts zero point {int(a_zp.reshape(()))} from operand {index}, "
+                f"but QuantizeLinear '{producer.name}' added {int(q_zp.reshape(()))}")
+    info = np.iinfo(q_zp.dtype)
+    zp = int(q_zp.reshape(()))
+    s = float(scale.reshape(()))
+    covering = s if (q_zp.dtype == np.int8 and zp == 0) else s * max(info.max - zp, zp - info.min) / 127.0
+    return _Activation(producer.inputs[0], Monomial(np.asarray(s, np.float64)), covering)
+
+
+def _channel_vector(numeric: np.ndarray, channels: int, out_rank: int | None, spatial: int) -> np.ndarray | None:
+    """The weight scale as a 0-d or 1-d array over output channels, if ``numeric`` is one.
+
+    ``numeric`` multiplies the op's output, of rank ``out_rank`` (None: unknown), whose
+    channel axis is followed by ``spatial`` axes (a Conv's; 0 for MatMul). It must not
+    broadcast the output to a higher rank, and every axis but the channel axis is 1:
+    a Conv3d scale shaped [C, 1, 1] lands on the depth axis, not on the channels.
+    """
+    limit = out_rank if out_rank is not None else (spatial + 2 if spatial else 1)
+    if numeric.ndim > limit:
+        return None
     if numeric.size == 1:
         return numeric.reshape(())
     shape = numeric.shape
-    if is_conv:
-        if len(shape) < 3 or shape[-2:] != (1, 1) or int(np.prod(shape[:-3])) != 1:
-            return None
-    elif int(np.prod(shape[:-1])) != 1:
+    if len(shape) < spatial + 1 or any(d != 1 for d in shape[len(shape) - spatial:]) \
+            or any(d != 1 for d in shape[:len(shape) - spatial - 1]):
         return None
     vec = numeric.reshape(-1)
     return vec if vec.size == channels else None
@@ -134,8 +168,15 @@ class DynamicIntegerOp:
             values = constant_values(float_weight.float_tensor)
             channels = values.shape[0] if is_conv else values.shape[-1]
 
+        spatial = 0
+        if is_conv:
+            kernel = weight.values if weight is not None else constant_values(float_weight.float_tensor)
+            spatial = kernel.ndim - 2
+        out_shape = node.outputs[0].shape
+        out_rank = spatial + 2 if is_conv else (len(out_shape) if out_shape is not None else None)
+
         def per_channel(m: Monomial) -> bool:
-            return _channel_vector((m / act_scale).numeric, is_conv, channels or 1) is not None
+            return _channel_vector((m / act_scale).numeric, channels or 1, out_rank, spatial) is not None
 
         graph_outputs = {t.name for t in ctx.graph.outputs}
         walk = _walk_epilogue(node.outputs[0], act_scale, per_channel, graph_outputs)
@@ -145,11 +186,11 @@ class DynamicIntegerOp:
 
         weight_scale = multiplier / act_scale  # symbols cancel; numeric = w_scale
         if weight is not None:
-            w_scale = _channel_vector(weight_scale.numeric, is_conv, channels)
+            w_scale = _channel_vector(weight_scale.numeric, channels, out_rank, spatial)
             if w_scale is None:
                 return (f"the scale multiplying the accumulator has shape {weight_scale.numeric.shape}, "
                         "which is not per tensor or per output channel")
-        elif not np.allclose(weight_scale.numeric, 1.0, rtol=1e-5):
+        elif not np.allclose(weight_scale.numeric, 1.0, rtol=1e-5) or weight_scale.numeric.ndim > (out_rank or 1):
             return "the accumulator of two activations is scaled by an unexpected constant"
 
         float_addends = []

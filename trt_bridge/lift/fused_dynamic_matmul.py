@@ -46,8 +46,10 @@ class FusedDynamicMatMul:
                 return (f"input scale '{node.inputs[2].name}' is not the scale of "
                         f"DynamicQuantizeLinear '{producer.name}'")
             a_zp = _optional(node, 4)
-            if a_zp is not None and a_zp is not producer.outputs[2]:
-                return f"input zero point '{a_zp.name}' is not that of DynamicQuantizeLinear '{producer.name}'"
+            if a_zp is not producer.outputs[2]:
+                return (f"input zero point ({'missing' if a_zp is None else repr(a_zp.name)}) is not "
+                        f"'{producer.outputs[2].name}' of DynamicQuantizeLinear '{producer.name}': the uint8 "
+                        "codes would be multiplied without their zero point subtracted")
             x, w_index, scale_index, zp_index, bias_index = producer.inputs[0], 1, 3, 5, 6
 
         w_q = constant_values(node.inputs[w_index])

@@ -39,11 +39,14 @@ class FusedMatMul:
             operands.append(out)
         y = node.outputs[0]
         alpha = float(node.attrs.get("alpha", 1.0))
+        dtype = y.dtype if y.dtype is not None else node.inputs[0].dtype
+        if alpha != 1.0 and dtype is None:
+            return f"the type of '{y.name}' is unknown, so the alpha multiply cannot be typed"
         result = y if alpha == 1.0 else gs.Variable(ctx.names(f"{base}/matmul_out"), dtype=y.dtype)
         y.inputs.clear()
         ctx.graph.nodes.append(gs.Node("MatMul", ctx.names(f"{base}/matmul"), {}, operands, [result]))
         if alpha != 1.0:
             ctx.graph.nodes.append(gs.Node("Mul", ctx.names(f"{base}/alpha"), {},
                                            [result, gs.Constant(ctx.names(f"{base}/alpha_value"),
-                                                                np.array(alpha, np.float32))], [y]))
+                                                                np.array(alpha, np.dtype(dtype)))], [y]))
         return None
