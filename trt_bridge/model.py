@@ -129,7 +129,7 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
     """
     skeleton = _skeleton(model)
     try:
-        onnx.checker.check_model(skeleton)
+        _check_ignoring_missing_io_shapes(skeleton)
     except onnx.checker.ValidationError as exc:
         raise ModelLoadError(f"{path}: not a valid ONNX model: {_first_lines(exc)}. Fix the exporter's "
                              "output (onnx.checker.check_model reports the same).") from exc
@@ -138,6 +138,27 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
     except Exception as exc:  # onnx raises InferenceError / TypeError-like errors from C++
         raise ModelLoadError(f"{path}: ONNX shape inference fails: {_first_lines(exc)}. The model's declared "
                              "types or shapes contradict its ops; fix them in the exporter.") from exc
+
+
+def _check_ignoring_missing_io_shapes(skeleton: onnx.ModelProto) -> None:
+    """``onnx.checker.check_model``, except for a graph input or output declared without a shape.
+
+    The checker requires the field; onnxruntime and TensorRT accept its absence (unknown rank),
+    and shape inference fills in outputs, so a model that lacks it is not invalid for us.
+    """
+    missing = [v for v in (*skeleton.graph.input, *skeleton.graph.output)
+               if v.type.HasField("tensor_type") and not v.type.tensor_type.HasField("shape")]
+    if not missing:
+        onnx.checker.check_model(skeleton)
+        return
+    stripped = onnx.ModelProto()
+    stripped.CopyFrom(skeleton)
+    names = {v.name for v in missing}
+    for field in (stripped.graph.input, stripped.graph.output):
+        for v in field:
+            if v.name in names:
+                v.type.tensor_type.shape.dim.add().dim_param = "_unknown_rank_"  # rank is not checked here
+    onnx.checker.check_model(stripped)
 
 
 def _first_lines(exc: Exception, limit: int = 3) -> str:

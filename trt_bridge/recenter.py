@@ -103,8 +103,10 @@ def _compensable(node: gs.Node, index: int, annotations: Annotations, x: gs.Tens
     if not isinstance(node.inputs[1], gs.Constant):
         return False
     if node.op == "MatMul":
-        # c·Σₖ W[..., k, :] must broadcast against the output; a 1-D weight drops the axis it sums
-        return len(node.inputs[1].shape) >= 2
+        # c·Σₖ W[..., k, :] must broadcast against the output: a 1-D weight drops the axis it sums,
+        # and a batched weight needs an activation of known rank ≥ 2 (x[K] @ W[B, K, N] is [B, N])
+        w_rank = len(node.inputs[1].shape)
+        return w_rank == 2 or (w_rank > 2 and x.shape is not None and len(x.shape) >= 2)
     if node.op == "Conv":
         bias_ok = len(node.inputs) < 3 or isinstance(node.inputs[2], gs.Constant)
         return bias_ok and _conv_pads(node, x) is not None

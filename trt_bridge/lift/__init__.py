@@ -9,16 +9,27 @@ from __future__ import annotations
 
 import onnx_graphsurgeon as gs
 
-from trt_bridge.lift.base import Decline, LiftContext, LiftRule
+from trt_bridge.lift.base import NOT_MINE, Decline, LiftContext, LiftRule
+from trt_bridge.lift.dequantize_constant import DequantizeConstant
 from trt_bridge.lift.dynamic_integer import DynamicIntegerOp
 from trt_bridge.lift.fused_dynamic_matmul import FusedDynamicMatMul
 from trt_bridge.lift.fused_matmul import FusedMatMul
+from trt_bridge.lift.integer_passthrough import IntegerPassThrough
+from trt_bridge.lift.qdq_pair import QDQPair
+from trt_bridge.lift.qoperator import QOperatorOps
 
-LIFT_RULES: tuple[LiftRule, ...] = (DynamicIntegerOp(), FusedDynamicMatMul(), FusedMatMul())
+#: In order: dynamic patterns (they consume their own QuantizeLinear), then QOperator ops
+#: are written as float ops between DQ and Q, integer pass-through ops likewise, and
+#: finally every DQ of a constant and every activation Q→DQ pair is lifted.
+LIFT_RULES: tuple[LiftRule, ...] = (
+    DynamicIntegerOp(), FusedDynamicMatMul(), FusedMatMul(), QOperatorOps(), IntegerPassThrough(),
+    DequantizeConstant(), QDQPair(),
+)
 
-#: Ops that TensorRT's ONNX parser rejects; none may survive lifting.
+#: Ops that TensorRT's ONNX parser rejects, or that lowering must write anew: none may survive lifting.
 TENSORRT_REJECTS = frozenset({
     "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "QLinearConv", "QLinearMatMul",
+    "QuantizeLinear", "DequantizeLinear",
 })
 
 
@@ -30,7 +41,7 @@ def lift(graph: gs.Graph, rules: tuple[LiftRule, ...] = LIFT_RULES) -> LiftConte
             reason = rule.apply(ctx, node)
             if reason is None:
                 ctx.fired.setdefault(rule.name, []).append(node.name)
-            else:
+            elif reason != NOT_MINE:
                 ctx.declined.append(Decline(rule.name, node.name, node.op, reason))
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     return ctx

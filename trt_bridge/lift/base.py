@@ -10,6 +10,10 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations
 
+#: What ``apply`` returns for a node outside its pattern (a float MaxPool for the integer
+#: pass-through rule): neither fired nor declined, and not reported.
+NOT_MINE = ""
+
 
 @dataclass(frozen=True)
 class Decline:

@@ -34,7 +34,7 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site, WeightSpec
 from trt_bridge.lift.base import LiftContext
-from trt_bridge.lift.scale_algebra import Monomial, constant_values, monomial_of
+from trt_bridge.lift.scale_algebra import Monomial, constant_values, monomial_of, quantizer_zero_point
 from trt_bridge.lift.weights import lift_integer_weight
 
 _ROUNDING = {"Floor", "Round", "Ceil"}
@@ -99,8 +99,7 @@ def _static_activation(node: gs.Node, index: int, producer: gs.Node, zp_in: gs.T
     scale = constant_values(producer.inputs[1])
     if scale is None or scale.size != 1:
         return f"QuantizeLinear '{producer.name}' feeding operand {index} is not per tensor with a constant scale"
-    q_zp_tensor = producer.inputs[2] if len(producer.inputs) > 2 and producer.inputs[2].name else None
-    q_zp = np.zeros((), np.uint8) if q_zp_tensor is None else constant_values(q_zp_tensor)
+    q_zp = quantizer_zero_point(producer)
     a_zp = np.zeros((), np.int64) if zp_in is None else constant_values(zp_in)
     if q_zp is None or a_zp is None or q_zp.size != 1 or a_zp.size != 1:
         return f"the zero points of QuantizeLinear '{producer.name}' and {node.op} '{node.name}' must be constants"
@@ -175,7 +174,17 @@ class DynamicIntegerOp:
         out_shape = node.outputs[0].shape
         out_rank = spatial + 2 if is_conv else (len(out_shape) if out_shape is not None else None)
 
+        kernel_rank = None
+        if weight is not None:
+            kernel_rank = weight.values.ndim
+        elif float_weight is not None:
+            kernel_rank = constant_values(float_weight.float_tensor).ndim
+        if not is_conv and kernel_rank is not None and kernel_rank < 2:
+            channels = 1  # x[.., K] @ w[K] has no output-channel axis: only a per-tensor scale folds in
+
         def per_channel(m: Monomial) -> bool:
+            if weight is None and float_weight is None:  # activation × activation: nothing to fold into
+                return bool(np.allclose((m / act_scale).numeric, 1.0, rtol=1e-5))
             return _channel_vector((m / act_scale).numeric, channels or 1, out_rank, spatial) is not None
 
         graph_outputs = {t.name for t in ctx.graph.outputs}

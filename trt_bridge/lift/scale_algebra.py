@@ -62,6 +62,24 @@ def constant_values(tensor: gs.Tensor) -> np.ndarray | None:
     return None
 
 
+def quantizer_zero_point(node: gs.Node) -> np.ndarray | None:
+    """The zero point of a QuantizeLinear/DequantizeLinear, typed like its integer codes.
+
+    Absent, it is 0 of the type ``output_dtype`` names (opset 21) for a QuantizeLinear,
+    of the input's type for a DequantizeLinear, and uint8 otherwise. None: not a constant.
+    """
+    if len(node.inputs) > 2 and node.inputs[2].name:
+        return constant_values(node.inputs[2])
+    dtype = np.dtype(np.uint8)
+    if node.op == "QuantizeLinear" and node.attrs.get("output_dtype"):
+        import onnx
+
+        dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(node.attrs["output_dtype"])))
+    elif node.op == "DequantizeLinear" and node.inputs[0].dtype is not None:
+        dtype = np.dtype(node.inputs[0].dtype)
+    return np.zeros((), dtype)
+
+
 def _reshape(values: np.ndarray, shape: np.ndarray) -> np.ndarray:
     if values.size == 1:
         return values.reshape(())

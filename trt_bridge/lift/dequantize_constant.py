@@ -1,0 +1,108 @@
+"""Lift ``DequantizeLinear`` of constants: quantized weights, int32 biases, quantized constants.
+
+    Before:  W_q:int8|uint8 ─ DQ(s, z, axis) ─ Conv|ConvTranspose|MatMul|Gemm (weight input)
+    After:   W = (W_q − z)·s (float) ─ Conv|…     annotation: W → weight on the op's channel axis,
+                                                  the source's integers kept where they fit int8
+
+    Before:  B:int32 ─ DQ(s_x·s_w) ─ Conv (bias)        After: B·s_x·s_w (float) ─ Conv
+    Before:  k_q ─ DQ(s, z) ─ Add|Mul|… (any other use)  After: (k_q − z)·s (float) ─ Add|Mul|…
+
+A weight written as float → QuantizeLinear → DequantizeLinear is quantized here
+with the Q's own rounding and saturation first, so it lifts the same way.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trt_bridge.annotations import ScaleSource, Site, WeightSpec
+from trt_bridge.lift.base import NOT_MINE, LiftContext
+from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
+from trt_bridge.lift.weights import lift_integer_weight
+
+WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
+
+
+def channel_axis(node: gs.Node, rank: int) -> int:
+    """The output-channel axis of ``node``'s weight (rank ``rank``), where TensorRT wants per-channel scales."""
+    if node.op == "Conv":
+        return 0
+    if node.op == "ConvTranspose":
+        return 1
+    if node.op == "Gemm":
+        return 0 if node.attrs.get("transB", 0) else 1
+    return rank - 1  # MatMul [.., K, N]
+
+
+def quantize_like(values: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int) -> np.ndarray:
+    """What ``QuantizeLinear(values, scale, zp, axis)`` computes (round half to even, saturate)."""
+    shape = [1] * values.ndim
+    if scale.size > 1:
+        shape[axis] = -1
+    s = scale.astype(np.float64).reshape(shape if scale.size > 1 else ())
+    z = zp.astype(np.float64).reshape(shape if zp.size > 1 else ())
+    info = np.iinfo(zp.dtype)
+    return np.clip(np.rint(values.astype(np.float64) / s) + z, info.min, info.max).astype(zp.dtype)
+
+
+def integer_constant(tensor: gs.Tensor) -> np.ndarray | None:
+    """The integers of ``tensor`` if it is an integer constant or QuantizeLinear of a float constant."""
+    values = constant_values(tensor)
+    if values is not None:
+        return values if np.issubdtype(values.dtype, np.integer) else None
+    producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+    if producer is None or producer.op != "QuantizeLinear":
+        return None
+    floats, scale = constant_values(producer.inputs[0]), constant_values(producer.inputs[1])
+    zp = quantizer_zero_point(producer)
+    if floats is None or scale is None or zp is None:
+        return None
+    axis = int(producer.attrs.get("axis", 1)) % max(floats.ndim, 1)
+    return quantize_like(floats, scale, zp, axis)
+
+
+class DequantizeConstant:
+    name = "dequantize-constant"
+    op_types = ("DequantizeLinear",)
+
+    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+        values = integer_constant(node.inputs[0])
+        if values is None:
+            return NOT_MINE  # an activation: the Q/DQ pair rule's
+        if node.attrs.get("block_size", 0):
+            return "blocked quantization (block_size) is not lifted"
+        scale, zp = constant_values(node.inputs[1]), quantizer_zero_point(node)
+        if scale is None or zp is None:
+            return "the scale and zero point must be constants"
+        out = node.outputs[0]
+        if any(t is out for t in ctx.graph.outputs):
+            return f"'{out.name}' is a graph output"
+        axis = int(node.attrs.get("axis", 1)) % max(values.ndim, 1)
+        scale = scale.astype(np.float64).reshape(-1) if scale.size > 1 else scale.astype(np.float64).reshape(())
+        zp = zp.astype(np.int64).reshape(-1) if zp.size > 1 else zp.astype(np.int64).reshape(())
+        shape = [1] * values.ndim
+        if values.ndim:
+            shape[axis] = -1
+        floats = ((values.astype(np.float64) - (zp.reshape(shape) if zp.ndim else zp))
+                  * (scale.reshape(shape) if scale.ndim else scale)).astype(np.float32)
+        source = node.inputs[0]
+        for consumer in list(out.outputs):
+            for index, tensor in enumerate(consumer.inputs):
+                if tensor is not out:
+                    continue
+                weighted = WEIGHT_INPUT.get(consumer.op) == index and values.dtype.itemsize == 1
+                if not weighted:
+                    consumer.inputs[index] = ctx.constant(f"{source.name}_float", floats,
+                                                          ("dequantized", source.name, node.name))
+                    continue
+                site, c_axis = Site(consumer.name, index), channel_axis(consumer, values.ndim)
+                if scale.ndim == 0 or axis == c_axis:
+                    consumer.inputs[index] = lift_integer_weight(ctx, source, values, zp, scale, c_axis, site,
+                                                                 node.name)
+                else:  # per-channel on another axis: the float weight, re-quantized on the right one
+                    const = ctx.constant(f"{source.name}_float", floats, ("dequantized", source.name, node.name))
+                    ctx.annotations.add_weight(WeightSpec(const.name, [site], c_axis, node.name,
+                                                          source=ScaleSource.REQUANTIZED))
+                    consumer.inputs[index] = const
+        return None

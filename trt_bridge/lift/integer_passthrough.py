@@ -1,0 +1,91 @@
+"""Lift ops that a QOperator model runs directly on quantized integers.
+
+onnxruntime's QOperator format leaves ops that commute with quantization (MaxPool,
+Reshape, Transpose, Resize, Pad, Split, ...) running on the uint8 tensors, with the
+input's scale and zero point implied for the output. Written as float ops between
+the same DQ and Q, they mean the same (DequantizeLinear is monotonic and
+element-wise), and the Q/DQ rules can lift them like every other pair::
+
+    Before:  … ─ Q(s, z) ─ x_q ─ MaxPool ─ y_q ─ …
+    After:   … ─ Q(s, z) ─ x_q ─ DQ(s, z) ─ MaxPool ─ Q(s, z) ─ y_q ─ …
+
+A constant Pad value ``c`` (an integer code) becomes the float ``(c − z)·s``.
+ArgMax reads the dequantized input and keeps its int64 output.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trt_bridge.lift.base import NOT_MINE, LiftContext
+from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
+
+#: ops whose output is quantized with the input's own scale and zero point
+PASS_THROUGH = frozenset({
+    "MaxPool", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Resize", "Split", "Slice",
+    "Gather", "Pad", "Identity", "DepthToSpace", "SpaceToDepth", "Expand", "Tile", "Upsample",
+})
+#: ops that read a quantized tensor but produce no quantized output
+INDEX_OUTPUT = frozenset({"ArgMax", "ArgMin"})
+
+
+def _quantizer(tensor: gs.Tensor) -> gs.Node | None:
+    producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
+    if producer is None or producer.op != "QuantizeLinear" or producer.outputs[0] is not tensor:
+        return None
+    return producer
+
+
+class IntegerPassThrough:
+    name = "integer-pass-through"
+    op_types = tuple(sorted(PASS_THROUGH | INDEX_OUTPUT))
+
+    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+        if not node.inputs:
+            return "no inputs"
+        q = _quantizer(node.inputs[0])
+        if q is None:
+            return NOT_MINE  # a float op: nothing to lift
+        scale = constant_values(q.inputs[1])
+        zp_t = q.inputs[2] if len(q.inputs) > 2 and q.inputs[2].name else None
+        zp = quantizer_zero_point(q)
+        if scale is None or zp is None or scale.size != 1 or zp.size != 1:
+            return f"QuantizeLinear '{q.name}' is not per tensor with constant scale and zero point"
+        if node.op == "MaxPool" and len(node.outputs) > 1 and node.outputs[1].outputs:
+            return "MaxPool's Indices output is used"
+
+        base = node.name or node.outputs[0].name
+        qparams = [q.inputs[1]] + ([zp_t] if zp_t is not None else [])
+        x = gs.Variable(ctx.names(f"{node.inputs[0].name}_dequantized"), dtype=np.float32)
+        new_nodes = [gs.Node("DequantizeLinear", ctx.names(f"{base}/dq"), {}, [node.inputs[0], *qparams], [x])]
+        inputs = [x] + list(node.inputs[1:])
+        if node.op == "Pad" and len(inputs) > 2 and inputs[2].name:
+            code = constant_values(inputs[2])
+            if code is None:
+                return "the Pad value is not a constant"
+            value = (float(code.reshape(())) - float(zp.reshape(()))) * float(scale.reshape(()))
+            inputs[2] = gs.Constant(ctx.names(f"{base}/pad_value"), np.array(value, np.float32))
+        elif node.op == "Pad" and (node.attrs.get("mode", "constant") in ("constant", b"constant")):
+            value = -float(zp.reshape(())) * float(scale.reshape(()))  # pads with code 0
+            if len(inputs) < 2:
+                return "Pad without a pads input (opset < 11) is not lifted"
+            inputs = inputs[:2] + [gs.Constant(ctx.names(f"{base}/pad_value"), np.array(value, np.float32))]
+        outputs = list(node.outputs)
+        if node.op in INDEX_OUTPUT:
+            for out in outputs:
+                out.inputs.clear()
+            new_nodes.append(gs.Node(node.op, ctx.names(f"{base}/float"), dict(node.attrs), inputs, outputs))
+        else:
+            floats = [gs.Variable(ctx.names(f"{base}/float_out{i}"), dtype=np.float32) for i in range(len(outputs))]
+            for out in outputs:
+                out.inputs.clear()
+            new_nodes.append(gs.Node(node.op, ctx.names(f"{base}/float"), dict(node.attrs), inputs, floats))
+            for i, (f, out) in enumerate(zip(floats, outputs)):
+                if node.op == "MaxPool" and i == 1:
+                    continue
+                new_nodes.append(gs.Node("QuantizeLinear", ctx.names(f"{base}/q{i}"), {}, [f, *qparams], [out]))
+        ctx.graph.nodes.extend(new_nodes)
+        node.inputs.clear()  # detach the source node, so its inputs' consumers are the new nodes only
+        node.outputs.clear()
+        return None

@@ -1,0 +1,106 @@
+"""Lift an activation's ``QuantizeLinear → DequantizeLinear`` pair to an annotation.
+
+    Before:  x ─ Q(s, z) ─ x_q ─┬ DQ(s, z) ─ Conv
+                                └ DQ(s, z) ─ Add
+    After:   x ─┬ Conv                annotation: x → activation, sites Conv:0 and Add:k,
+                └ Add                 scale covering the source's range, source "model"
+
+The source's codes cover [lo, hi] = [(qmin − z)·s, (qmax − z)·s]; the symmetric int8
+scale that covers the same range is max(|lo|, |hi|)/127 (exactly s for int8 with
+zero point 0). When lo is 0 (a uint8 zero point of 0, or int8 −128) the Q was also a
+ReLU: onnxruntime's quantizer removes Relu/Clip nodes whose clamp the Q already
+does. The lift then keeps that clamp as an explicit ``Clip(lo, hi)`` (which TensorRT
+fuses into the producer), so the float graph computes what the source computed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trt_bridge.annotations import ScaleSource, Site
+from trt_bridge.calibration.observers import QMAX
+from trt_bridge.lift.base import NOT_MINE, LiftContext
+from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
+
+
+def _params(node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:
+    scale = constant_values(node.inputs[1])
+    zp = quantizer_zero_point(node)
+    if scale is None or zp is None:
+        return None
+    return scale, zp
+
+
+def code_range(scale: float, zp: np.ndarray) -> tuple[float, float]:
+    """The float range [lo, hi] that a (scale, zero point) pair's integer codes represent."""
+    info = np.iinfo(zp.dtype)
+    z = int(zp.reshape(()))
+    return (info.min - z) * scale, (info.max - z) * scale
+
+
+def covering_scale(scale: float, zp: np.ndarray) -> float:
+    """The symmetric int8 scale that covers the source's range (the source's own for int8, zero point 0)."""
+    if zp.dtype == np.int8 and int(zp.reshape(())) == 0:
+        return float(scale)
+    lo, hi = code_range(scale, zp)
+    return max(abs(lo), abs(hi)) / QMAX
+
+
+class QDQPair:
+    name = "qdq-pair"
+    op_types = ("QuantizeLinear",)
+
+    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+        q_out = node.outputs[0]
+        if not q_out.outputs and not any(t is q_out for t in ctx.graph.outputs):
+            return NOT_MINE  # dead (a weight's Q, already folded by dequantize-constant)
+        if constant_values(node.inputs[0]) is not None:
+            return NOT_MINE
+        params = _params(node)
+        if params is None:
+            return "the scale and zero point must be constants"
+        scale, zp = params
+        if scale.size != 1 or zp.size != 1:
+            return "per-axis quantization of an activation (TensorRT takes per-tensor activations only)"
+        if any(t is q_out for t in ctx.graph.outputs):
+            return f"the quantized tensor '{q_out.name}' is a graph output (TensorRT outputs no uint8/int8 codes)"
+        dqs = list(q_out.outputs)
+        for dq in dqs:
+            if dq.op != "DequantizeLinear" or dq.inputs[0] is not q_out:
+                return f"'{q_out.name}' is read by {dq.op} '{dq.name}', not only by DequantizeLinear"
+            theirs = _params(dq)
+            if theirs is None or not (np.allclose(theirs[0].reshape(-1), scale.reshape(-1))
+                                      and np.array_equal(theirs[1].reshape(-1).astype(np.int64),
+                                                         zp.reshape(-1).astype(np.int64))):
+                return f"DequantizeLinear '{dq.name}' uses other scale/zero point than QuantizeLinear '{node.name}'"
+
+        s = float(scale.reshape(()))
+        zp = zp.reshape(())
+        x = node.inputs[0]
+        lo, hi = code_range(s, zp)
+        if lo == 0.0:  # the Q clamps at zero: keep the ReLU it stands for
+            clipped = gs.Variable(ctx.names(f"{x.name}_clipped"), dtype=np.float32, shape=x.shape)
+            ctx.graph.nodes.append(gs.Node("Clip", ctx.names(f"{node.name}/clip"), {},
+                                           [x, ctx.constant(f"{node.name}_lo", np.array(0.0, np.float32),
+                                                            ("clip", 0.0)),
+                                            ctx.constant(f"{node.name}_hi", np.array(hi, np.float32),
+                                                         ("clip", float(np.float32(hi))))], [clipped]))
+            x = clipped
+        graph_outputs = {id(t): i for i, t in enumerate(ctx.graph.outputs)}
+        covering = covering_scale(s, zp)
+        for dq in dqs:
+            out = dq.outputs[0]
+            for consumer in list(out.outputs):
+                for index, tensor in enumerate(consumer.inputs):
+                    if tensor is out:
+                        consumer.inputs[index] = x
+                        ctx.annotations.add_activation(x.name, Site(consumer.name, index), node.name,
+                                                       covering, ScaleSource.MODEL)
+            if id(out) in graph_outputs:  # keep the output's name: Identity from the float tensor
+                out.inputs.clear()
+                ctx.graph.nodes.append(gs.Node("Identity", ctx.names(f"{dq.name}/float"), {}, [x], [out]))
+        spec = ctx.annotations.activations.get(x.name)
+        if spec is not None and spec.scale is not None and spec.scale < covering:
+            spec.scale = covering  # two Qs on one tensor: the wider range, so neither clips
+        return None
