@@ -108,3 +108,19 @@ def assert_lift_is_exact(float_model, dpath, feeds):
     lifted, _ = lift_model(onnx.load(str(dpath)))
     for want, got in zip(run_ort(reference, feeds), run_ort(lifted, feeds)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def quantize_static(float_path: Path, out_path: Path, feeds: list[dict[str, np.ndarray]], **kwargs) -> Path:
+    """onnxruntime's own quantize_static (QOperator or QDQ, per ``quant_format``) on ``feeds``."""
+    from onnxruntime.quantization import CalibrationDataReader
+    from onnxruntime.quantization import quantize_static as ort_quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self._feeds = iter(feeds)
+
+        def get_next(self):
+            return next(self._feeds, None)
+
+    ort_quantize_static(str(float_path), str(out_path), Reader(), **kwargs)
+    return out_path
