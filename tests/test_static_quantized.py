@@ -100,8 +100,9 @@ def test_zoo_net(tmp_path, fmt, per_channel, act_type, weight_type, reduce_range
     source = onnx.load(str(qpath))
     source_ops = Counter(n.op_type for n in source.graph.node)
     if fmt == QuantFormat.QOperator:
-        assert source_ops["QLinearConv"] == 4 and {"QLinearAdd", "QLinearConcat", "QGemm", "QLinearSoftmax",
-                                                     "QLinearGlobalAveragePool", "QLinearAveragePool"} <= set(source_ops)
+        families = {"QLinearAdd", "QLinearConcat", "QGemm", "QLinearSoftmax", "QLinearGlobalAveragePool",
+                    "QLinearAveragePool", "QLinearMul", "QLinearSigmoid", "QLinearLeakyRelu"}
+        assert source_ops["QLinearConv"] == 4 and families <= set(source_ops)
     out = tmp_path / "converted.onnx"
     report = convert(qpath, out, ConvertOptions(progress=False))
     converted = assert_qdq_contract(out)
