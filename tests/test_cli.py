@@ -328,3 +328,24 @@ def test_unwritable_output_or_report_fails_before_any_work(corpus, model, tmp_pa
     assert "cannot write" in msg or "is a directory" in msg
     assert str(args[1]) in msg or str(blocker) in msg
     assert not (tmp_path / "model.int8.onnx").exists()  # failed before converting
+
+
+def test_bad_regular_expression_is_named(model, corpus):
+    msg = error_message(cli("convert", model, "--calib-data", corpus["calib"], "--exclude-nodes", "conv[("))
+    assert "--exclude-nodes 'conv[('" in msg and "not a regular expression" in msg
+
+
+def test_scales_data_needs_calibration_data(model):
+    msg = error_message(cli("convert", model, "--scales", "data"))
+    assert "--scales data" in msg and "--calib-data" in msg
+
+
+def test_float_model_converts_through_the_cli(corpus, tmp_path):
+    out = tmp_path / "float.int8.onnx"
+    result = cli("convert", corpus["float"], "-o", out, "--calib-data", corpus["calib"], "--exclude-nodes", "^fc",
+                 "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["placement"] == "tensorrt" and report["quantized"]
+    assert all("fc" not in c for q in report["quantized"] for c in q["consumers"])
+    assert_qdq_contract(out)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import logging
 import time
 from dataclasses import asdict, dataclass
@@ -23,13 +24,20 @@ from trt_bridge.model import (
     load_model,
     save_model,
 )
-from trt_bridge.placement import PlacementPolicy, place
+from trt_bridge.placement import PlacementOptions, PlacementPolicy, place
 from trt_bridge.report import ConversionReport, FloatLeftover, RuleHits
 
 log = logging.getLogger("trt_bridge.convert")
 
 #: Q/DQ nodes hold exact integer data; constant folding must leave them alone.
 _NO_FOLD = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
+
+
+class ScalePolicy(str, enum.Enum):
+    """Where activation scales that the source model carries come from."""
+
+    MODEL = "model"  # the symmetric int8 scale covering each source (scale, zero point) range
+    DATA = "data"  # re-derived from calibration data (recovers the bit lost on one-sided ranges)
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,10 @@ class ConvertOptions:
     calib_method: CalibMethod = CalibMethod.MAX
     percentile: float = 99.99
     placement: PlacementPolicy = PlacementPolicy.TENSORRT
+    include_ops: str | None = None  # regex: op types whose float inputs are quantized too
+    exclude_ops: str | None = None  # regex: op types never quantized
+    exclude_nodes: str | None = None  # regex (searched in node names): nodes never quantized
+    scales: ScalePolicy | None = None  # None: data when calibration data is given, else model
     recenter: bool = True
     smooth: float | None = 0.65  # SmoothQuant alpha for MatMul inputs; None: off
     progress: bool = True
@@ -74,7 +86,16 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     lifted, ctx = lift_model(model, model_path)
     del model
     graph = gs.import_onnx(lifted)  # keeps referring to lifted's weights: no copy
-    left = place(graph, ctx.annotations, options.placement)
+    scales = options.scales or (ScalePolicy.DATA if options.calib_data is not None else ScalePolicy.MODEL)
+    if scales is ScalePolicy.DATA:
+        if feeds is None:
+            raise CalibrationDataError("--scales data re-derives activation scales from calibration data: "
+                                       "pass --calib-data (or use --scales model).")
+        for spec in ctx.annotations.activations.values():
+            spec.scale, spec.source = None, None
+    placement = place(graph, ctx.annotations, PlacementOptions(
+        options.placement, options.include_ops, options.exclude_ops, options.exclude_nodes), feeds is not None)
+    left = placement.left_in_float
     seconds["lift"] = time.perf_counter() - t0
 
     calibration, smoothed, recentered = None, [], []
@@ -97,7 +118,9 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
                                   for k, o in sorted(result.observers.items())}}
         seconds["calibrate"] = time.perf_counter() - t0
         if options.recenter:
-            recentered = recenter(graph, ctx.annotations, result)
+            shared = {t for group in placement.shared_scales for t in group}
+            recentered = recenter(graph, ctx.annotations, result, skip=shared)
+    _share_scales(ctx.annotations, placement.shared_scales)
 
     t0 = time.perf_counter()
     quantized = lower(graph, ctx.annotations)
@@ -119,7 +142,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         left_in_float=[FloatLeftover(x.node, "", f"'{x.tensor}': {x.reason}") for x in left]
         + [FloatLeftover(d.node, d.op, d.reason) for d in ctx.declined],
         calibration=calibration, seconds=seconds, recentered=[asdict(r) for r in recentered],
-        smoothed=[asdict(x) for x in smoothed],
+        smoothed=[asdict(x) for x in smoothed], placement=options.placement.value, scales=scales.value,
     )
     return report
 
@@ -173,6 +196,16 @@ def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, op
             session.run({t: Rescaled(observers[t], 1.0 / f) for t, f in factors.items()}, feeds, options.progress,
                         desc="calibrating (2/2)")
     return finish(observers, count, time.perf_counter() - start, options.calib_method), smoothed
+
+
+def _share_scales(annotations, groups: list[list[str]]) -> None:
+    """Give each group (a Concat's inputs and output) one scale, the largest, so none clips."""
+    for group in groups:
+        specs = [annotations.activations[t] for t in group if t in annotations.activations]
+        if specs and all(s.scale is not None for s in specs):
+            largest = max(s.scale for s in specs)
+            for spec in specs:
+                spec.scale = largest
 
 
 def _name_nodes(model: onnx.ModelProto) -> None:

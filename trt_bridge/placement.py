@@ -1,31 +1,50 @@
-"""Placement policies: which annotated tensors get Q/DQ in the output, and on which edges.
+"""Placement policies: which tensors get Q/DQ in the output, and on which edges.
 
-``tensorrt`` (the default) follows TensorRT's explicit-quantization fusion rules:
-quantize the data and weight inputs of weighted ops (Conv, ConvTranspose, MatMul,
-Gemm) and nothing on their outputs; TensorRT fuses the DQ into the op and the
-next Q into its epilogue. Edges the policy drops are reported as left in float.
+``tensorrt`` (the default) follows TensorRT's explicit-quantization fusion rules
+(shared/docs/TENSORRT_QUANTIZATION.md):
+
+- the data and weight inputs of weighted ops (Conv, ConvTranspose, MatMul, Gemm),
+  weights per output channel; nothing on their outputs (TensorRT fuses the next Q
+  into the op's epilogue);
+- the skip input of a residual ``Add`` that follows a Conv, so the Add fuses into
+  the conv's epilogue instead of running in higher precision;
+- a Concat whose output is quantized gets its inputs quantized with one shared
+  scale (its output's), so the DQ→Q pairs around it cancel;
+- nothing on numerically fragile ops (Softmax, normalizations) nor on
+  activation × activation MatMuls (attention scores), unless ``--include-ops`` asks.
+
+``preserve`` keeps every edge the source model quantized (TensorRT accepts Q/DQ on
+any float tensor). On a float source, ``tensorrt`` decides everything; the sites
+it adds need calibration. ``--exclude-nodes``/``--exclude-ops`` (regular expressions
+on node names and op types) remove sites under either policy; ``--include-ops``
+adds the inputs of more op types. Every edge dropped is reported with its reason.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
-from trt_bridge.annotations import Annotations
+from trt_bridge.annotations import ActivationSpec, Annotations, Site, WeightSpec
 
-#: op type → input indices that may read a quantized tensor
-QUANTIZABLE_INPUTS: dict[str, tuple[int, ...]] = {
-    "Conv": (0, 1),
-    "ConvTranspose": (0, 1),
-    "MatMul": (0, 1),
-    "Gemm": (0, 1),
-}
+#: op type → input index of the weight
+WEIGHTED = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
 
 
 class PlacementPolicy(str, enum.Enum):
     TENSORRT = "tensorrt"
+    PRESERVE = "preserve"
+
+
+@dataclass(frozen=True)
+class PlacementOptions:
+    policy: PlacementPolicy = PlacementPolicy.TENSORRT
+    include_ops: str | None = None  # regex on op types whose float inputs are quantized too
+    exclude_ops: str | None = None  # regex on op types never quantized
+    exclude_nodes: str | None = None  # regex (searched) on node names never quantized
 
 
 @dataclass(frozen=True)
@@ -35,23 +54,173 @@ class LeftInFloat:
     reason: str
 
 
-def place(graph: gs.Graph, annotations: Annotations,
-          policy: PlacementPolicy = PlacementPolicy.TENSORRT) -> list[LeftInFloat]:
-    """Restrict annotation sites to what ``policy`` quantizes; return the edges left in float."""
-    ops = {n.name: n.op for n in graph.nodes}
-    dropped: list[LeftInFloat] = []
+@dataclass
+class Placement:
+    left_in_float: list[LeftInFloat] = field(default_factory=list)
+    #: tensors that must share one scale (a Concat's inputs and output): the largest wins
+    shared_scales: list[list[str]] = field(default_factory=list)
+    added: int = 0  # sites added by the policy (they need calibration)
+
+
+def _is_constant(t: gs.Tensor) -> bool:
+    return isinstance(t, gs.Constant) or (len(t.inputs) == 1 and t.inputs[0].op == "Constant")
+
+
+def weight_axis(node: gs.Node, rank: int) -> int:
+    """The output-channel axis of ``node``'s weight: per-channel scales go there."""
+    if node.op == "Conv":
+        return 0
+    if node.op == "ConvTranspose":
+        return 1
+    if node.op == "Gemm":
+        return 0 if node.attrs.get("transB", 0) else 1
+    return rank - 1
+
+
+def place(graph: gs.Graph, annotations: Annotations, options: PlacementOptions = PlacementOptions(),
+          can_calibrate: bool = True) -> Placement:
+    """Restrict and extend the annotations to what ``options`` quantizes (in place)."""
+    include = re.compile(options.include_ops) if options.include_ops else None
+    exclude_ops = re.compile(options.exclude_ops) if options.exclude_ops else None
+    exclude_nodes = re.compile(options.exclude_nodes) if options.exclude_nodes else None
+    nodes = {n.name: n for n in graph.nodes}
+    result = Placement()
+    float_source = not annotations.activations and not annotations.weights
+
+    def excluded(node: gs.Node) -> str | None:
+        if exclude_nodes is not None and exclude_nodes.search(node.name):
+            return "excluded by --exclude-nodes"
+        if exclude_ops is not None and exclude_ops.fullmatch(node.op):
+            return "excluded by --exclude-ops"
+        return None
+
+    def wanted(node: gs.Node, index: int) -> str | None:
+        """None when the edge is quantized under the policy, else why not."""
+        why = excluded(node)
+        if why:
+            return why
+        if include is not None and include.fullmatch(node.op):
+            return None
+        if options.policy is PlacementPolicy.PRESERVE:
+            return None
+        if node.op in WEIGHTED and index in (0, 1):
+            if node.op == "MatMul" and not any(_is_constant(t) for t in node.inputs[:2]):
+                return "activation × activation MatMul (attention) stays in float; --include-ops MatMul quantizes it"
+            return None
+        if node.op == "Add" and _residual_skip(node) == index:
+            return None
+        if node.op == "Concat":
+            return None  # decided below, with the Concat's output
+        return f"input {index} of {node.op} is not quantized under the '{options.policy.value}' placement"
+
+    # 1. the source's sites
     for table in (annotations.activations, annotations.weights):
         for name in sorted(table):
             spec = table[name]
             keep = []
             for site in spec.sites:
-                op = ops.get(site.node)
-                if op is not None and site.index in QUANTIZABLE_INPUTS.get(op, ()):
+                node = nodes.get(site.node)
+                why = "the node is gone" if node is None else wanted(node, site.index)
+                if why is None:
                     keep.append(site)
                 else:
-                    dropped.append(LeftInFloat(name, site.node, f"input {site.index} of {op} is not "
-                                               f"quantized under the '{policy.value}' placement"))
+                    result.left_in_float.append(LeftInFloat(name, site.node, why))
             spec.sites = keep
             if not keep:
                 del table[name]
-    return dropped
+
+    # 2. what the policy adds: every weighted op of a float source, residual skips, more --include-ops
+    if can_calibrate and options.policy is PlacementPolicy.TENSORRT:
+        for node in graph.nodes:
+            if excluded(node):
+                continue
+            if float_source and node.op in WEIGHTED:
+                _annotate_weighted(node, annotations, result, wanted)
+            elif node.op == "Add" and _residual_skip(node) is not None and (float_source or _quantized_in(
+                    node, annotations)):
+                _annotate_input(node, _residual_skip(node), annotations, result)
+            elif include is not None and include.fullmatch(node.op) and node.op != "Concat":
+                for index, t in enumerate(node.inputs):
+                    if not _is_constant(t) and (t.dtype is None or _is_float(t)):
+                        _annotate_input(node, index, annotations, result)
+
+    # 3. Concats whose output is quantized: inputs share the output's scale
+    if options.policy is PlacementPolicy.TENSORRT:
+        for node in graph.nodes:
+            if node.op != "Concat" or excluded(node):
+                continue
+            out = node.outputs[0].name
+            if out not in annotations.activations:
+                continue
+            inputs = [t for t in node.inputs if not _is_constant(t)]
+            if not all(t.name in annotations.activations or can_calibrate for t in inputs):
+                continue
+            for index, t in enumerate(node.inputs):
+                if not _is_constant(t):
+                    _annotate_input(node, index, annotations, result)
+            result.shared_scales.append(sorted({out, *(t.name for t in inputs)}))
+    return result
+
+
+def _is_float(t: gs.Tensor) -> bool:
+    import numpy as np
+
+    return t.dtype is not None and np.issubdtype(np.dtype(t.dtype), np.floating)
+
+
+def _quantized_in(node: gs.Node, annotations: Annotations) -> bool:
+    """Whether a quantized tensor feeds ``node`` (a residual Add of a quantized source)."""
+    return any(t.name in annotations.activations for t in node.inputs)
+
+
+def _residual_skip(node: gs.Node) -> int | None:
+    """For Add(conv_out, skip): the index of the skip input, if this Add can fuse into the Conv."""
+    if len(node.inputs) != 2:
+        return None
+    producers = [t.inputs[0] if len(t.inputs) == 1 else None for t in node.inputs]
+    for i, p in enumerate(producers):
+        other = node.inputs[1 - i]
+        if p is not None and p.op in ("Conv", "ConvTranspose") and len(node.inputs[i].outputs) == 1 \
+                and not _is_constant(other) and node.inputs[i].shape == other.shape \
+                and (producers[1 - i] is None or producers[1 - i].op not in ("Conv", "ConvTranspose")
+                     or i == 0):
+            return 1 - i
+    return None
+
+
+def _annotate_input(node: gs.Node, index: int, annotations: Annotations, result: Placement) -> None:
+    t = node.inputs[index]
+    spec = annotations.activations.get(t.name)
+    site = Site(node.name, index)
+    if spec is None:
+        annotations.activations[t.name] = ActivationSpec(t.name, [site], node.name)
+        result.added += 1
+    elif site not in spec.sites:
+        spec.sites.append(site)
+
+
+def _annotate_weighted(node: gs.Node, annotations: Annotations, result: Placement, wanted) -> None:
+    w_index = WEIGHTED[node.op]
+    if len(node.inputs) <= w_index:
+        return
+    weight = node.inputs[w_index]
+    if not _is_constant(weight):
+        why = wanted(node, 0)
+        if why is None:  # activation × activation, asked for with --include-ops
+            for index in (0, 1):
+                _annotate_input(node, index, annotations, result)
+        else:
+            result.left_in_float.append(LeftInFloat(node.inputs[0].name, node.name, why))
+        return
+    if node.op == "Gemm" and node.attrs.get("transA", 0):
+        return
+    if not _is_float(node.inputs[0]) and node.inputs[0].dtype is not None:
+        return
+    _annotate_input(node, 0, annotations, result)
+    rank = len(weight.shape)
+    spec = annotations.weights.get(weight.name)
+    if spec is None:
+        annotations.weights[weight.name] = WeightSpec(weight.name, [Site(node.name, w_index)],
+                                                      weight_axis(node, rank), node.name)
+    elif Site(node.name, w_index) not in spec.sites:
+        spec.sites.append(Site(node.name, w_index))

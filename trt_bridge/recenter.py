@@ -43,15 +43,17 @@ class Recentered:
     amax_centered: float
 
 
-def recenter(graph: gs.Graph, annotations: Annotations, calibration: CalibrationResult) -> list[Recentered]:
-    """Re-centre every calibrated one-sided activation that can be compensated exactly."""
+def recenter(graph: gs.Graph, annotations: Annotations, calibration: CalibrationResult,
+             skip: set[str] = frozenset()) -> list[Recentered]:
+    """Re-centre every calibrated one-sided activation that can be compensated exactly (not those in ``skip``,
+    which must keep a scale shared with other tensors)."""
     names = NameAllocator(graph)
     nodes = {n.name: n for n in graph.nodes}
     tensors = graph.tensors()
     done = []
     for name in sorted(annotations.activations):
         spec = annotations.activations[name]
-        if spec.source is not ScaleSource.CALIBRATION or name not in calibration.observers:
+        if spec.source is not ScaleSource.CALIBRATION or name not in calibration.observers or name in skip:
             continue
         obs = calibration.observers[name]
         a0 = calibration.amax(name)

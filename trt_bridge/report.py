@@ -33,6 +33,8 @@ class ConversionReport:
     remaining_blockers: list[str] = field(default_factory=list)
     recentered: list[dict] = field(default_factory=list)  # recenter.Recentered as dicts
     smoothed: list[dict] = field(default_factory=list)  # smooth.Smoothed as dicts
+    placement: str = "tensorrt"
+    scales: str = "model"  # where the source model's activation scales were taken from (model | data)
 
     def __bool__(self) -> bool:
         return not self.remaining_blockers
@@ -56,6 +58,7 @@ class ConversionReport:
         lines.append(f"  quantized: {len(acts)} activation(s), {len(weights)} weight(s) "
                      f"({per_channel} per-channel); scale sources: "
                      + ", ".join(f"{k} {v}" for k, v in sorted(sources.items())))
+        lines.append(f"  placement {self.placement}; source activation scales from the {self.scales}")
         if self.calibration:
             c = self.calibration
             lines.append(f"  calibration: {c['feeds']} feed(s), method {c['method']}, {c['seconds']:.2f} s")

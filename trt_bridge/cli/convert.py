@@ -8,15 +8,18 @@ from pathlib import Path
 from trt_bridge.cli.common import add_output_flags
 
 DESCRIPTION = """\
-Rewrite a quantized ONNX model (onnxruntime quantize_dynamic: DynamicQuantizeLinear,
-MatMulInteger, ConvInteger) into TensorRT-ready explicit quantization: symmetric int8
+Rewrite an ONNX model into TensorRT-ready explicit quantization: symmetric int8
 QuantizeLinear/DequantizeLinear with zero point 0, per-channel int8 weights, float bias.
-Activation scales come from calibration data.
+Sources: dynamically quantized models (DynamicQuantizeLinear, MatMulInteger, ConvInteger),
+static QOperator models (QLinearConv, QLinearMatMul, com.microsoft QLinear*/QGemm), Q/DQ
+models with uint8 or non-zero zero points, and float models. Activation scales come from
+the model or from calibration data.
 
 examples:
-  trt-bridge convert model.onnx --int8 -o model.trt.onnx --calib-data calib.npz
-  trt-bridge convert model.onnx --int8 --calib-data feeds/ --report report.json
-  trt-bridge convert model.onnx --int8 --calib-data loader.py:load_data --calib-method mse
+  trt-bridge convert dynamic.onnx --int8 -o model.trt.onnx --calib-data calib.npz
+  trt-bridge convert qoperator.onnx --int8 -o model.trt.onnx          # the model's own scales
+  trt-bridge convert qdq.onnx --int8 --calib-data feeds/ --scales data --report report.json
+  trt-bridge convert float.onnx --int8 --calib-data loader.py:load_data --exclude-nodes 'head'
 """
 
 
@@ -40,6 +43,19 @@ def add_parser(sub) -> None:
                        help="how an activation's range is chosen from its histogram (default: max)")
     calib.add_argument("--percentile", type=float, default=99.99,
                        help="percentile for --calib-method percentile (default: 99.99)")
+    calib.add_argument("--scales", choices=["model", "data"],
+                       help="activation scales of a statically quantized source: 'model' keeps the model's "
+                            "(as symmetric int8 covering each range), 'data' re-derives them from the "
+                            "calibration data (default: data with --calib-data, else model)")
+    place = p.add_argument_group("placement")
+    place.add_argument("--placement", choices=["tensorrt", "preserve"], default="tensorrt",
+                       help="'tensorrt' (default) places Q/DQ where TensorRT fuses best; 'preserve' keeps "
+                            "every edge the source quantized")
+    place.add_argument("--include-ops", metavar="REGEX",
+                       help="also quantize the float inputs of these op types (e.g. 'Add|MatMul')")
+    place.add_argument("--exclude-ops", metavar="REGEX", help="never quantize inputs of these op types")
+    place.add_argument("--exclude-nodes", metavar="REGEX",
+                       help="never quantize inputs of nodes whose name matches (searched; e.g. '^head|/fc')")
     acc = p.add_argument_group("accuracy")
     acc.add_argument("--smooth", type=float, default=0.65, metavar="ALPHA",
                      help="SmoothQuant strength for MatMul inputs: move activation outlier channels into the "
@@ -53,23 +69,36 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    import re
+
     from trt_bridge.calibration.observers import CalibMethod
-    from trt_bridge.convert import ConvertOptions, convert
+    from trt_bridge.convert import ConvertOptions, ScalePolicy, convert
     from trt_bridge.errors import TrtBridgeError
     from trt_bridge.model import check_writable, write_text_atomic
+    from trt_bridge.placement import PlacementPolicy
 
     output = args.output or args.model.with_name(args.model.stem + ".int8.onnx")
     if not 0 < args.percentile <= 100:
         raise TrtBridgeError(f"--percentile must be in (0, 100], got {args.percentile}")
     if not 0 < args.smooth < 1:
         raise TrtBridgeError(f"--smooth must be between 0 and 1 (exclusive), got {args.smooth}")
+    for flag in ("include_ops", "exclude_ops", "exclude_nodes"):
+        pattern = getattr(args, flag)
+        if pattern is not None:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise TrtBridgeError(f"--{flag.replace('_', '-')} '{pattern}' is not a regular expression: {exc}") \
+                    from exc
     if args.report:
         check_writable(args.report, "report")
     options = ConvertOptions(
         calib_data=args.calib_data, calib_random=args.calib_random,
         calib_method=CalibMethod(args.calib_method), percentile=args.percentile,
         smooth=None if args.no_smooth else args.smooth, recenter=not args.no_recenter,
-        progress=not args.quiet,
+        progress=not args.quiet, placement=PlacementPolicy(args.placement), include_ops=args.include_ops,
+        exclude_ops=args.exclude_ops, exclude_nodes=args.exclude_nodes,
+        scales=None if args.scales is None else ScalePolicy(args.scales),
     )
     report = convert(args.model, output, options)
     if args.report:
