@@ -4,10 +4,13 @@
 
 For each float model (with the one input's shape to use): fold constants (exporters
 such as paddle2onnx keep weights in Constant nodes, which quantize_dynamic cannot
-quantize with a bias), quantize with onnxruntime's quantize_dynamic (uint8 per tensor,
-and int8 per channel), convert with trt-bridge on 16 calibration inputs, and report
-the SNR of both against the float model on 16 held-out inputs, and whether
-TensorRT-RTX parses and builds each. Inputs are document-like pages (dark strokes on
+quantize with a bias); quantize it with onnxruntime (quantize_dynamic uint8 per tensor
+and int8 per channel; quantize_static QOperator and QDQ, uint8 activations, int8
+per-channel weights, on 16 calibration inputs); convert each with trt-bridge (dynamic
+sources calibrated on the same 16 inputs, static sources with the model's own scales,
+and the float model itself calibrated); report the SNR of source and conversion
+against the float model on 16 held-out inputs, and whether TensorRT-RTX parses and
+builds each. Inputs are document-like pages (dark strokes on
 white, in [-1, 1]), suiting OCR models.
 
 The numbers in the closing note of issue 2 came from the three PP-OCRv4 / PP-OCR
@@ -24,8 +27,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.version_converter
 import onnx_graphsurgeon as gs
-from onnxruntime.quantization import QuantType, quantize_dynamic
+from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
 from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert, snr_db
@@ -43,31 +47,65 @@ def pages(count: int, seed: int, shape: tuple[int, ...]) -> np.ndarray:
     return np.repeat(page[:, None], c, axis=1).reshape(count, n, c, h, w).astype(np.float32)
 
 
-def outputs(path: Path, feeds: np.ndarray) -> np.ndarray:
-    sess = session(path)
+def outputs(path: Path, feeds: np.ndarray, simulate: bool = True) -> np.ndarray:
+    """Outputs in onnxruntime: converted models with Q/DQ simulated in float (as TensorRT computes),
+    sources as onnxruntime runs them (``simulate=False``: its own integer kernels)."""
+    sess = session(path, simulate_qdq=simulate)
     name = sess.get_inputs()[0].name
     return np.concatenate([sess.run(None, {name: f})[0].ravel() for f in feeds])
+
+
+def _static(float_path: Path, out: Path, calib: np.ndarray, name: str, fmt: QuantFormat) -> None:
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self._feeds = iter([{name: f} for f in calib])
+
+        def get_next(self):
+            return next(self._feeds, None)
+
+    quantize_static(str(float_path), str(out), Reader(), quant_format=fmt, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
 
 
 def measure(model_path: Path, shape: tuple[int, ...], work: Path) -> None:
     graph = gs.import_onnx(onnx.load(str(model_path)))
     graph.fold_constants().cleanup()
     float_path = work / "float.onnx"
-    onnx.save(gs.export_onnx(graph), str(float_path))
+    model = gs.export_onnx(graph)
+    if next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx")) < 13:
+        # onnxruntime's per-channel Q/DQ needs opset 13; below it quantize_static writes models it cannot load
+        model = onnx.version_converter.convert_version(model, 13)
+    onnx.save(model, str(float_path))
     input_name = graph.inputs[0].name
-    np.savez(work / "calib.npz", **{input_name: pages(16, 1, shape)})
+    calib = pages(16, 1, shape)
+    np.savez(work / "calib.npz", **{input_name: calib})
     held_out = pages(16, 2, shape)
     reference = outputs(float_path, held_out)
-    for weight_type, per_channel in ((QuantType.QUInt8, False), (QuantType.QInt8, True)):
-        dynamic, converted = work / "dynamic.onnx", work / "converted.onnx"
-        quantize_dynamic(str(float_path), str(dynamic), weight_type=weight_type, per_channel=per_channel)
-        report = convert(dynamic, converted, ConvertOptions(calib_data=str(work / "calib.npz"), progress=False))
+    variants = {
+        "dynamic, uint8 weights": lambda out: quantize_dynamic(str(float_path), str(out),
+                                                               weight_type=QuantType.QUInt8),
+        "dynamic, int8 per-channel": lambda out: quantize_dynamic(str(float_path), str(out), per_channel=True,
+                                                                  weight_type=QuantType.QInt8),
+        "static QOperator, uint8 act.": lambda out: _static(float_path, out, calib, input_name, QuantFormat.QOperator),
+        "static QDQ, uint8 act.": lambda out: _static(float_path, out, calib, input_name, QuantFormat.QDQ),
+        "float (trt-bridge calibrates)": None,
+    }
+    for label, make in variants.items():
+        source, converted = work / "source.onnx", work / "converted.onnx"
+        if make is None:
+            source = float_path
+        else:
+            make(source)
+        dynamic = label.startswith("dynamic") or make is None
+        options = ConvertOptions(calib_data=str(work / "calib.npz") if dynamic else None, progress=False)
+        report = convert(source, converted, options)
         try:
             engine = f"builds ({len(build_engine(converted, shapes={input_name: shape})) // 1024} KiB)"
         except Exception as exc:  # report, don't stop the table
             engine = f"BUILD FAILED: {exc}"
-        print(f"| {model_path.name} | {weight_type.name}{' per-channel' if per_channel else ''} "
-              f"| {snr_db(reference, outputs(dynamic, held_out)):.2f} | {'yes' if parse(dynamic).ok else 'no'} "
+        snr_source = "-" if make is None else f"{snr_db(reference, outputs(source, held_out, simulate=False)):.2f}"
+        parses = "-" if make is None else ("yes" if parse(source).ok else "no")
+        print(f"| {model_path.name} | {label} | {snr_source} | {parses} "
               f"| {snr_db(reference, outputs(converted, held_out)):.2f} | {'yes' if parse(converted).ok else 'no'} "
               f"| {engine} | {report.seconds.get('calibrate', 0) + report.seconds['lift']:.1f} s |", flush=True)
 
@@ -77,7 +115,7 @@ def main() -> int:
         print(__doc__)
         return 0 if len(sys.argv) > 1 else 2
     logging.getLogger().setLevel(logging.ERROR)
-    print("| model | dynamic weights | dynamic SNR dB | TensorRT parses | converted SNR dB | TensorRT parses "
+    print("| model | source | source SNR dB | TensorRT parses | converted SNR dB | TensorRT parses "
           "| engine (SM 8.9) | convert |")
     print("|---|---|---|---|---|---|---|---|")
     for arg in sys.argv[1:]:

@@ -150,3 +150,26 @@ def test_transformer_block(tmp_path, fmt):
     snr_converted = snr_db(reference, run_ort(out, held_out))
     assert snr_converted >= snr_source - 1.0, (snr_source, snr_converted)
     assert_tensorrt_ready(out)
+
+
+def test_asymmetric_model_scales_are_recentred_to_full_resolution(tmp_path):
+    """uint8 codes with a zero point cover [lo, hi]; symmetric int8 over max(|lo|, |hi|) would spend up
+    to a bit of it (a ReLU output: exactly one). Centring on (lo + hi)/2, compensated exactly in the
+    next conv's bias, keeps the source's step."""
+    fpath = save(samples.conv_net(), tmp_path / "float.onnx")  # conv ─ ReLU ─ conv ─ ReLU ─ conv ─ …
+    calib = [{"x": f} for f in samples.image_feeds(32, 1)]
+    qpath = quantize_static(fpath, tmp_path / "static.onnx", calib, quant_format=QuantFormat.QOperator,
+                            per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    centred, plain = tmp_path / "centred.onnx", tmp_path / "plain.onnx"
+    report = convert(qpath, centred, ConvertOptions(progress=False))
+    convert(qpath, plain, ConvertOptions(progress=False, recenter=False))
+    assert len(report.recentered) >= 2
+    assert all(r["amax_centered"] < 0.75 * r["amax_symmetric"] for r in report.recentered)
+    assert "Sub" in op_types(centred) and "Sub" not in op_types(plain)
+    assert {q["source"] for q in report.quantized if q["kind"] == "activation"} == {"model"}
+    held_out = [{"x": f} for f in samples.image_feeds(16, 2)]
+    reference = run_ort(fpath, held_out)
+    snr_centred, snr_plain = snr_db(reference, run_ort(centred, held_out)), snr_db(reference, run_ort(plain, held_out))
+    assert snr_centred > snr_plain + 1.0, (snr_plain, snr_centred)
+    assert snr_centred >= snr_db(reference, _outputs(qpath, held_out, simulate=False)) - 1.0
+    assert_tensorrt_ready(centred)

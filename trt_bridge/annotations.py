@@ -40,6 +40,8 @@ class ActivationSpec:
     origin: str  # the source node this annotation was lifted from
     scale: float | None = None  # None: needs calibration
     source: ScaleSource | None = None
+    #: the float range [lo, hi] the source's (scale, zero point) codes cover, when the scale is the model's
+    model_range: tuple[float, float] | None = None
 
 
 @dataclass

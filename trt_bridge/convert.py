@@ -98,7 +98,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     left = placement.left_in_float
     seconds["lift"] = time.perf_counter() - t0
 
-    calibration, smoothed, recentered = None, [], []
+    calibration, smoothed, recentered, result = None, [], [], None
     needed = ctx.annotations.needing_calibration()
     if needed:
         if feeds is None:
@@ -117,9 +117,9 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
                        "ranges": {k: {"min": o.lo, "max": o.hi, "amax": result.amax(k)}
                                   for k, o in sorted(result.observers.items())}}
         seconds["calibrate"] = time.perf_counter() - t0
-        if options.recenter:
-            shared = {t for group in placement.shared_scales for t in group}
-            recentered = recenter(graph, ctx.annotations, result, skip=shared)
+    if options.recenter:
+        shared = {t for group in placement.shared_scales for t in group}
+        recentered = recenter(graph, ctx.annotations, result if needed else None, skip=shared)
     _share_scales(ctx.annotations, placement.shared_scales)
 
     t0 = time.perf_counter()

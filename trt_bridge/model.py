@@ -127,6 +127,7 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
     of the wrong type or inputs whose types contradict their op all surface here,
     named by onnx, instead of as a stack trace from deep inside the conversion.
     """
+    model = _upgrade_per_axis_qdq(model, path)
     skeleton = _skeleton(model)
     try:
         _check_ignoring_missing_io_shapes(skeleton)
@@ -138,6 +139,45 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
     except Exception as exc:  # onnx raises InferenceError / TypeError-like errors from C++
         raise ModelLoadError(f"{path}: ONNX shape inference fails: {_first_lines(exc)}. The model's declared "
                              "types or shapes contradict its ops; fix them in the exporter.") from exc
+
+
+def _upgrade_per_axis_qdq(model: onnx.ModelProto, path) -> onnx.ModelProto:
+    """onnxruntime's quantize_static writes per-channel Q/DQ (``axis``, opset 13) into models of
+    older opsets, which onnx rejects but onnxruntime runs. Convert such a model to opset 13, as
+    the quantizer meant: the Q/DQ nodes without their ``axis`` through the version converter,
+    then the attribute back."""
+    opset = next((i.version for i in model.opset_import if i.domain in ("", "ai.onnx")), MIN_QDQ_OPSET)
+    if opset >= MIN_QDQ_OPSET:
+        return model
+    axes = {}  # keyed by the node's output: the converter may add nodes, never renames outputs
+    for node in model.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and node.domain in ("", "ai.onnx"):
+            for attr in node.attribute:
+                if attr.name == "axis":
+                    axes[node.output[0]] = onnx.AttributeProto()
+                    axes[node.output[0]].CopyFrom(attr)
+            kept = [a for a in node.attribute if a.name != "axis"]
+            del node.attribute[:]
+            node.attribute.extend(kept)
+    if not axes:
+        return model
+    log.warning("%s: opset %d with per-channel QuantizeLinear/DequantizeLinear (axis needs opset %d): "
+                "converting the model to opset %d", path, opset, MIN_QDQ_OPSET, MIN_QDQ_OPSET)
+    from onnx import version_converter
+
+    try:
+        converted = version_converter.convert_version(model, MIN_QDQ_OPSET)
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: per-channel QuantizeLinear/DequantizeLinear (axis) in an opset-{opset} "
+                             f"model, and converting it to opset {MIN_QDQ_OPSET} failed ({_first_lines(exc)}). "
+                             f"Re-export or re-quantize the model at opset {MIN_QDQ_OPSET} or newer.") from exc
+    for node in converted.graph.node:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") and node.output[0] in axes:
+            node.attribute.append(axes.pop(node.output[0]))
+    if axes:
+        raise ModelLoadError(f"{path}: per-channel Q/DQ in an opset-{opset} model; converting it to opset "
+                             f"{MIN_QDQ_OPSET} lost {len(axes)} of them. Re-quantize at opset {MIN_QDQ_OPSET}.")
+    return converted
 
 
 def _check_ignoring_missing_io_shapes(skeleton: onnx.ModelProto) -> None:

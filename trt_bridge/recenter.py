@@ -43,26 +43,37 @@ class Recentered:
     amax_centered: float
 
 
-def recenter(graph: gs.Graph, annotations: Annotations, calibration: CalibrationResult,
+def recenter(graph: gs.Graph, annotations: Annotations, calibration: CalibrationResult | None,
              skip: set[str] = frozenset()) -> list[Recentered]:
-    """Re-centre every calibrated one-sided activation that can be compensated exactly (not those in ``skip``,
-    which must keep a scale shared with other tensors)."""
+    """Re-centre every one-sided or asymmetric activation that can be compensated exactly (not those in
+    ``skip``, which must keep a scale shared with other tensors).
+
+    A calibrated tensor is centred on its observed range; a tensor whose scale is the source model's
+    on the range [lo, hi] its (scale, zero point) covered: an asymmetric uint8 source then keeps its
+    full resolution, (hi − lo)/254 instead of max(|lo|, |hi|)/127.
+    """
     names = NameAllocator(graph)
     nodes = {n.name: n for n in graph.nodes}
     tensors = graph.tensors()
     done = []
     for name in sorted(annotations.activations):
         spec = annotations.activations[name]
-        if spec.source is not ScaleSource.CALIBRATION or name not in calibration.observers or name in skip:
+        if name in skip:
             continue
-        obs = calibration.observers[name]
-        a0 = calibration.amax(name)
-        if a0 <= 0.0:
+        if spec.source is ScaleSource.CALIBRATION and calibration is not None and name in calibration.observers:
+            obs = calibration.observers[name]
+            a0 = calibration.amax(name)
+            if a0 <= 0.0:
+                continue
+            center = (max(obs.lo, -a0) + min(obs.hi, a0)) / 2.0
+            a1 = calibration.amax(name, center)
+        elif spec.source is ScaleSource.MODEL and spec.model_range is not None and spec.scale:
+            lo, hi = spec.model_range
+            a0, center, a1 = spec.scale * QMAX, (lo + hi) / 2.0, (hi - lo) / 2.0
+        else:
             continue
-        center = (max(obs.lo, -a0) + min(obs.hi, a0)) / 2.0
         if abs(center) < 1e-6 * a0:
             continue
-        a1 = calibration.amax(name, center)
         if not a1 < MIN_GAIN * a0:
             continue
         sites = [(nodes[s.node], s.index) for s in spec.sites]
@@ -157,10 +168,10 @@ def _apply(graph, names, annotations, tensors, spec: ActivationSpec, sites, cent
         # The pad value −c must stay representable: never clip below it.
         annotations.activations[padded.name] = ActivationSpec(
             padded.name, [Site(node.name, index)], spec.origin, max(amax, abs(float(center))) / QMAX,
-            ScaleSource.CALIBRATION)
+            spec.source)
     if plain_sites:
         annotations.activations[shifted.name] = ActivationSpec(
-            shifted.name, plain_sites, spec.origin, amax / QMAX, ScaleSource.CALIBRATION)
+            shifted.name, plain_sites, spec.origin, amax / QMAX, spec.source)
 
 
 def _add_after(graph, names, node: gs.Node, bias: np.ndarray) -> None:

@@ -101,6 +101,10 @@ class QDQPair:
                 out.inputs.clear()
                 ctx.graph.nodes.append(gs.Node("Identity", ctx.names(f"{dq.name}/float"), {}, [x], [out]))
         spec = ctx.annotations.activations.get(x.name)
-        if spec is not None and spec.scale is not None and spec.scale < covering:
-            spec.scale = covering  # two Qs on one tensor: the wider range, so neither clips
+        if spec is not None and spec.source is ScaleSource.MODEL:
+            if spec.model_range is None:
+                spec.model_range = (lo, hi)
+            elif spec.scale < covering or spec.model_range != (lo, hi):  # two Qs on one tensor: the union
+                spec.model_range = (min(lo, spec.model_range[0]), max(hi, spec.model_range[1]))
+                spec.scale = max(spec.scale, covering)
         return None

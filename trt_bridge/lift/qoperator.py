@@ -79,8 +79,10 @@ class QOperatorOps:
             return f"{node.op} in domain '{node.domain}' is not a QOperator op this rule knows"
         if node.attrs.get("channels_last", 0):
             return "channels_last layouts are not lifted (no standard ONNX equivalent without Transposes)"
-        if node.op == "QLinearSoftmax" and int(node.attrs.get("opset", 13)) < 13:
-            return "QLinearSoftmax with opset < 13 semantics (2-D coercion) is not lifted"
+        if node.op == "QLinearSoftmax" and (int(node.attrs.get("opset", 13)) < 13) != (int(ctx.graph.opset) < 13):
+            # the float Softmax takes the graph's opset semantics (2-D coercion before 13); both must agree
+            return (f"QLinearSoftmax with opset-{node.attrs.get('opset')} semantics in an opset-{ctx.graph.opset} "
+                    "graph is not lifted")
         for index in _scale_inputs(node, spec):
             if constant_values(node.inputs[index]) is None:
                 return f"scale/zero point input {index} ('{node.inputs[index].name}') is not a constant"
