@@ -18,13 +18,15 @@ from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.placement import PlacementPolicy
 
 
-#  x[1,4,8,8] ─ Conv1 ─ Relu ─ r1 ─┬─ Conv2 ─ c2 ─ Add ─ Relu ─ r2 ─┬─ Conv3 ─ c3 ─┐
-#                                  └──────────────┘ (skip)          └─ Conv4 ─ c4 ─ Concat ─ cat ─ Conv5 ─ y
-def residual_concat_net(seed: int = 0) -> onnx.ModelProto:
+#  x[1,16,8,8] ─ Conv1 ─ Relu ─ r1 ─┬─ Conv2 ─ c2 ─ Add ─ Relu ─ r2 ─┬─ Conv3 ─ c3 ─┐
+#                                   └──────────────┘ (skip)          └─ Conv4 ─ c4 ─ Concat ─ cat ─ Conv5 ─ y
+#  (channels: 16 everywhere, 32 after the Concat; ``c`` scales them all down, below what int8 kernels want)
+def residual_concat_net(seed: int = 0, c: int = 16) -> onnx.ModelProto:
     rng = np.random.default_rng(seed)
 
     def w(name, shape):
-        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+        fan_in = int(np.prod(shape[1:]))
+        return numpy_helper.from_array((rng.standard_normal(shape) / np.sqrt(fan_in)).astype(np.float32), name)
 
     node = helper.make_node
     nodes = [node("Conv", ["x", "W1"], ["c1"], "conv1", pads=[1, 1, 1, 1]), node("Relu", ["c1"], ["r1"], "relu1"),
@@ -33,10 +35,10 @@ def residual_concat_net(seed: int = 0) -> onnx.ModelProto:
              node("Conv", ["r2", "W4"], ["c4"], "conv4"), node("Concat", ["c3", "c4"], ["cat"], "concat", axis=1),
              node("Conv", ["cat", "W5"], ["y"], "conv5")]
     graph = helper.make_graph(nodes, "residual_concat", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                                                       [1, 4, 8, 8])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 8, 8])],
-                              [w("W1", (8, 4, 3, 3)), w("W2", (8, 8, 3, 3)), w("W3", (4, 8, 3, 3)),
-                               w("W4", (4, 8, 1, 1)), w("W5", (2, 8, 1, 1))])
+                                                                                       [1, c, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, c, 8, 8])],
+                              [w("W1", (c, c, 3, 3)), w("W2", (c, c, 3, 3)), w("W3", (c, c, 3, 3)),
+                               w("W4", (c, c, 1, 1)), w("W5", (c, 2 * c, 1, 1))])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     model.ir_version = 8
     onnx.checker.check_model(model, full_check=True)
@@ -60,7 +62,7 @@ def _quantized(report):
 
 
 def test_conv_net_with_residual_add_and_concat(tmp_path):
-    src, out, report = _convert(tmp_path, residual_concat_net(), samples.image_feeds(32, 1, (1, 4, 8, 8)))
+    src, out, report = _convert(tmp_path, residual_concat_net(), samples.image_feeds(32, 1, (1, 16, 8, 8)))
     acts, weights = _quantized(report)
     # inputs of weighted ops; the residual skip r1 at the Add; the Concat's inputs with its output
     assert set(acts) == {"x", "r1", "r2", "c3", "c4", "cat"}
@@ -72,11 +74,10 @@ def test_conv_net_with_residual_add_and_concat(tmp_path):
     # one shared scale across the Concat's inputs and output: the largest, so nothing clips
     assert acts["c3"]["scale"] == acts["c4"]["scale"] == acts["cat"]["scale"]
     assert set(weights) == {"W1", "W2", "W3", "W4", "W5"}
-    assert all(w["axis"] == 0 and len(w["scale"]) == w_out for w, w_out in
-               zip((weights[k] for k in ("W1", "W2", "W3", "W4", "W5")), (8, 8, 4, 4, 2)))
+    assert all(w["axis"] == 0 and len(w["scale"]) == 16 for w in weights.values())
     assert all(q["source"] == "calibration" for q in acts.values())
     assert_qdq_contract(out)
-    held_out = [{"x": f} for f in samples.image_feeds(16, 2, (1, 4, 8, 8))]
+    held_out = [{"x": f} for f in samples.image_feeds(16, 2, (1, 16, 8, 8))]
     assert snr_db(run_ort(src, held_out), run_ort(out, held_out)) > 30
     assert_tensorrt_ready(out)
 
@@ -99,7 +100,7 @@ def test_transformer_block(tmp_path):
 
 
 def test_include_and_exclude(tmp_path):
-    feeds = samples.image_feeds(16, 1, (1, 4, 8, 8))
+    feeds = samples.image_feeds(16, 1, (1, 16, 8, 8))
     _, out, report = _convert(tmp_path, residual_concat_net(), feeds, exclude_nodes="conv[34]$",
                               exclude_ops="Concat")
     acts, weights = _quantized(report)
@@ -108,6 +109,20 @@ def test_include_and_exclude(tmp_path):
     _, out, report = _convert(tmp_path, residual_concat_net(), feeds, include_ops="Relu")
     acts, _ = _quantized(report)
     assert {"c1", "a"} <= set(acts)  # the Relus' inputs, on request
+    assert_tensorrt_ready(out)
+
+
+def test_layers_too_small_for_int8_kernels_stay_float_unless_asked(tmp_path):
+    """4-channel convs gain nothing from int8 in TensorRT: left in float (with the reason), or forced."""
+    feeds = samples.image_feeds(16, 1, (1, 4, 8, 8))
+    _, out, report = _convert(tmp_path, residual_concat_net(c=4), feeds)
+    acts, weights = _quantized(report)
+    assert not weights and not acts
+    assert len([x for x in report.left_in_float if "too small" in x.reason]) == 5
+    _, out, report = _convert(tmp_path, residual_concat_net(c=4), feeds, include_ops="Conv")
+    acts, weights = _quantized(report)
+    assert len(weights) == 5 and {"x", "r1", "r2", "cat"} <= set(acts)
+    assert_qdq_contract(out)
     assert_tensorrt_ready(out)
 
 

@@ -11,7 +11,13 @@
 - a Concat whose output is quantized gets its inputs quantized with one shared
   scale (its output's), so the DQ→Q pairs around it cancel;
 - nothing on numerically fragile ops (Softmax, normalizations) nor on
-  activation × activation MatMuls (attention scores), unless ``--include-ops`` asks.
+  activation × activation MatMuls (attention scores), unless ``--include-ops`` asks;
+- on a float source, nothing on layers too small for TensorRT's int8 tensor-core
+  kernels to gain anything (``MIN_CHANNELS``): a MatMul/Gemm with fewer than 16 input
+  or output features, a Conv with fewer than 16 channels on a side unless a side is a
+  multiple of 8 and the other is wide or the layer reads the network input (the
+  classic 3-channel stem), a grouped Conv whose channel count is not a multiple of 8.
+  Quantizing them only adds Q/DQ and error; ``--include-ops`` forces them.
 
 ``preserve`` keeps every edge the source model quantized (TensorRT accepts Q/DQ on
 any float tensor). On a float source, ``tensorrt`` decides everything; the sites
@@ -32,6 +38,8 @@ from trt_bridge.annotations import ActivationSpec, Annotations, Site, WeightSpec
 
 #: op type → input index of the weight
 WEIGHTED = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
+#: int8 tensor-core kernels want at least this many channels / features on a side
+MIN_CHANNELS = 16
 
 
 class PlacementPolicy(str, enum.Enum):
@@ -135,9 +143,9 @@ def place(graph: gs.Graph, annotations: Annotations, options: PlacementOptions =
             if excluded(node):
                 continue
             if float_source and node.op in WEIGHTED:
-                _annotate_weighted(node, annotations, result, wanted)
-            elif node.op == "Add" and _residual_skip(node) is not None and (float_source or _quantized_in(
-                    node, annotations)):
+                _annotate_weighted(node, annotations, result, wanted, include)
+            elif node.op == "Add" and _residual_skip(node) is not None and _conv_is_quantized(
+                    node, _residual_skip(node), annotations) and (float_source or _quantized_in(node, annotations)):
                 _annotate_input(node, _residual_skip(node), annotations, result)
             elif include is not None and include.fullmatch(node.op) and node.op != "Concat":
                 for index, t in enumerate(node.inputs):
@@ -166,6 +174,12 @@ def _is_float(t: gs.Tensor) -> bool:
     import numpy as np
 
     return t.dtype is not None and np.issubdtype(np.dtype(t.dtype), np.floating)
+
+
+def _conv_is_quantized(add: gs.Node, skip: int, annotations: Annotations) -> bool:
+    """The Conv feeding the other input of a residual Add is quantized (else there is nothing to fuse into)."""
+    conv = add.inputs[1 - skip].inputs[0]
+    return len(conv.inputs) > 1 and conv.inputs[1].name in annotations.weights
 
 
 def _quantized_in(node: gs.Node, annotations: Annotations) -> bool:
@@ -199,7 +213,33 @@ def _annotate_input(node: gs.Node, index: int, annotations: Annotations, result:
         spec.sites.append(site)
 
 
-def _annotate_weighted(node: gs.Node, annotations: Annotations, result: Placement, wanted) -> None:
+def _too_small(node: gs.Node, weight: gs.Tensor) -> str | None:
+    """Why ``node`` is too small for TensorRT's int8 kernels to be worth its Q/DQ, or None."""
+    shape = weight.shape
+    if shape is None or not all(isinstance(d, int) for d in shape):
+        return None
+    hint = "stays in float; --include-ops forces it"
+    if node.op in ("Conv", "ConvTranspose") and len(shape) >= 3:
+        c_out, c_in = (shape[0], shape[1]) if node.op == "Conv" else (shape[1], shape[0])
+        group = int(node.attrs.get("group", 1))
+        if group > 1:
+            return None if c_out % 8 == 0 else f"grouped conv with {c_out} output channels (not a multiple of 8) {hint}"
+        if min(c_in, c_out) >= MIN_CHANNELS:
+            return None
+        stem = any(not t.inputs for t in node.inputs[:1])  # reads a graph input
+        if (c_in % 8 == 0 or c_out % 8 == 0) and (max(c_in, c_out) >= MIN_CHANNELS or stem):
+            return None
+        return f"conv with {c_in} → {c_out} channels is too small for int8 kernels; {hint}"
+    if node.op in ("MatMul", "Gemm") and len(shape) >= 2:
+        k, n = shape[-2], shape[-1]
+        if node.op == "Gemm" and node.attrs.get("transB", 0):
+            k, n = n, k
+        if min(k, n) < MIN_CHANNELS:
+            return f"{node.op} with K={k}, N={n} is too small for int8 kernels; {hint}"
+    return None
+
+
+def _annotate_weighted(node: gs.Node, annotations: Annotations, result: Placement, wanted, include) -> None:
     w_index = WEIGHTED[node.op]
     if len(node.inputs) <= w_index:
         return
@@ -213,6 +253,10 @@ def _annotate_weighted(node: gs.Node, annotations: Annotations, result: Placemen
             result.left_in_float.append(LeftInFloat(node.inputs[0].name, node.name, why))
         return
     if node.op == "Gemm" and node.attrs.get("transA", 0):
+        return
+    small = _too_small(node, weight)
+    if small and not (include is not None and include.fullmatch(node.op)):
+        result.left_in_float.append(LeftInFloat(node.inputs[0].name, node.name, small))
         return
     if not _is_float(node.inputs[0]) and node.inputs[0].dtype is not None:
         return

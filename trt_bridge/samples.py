@@ -38,13 +38,14 @@ def conv_net(seed: int = 0, channels: tuple[int, int] = (16, 32), classes: int =
         _init("fc.bias", rng.normal(0, 0.1, classes).astype(np.float32)),
     ]
     nodes = [
-        helper.make_node("Conv", ["x", "conv1.weight", "conv1.bias"], ["c1"], "conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Conv", ["x", "conv1.weight", "conv1.bias"], ["c1"], "conv1", pads=[1, 1, 1, 1],
+                         kernel_shape=[3, 3]),  # exporters (PyTorch, paddle2onnx) always write kernel_shape
         helper.make_node("Relu", ["c1"], ["r1"], "relu1"),
         helper.make_node("Conv", ["r1", "conv2.weight", "conv2.bias"], ["c2"], "conv2", pads=[1, 1, 1, 1],
-                         strides=[2, 2]),
+                         strides=[2, 2], kernel_shape=[3, 3]),
         helper.make_node("Relu", ["c2"], ["r2"], "relu2"),
         helper.make_node("Conv", ["r2", "conv3.weight", "conv3.bias"], ["c3"], "conv3", pads=[1, 1, 1, 1],
-                         group=4),
+                         group=4, kernel_shape=[3, 3]),
         helper.make_node("Relu", ["c3"], ["r3"], "relu3"),
         helper.make_node("GlobalAveragePool", ["r3"], ["gap"], "gap"),
         helper.make_node("Flatten", ["gap"], ["flat"], "flatten"),
