@@ -28,6 +28,7 @@ from onnxruntime.quantization import QuantFormat, QuantType
 from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.lift.qdq_pair import covering_scale
+from trt_bridge.placement import PlacementPolicy
 from trt_bridge.runtime import session
 
 FLOAT_OPS = {"Conv", "Clip", "MaxPool", "Add", "LeakyRelu", "Concat", "Sigmoid", "Mul", "AveragePool",
@@ -173,3 +174,125 @@ def test_asymmetric_model_scales_are_recentred_to_full_resolution(tmp_path):
     assert snr_centred > snr_plain + 1.0, (snr_plain, snr_centred)
     assert snr_centred >= snr_db(reference, _outputs(qpath, held_out, simulate=False)) - 1.0
     assert_tensorrt_ready(centred)
+
+
+@pytest.mark.parametrize("fmt", [QuantFormat.QOperator, QuantFormat.QDQ], ids=["qoperator", "qdq"])
+def test_intermediate_graph_output_keeps_per_channel_downstream(tmp_path, fmt):
+    """A quantized tensor that is also a graph output (here r1) must stay a float output with its name,
+    and the convs downstream keep their per-channel int8 weights."""
+    model = samples.conv_net()
+    r1 = next(v for v in onnx.shape_inference.infer_shapes(model).graph.value_info if v.name == "r1")
+    model.graph.output.append(r1)
+    fpath = save(model, tmp_path / "float.onnx")
+    calib = [{"x": f} for f in samples.image_feeds(16, 1)]
+    qpath = quantize_static(fpath, tmp_path / "static.onnx", calib, quant_format=fmt, per_channel=True,
+                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    out = tmp_path / "converted.onnx"
+    report = convert(qpath, out, ConvertOptions(progress=False))
+    converted = assert_qdq_contract(out)
+    assert [o.name for o in converted.graph.output] == ["logits", "r1"]
+    weights = {q["tensor"]: q for q in report.quantized if q["kind"] == "weight"}
+    assert sum(1 for w in weights.values() if w["axis"] == 0 and isinstance(w["scale"], list)) == 3
+    held_out = [{"x": f} for f in samples.image_feeds(8, 2)]
+    reference = session(fpath).run(None, held_out[0])
+    got = session(out).run(None, held_out[0])
+    assert [g.shape for g in got] == [r.shape for r in reference]
+    assert snr_db([reference[1]], [got[1]]) > 30  # the intermediate output itself
+    assert_tensorrt_ready(out)
+
+
+#  x[1,16,8,8] ─ ConvTranspose(W[16,16,2,2], stride 2) ─ Relu ─ Conv1x1 ─ y[1,16,16,16]
+@pytest.mark.parametrize("per_channel", [False, True], ids=["per-tensor", "per-channel"])
+def test_conv_transpose_weight_is_per_channel_on_axis_1(tmp_path, per_channel):
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("ConvTranspose", ["x", "W", "b"], ["c"], "deconv", strides=[2, 2], kernel_shape=[2, 2]),
+         helper.make_node("Relu", ["c"], ["r"], "relu"),
+         helper.make_node("Conv", ["r", "W2"], ["y"], "conv", kernel_shape=[1, 1])], "deconv_net",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 16, 16])],
+        [_init(rng, "W", (16, 16, 2, 2), 0.2), _init(rng, "b", (16,), 0.1), _init(rng, "W2", (16, 16, 1, 1), 0.2)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    fpath = save(model, tmp_path / "float.onnx")
+    calib = [{"x": rng.standard_normal((1, 16, 8, 8)).astype(np.float32)} for _ in range(16)]
+    qpath = quantize_static(fpath, tmp_path / "qdq.onnx", calib, quant_format=QuantFormat.QDQ, per_channel=per_channel,
+                            weight_type=QuantType.QInt8)
+    out = tmp_path / "converted.onnx"
+    report = convert(qpath, out, ConvertOptions(progress=False))
+    assert_qdq_contract(out)
+    weights = {q["tensor"].split("_")[0]: q for q in report.quantized if q["kind"] == "weight"}
+    assert set(weights) == {"W", "W2"}
+    if per_channel:
+        assert weights["W"]["axis"] == 1 and len(weights["W"]["scale"]) == 16  # ConvTranspose: [C_in, C_out, k, k]
+        assert weights["W2"]["axis"] == 0
+    held_out = [{"x": rng.standard_normal((1, 16, 8, 8)).astype(np.float32)} for _ in range(8)]
+    reference = run_ort(fpath, held_out)
+    assert snr_db(reference, run_ort(out, held_out)) >= snr_db(reference, _outputs(qpath, held_out, False)) - 1.0
+    assert_tensorrt_ready(out)
+
+
+def _qlinear_unary_model(op: str, attrs: dict, out_shape: list[int], extra_inputs=()):
+    """x ─ Q(s, z) ─ com.microsoft ``op`` (x, s, z, [extras], y_s, y_z) ─ DQ ─ y, all uint8."""
+    ms = helper.make_node
+    nodes = [ms("QuantizeLinear", ["x", "s", "z"], ["x_q"], "q"),
+             ms(op, ["x_q", "s", "z", "ys", "yz"], ["y_q"], "qop", domain="com.microsoft", **attrs),
+             ms("DequantizeLinear", ["y_q", "ys", "yz"], ["y"], "dq")]
+    inits = [numpy_helper.from_array(np.array(0.02, np.float32), "s"), numpy_helper.from_array(np.array(128, np.uint8), "z"),
+             numpy_helper.from_array(np.array(0.02, np.float32), "ys"),  # codes cover [-2, 3.1]
+             numpy_helper.from_array(np.array(100, np.uint8), "yz")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    return model
+
+
+@pytest.mark.parametrize("op, attrs, out_shape", [
+    ("QLinearSigmoid", {}, [2, 8, 6]),
+    ("QLinearLeakyRelu", {"alpha": 0.2}, [2, 8, 6]),
+    ("QLinearSoftmax", {"axis": -1, "opset": 13}, [2, 8, 6]),
+])
+def test_qlinear_unary_ops_are_exact(tmp_path, op, attrs, out_shape):
+    """Each com.microsoft unary QLinear op becomes its float op between DQ and Q: the lifted model
+    computes what onnxruntime's integer kernel computes, up to its rounding (within one output step)."""
+    src = save(_qlinear_unary_model(op, attrs, out_shape), tmp_path / "src.onnx")
+    out = tmp_path / "out.onnx"
+    report = convert(src, out, ConvertOptions(progress=False, placement=PlacementPolicy.PRESERVE))
+    assert [r.rule for r in report.rules][:1] == ["qoperator"]
+    assert_qdq_contract(out)
+    rng = np.random.default_rng(0)
+    feeds = [{"x": (rng.standard_normal((2, 8, 6)) * 0.8).astype(np.float32)} for _ in range(4)]
+    source = _outputs(src, feeds, simulate=False)
+    got = run_ort(out, feeds)
+    step = 0.02 * 255 / 127  # the converted output's symmetric int8 step (where it is quantized)
+    assert max(float(np.abs(a - b).max()) for a, b in zip(source, got)) <= 1.5 * step
+    assert_tensorrt_ready(out)
+
+
+#  c:bool, x ─ Q ─┐, w ─ Q ─┐ ─ com.microsoft QLinearWhere ─ DQ ─ y
+def test_qlinear_where(tmp_path):
+    ms = helper.make_node
+    nodes = [ms("QuantizeLinear", ["x", "s", "z"], ["x_q"], "qx"), ms("QuantizeLinear", ["w", "s", "z"], ["w_q"], "qw"),
+             ms("QLinearWhere", ["c", "x_q", "s", "z", "w_q", "s", "z", "s", "z"], ["y_q"], "where",
+                domain="com.microsoft"),
+             ms("DequantizeLinear", ["y_q", "s", "z"], ["y"], "dq")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("c", TensorProto.BOOL, [4, 8]),
+                                           helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 8]),
+                                           helper.make_tensor_value_info("w", TensorProto.FLOAT, [4, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
+                              [numpy_helper.from_array(np.array(0.02, np.float32), "s"),
+                               numpy_helper.from_array(np.array(128, np.uint8), "z")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model.ir_version = 8
+    src = save(model, tmp_path / "where.onnx")
+    out = tmp_path / "out.onnx"
+    report = convert(src, out, ConvertOptions(progress=False, placement=PlacementPolicy.PRESERVE))
+    assert report.rules[0].rule == "qoperator" and "Where" in op_types(out)
+    assert_qdq_contract(out)
+    rng = np.random.default_rng(0)
+    feeds = [{"c": rng.random((4, 8)) > 0.5, "x": rng.standard_normal((4, 8)).astype(np.float32),
+              "w": rng.standard_normal((4, 8)).astype(np.float32)} for _ in range(4)]
+    step = 0.02 * 128 / 127
+    assert max(float(np.abs(a - b).max()) for a, b in zip(_outputs(src, feeds, False), run_ort(out, feeds))) <= step
+    assert_tensorrt_ready(out)

@@ -14,7 +14,7 @@ activation annotations::
 The same holds for QLinearMatMul, com.microsoft QGemm (float or quantized output,
 int32 C at scale alpha·a_s·b_s), QLinearAdd/Mul, QLinearConcat, QLinearSigmoid,
 QLinearLeakyRelu, QLinearSoftmax, QLinearGlobalAveragePool, QLinearAveragePool,
-QLinearWhere and QLinearReduceMean. ``TABLE`` lists each op's quantized inputs
+and QLinearWhere. ``TABLE`` lists each op's quantized inputs
 (data, scale, zero point), its other inputs and its float op.
 """
 
@@ -59,7 +59,6 @@ TABLE: dict[tuple[str, str], QOp] = {
                                       "strides")),
     (_MS, "QLinearConcat"): QOp("Concat", (), (0, 1), ("axis",), variadic=True),
     (_MS, "QLinearWhere"): QOp("Where", (("f", 0), ("q", 1, 2, 3), ("q", 4, 5, 6)), (7, 8)),
-    (_MS, "QLinearReduceMean"): QOp("ReduceMean", (("q", 0, 1, 2),), (3, 4), ("axes", "keepdims")),
 }
 
 
