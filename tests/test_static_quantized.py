@@ -82,6 +82,7 @@ def _outputs(path, feeds, simulate=True):
     return [sess.run(None, f)[0] for f in feeds]
 
 
+MS_OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
 VARIANTS = [
     pytest.param(QuantFormat.QOperator, False, QuantType.QUInt8, QuantType.QUInt8, False, id="qop-u8-per-tensor"),
     pytest.param(QuantFormat.QOperator, True, QuantType.QUInt8, QuantType.QInt8, False, id="qop-u8-per-channel"),
@@ -238,12 +239,13 @@ def _qlinear_unary_model(op: str, attrs: dict, out_shape: list[int], extra_input
     nodes = [ms("QuantizeLinear", ["x", "s", "z"], ["x_q"], "q"),
              ms(op, ["x_q", "s", "z", "ys", "yz"], ["y_q"], "qop", domain="com.microsoft", **attrs),
              ms("DequantizeLinear", ["y_q", "ys", "yz"], ["y"], "dq")]
-    inits = [numpy_helper.from_array(np.array(0.02, np.float32), "s"), numpy_helper.from_array(np.array(128, np.uint8), "z"),
+    inits = [numpy_helper.from_array(np.array(0.02, np.float32), "s"),
+             numpy_helper.from_array(np.array(128, np.uint8), "z"),
              numpy_helper.from_array(np.array(0.02, np.float32), "ys"),  # codes cover [-2, 3.1]
              numpy_helper.from_array(np.array(100, np.uint8), "yz")]
     graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8, 6])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=MS_OPSETS)
     model.ir_version = 8
     return model
 
@@ -283,7 +285,7 @@ def test_qlinear_where(tmp_path):
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 8])],
                               [numpy_helper.from_array(np.array(0.02, np.float32), "s"),
                                numpy_helper.from_array(np.array(128, np.uint8), "z")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)])
+    model = helper.make_model(graph, opset_imports=MS_OPSETS)
     model.ir_version = 8
     src = save(model, tmp_path / "where.onnx")
     out = tmp_path / "out.onnx"
