@@ -1,4 +1,5 @@
-"""Every `$ trt-bridge ...` example in README.md runs, on a dynamically quantized sample model."""
+"""Every `$ trt-bridge ...` example in README.md runs, on sample models: model.onnx (quantize_dynamic),
+qoperator.onnx and qdq.onnx (quantize_static), float.onnx."""
 
 from __future__ import annotations
 
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import quantize_dynamic, save
+from helpers import quantize_dynamic, quantize_static, save
+from onnxruntime.quantization import QuantFormat
 
 from trt_bridge import samples
 
@@ -38,6 +40,8 @@ def workdir(tmp_path):
     for i, feed in enumerate(feeds):
         np.savez(tmp_path / "feeds" / f"{i:03d}.npz", x=feed)
     (tmp_path / "loader.py").write_text(LOADER)
+    for name, fmt in (("qoperator.onnx", QuantFormat.QOperator), ("qdq.onnx", QuantFormat.QDQ)):
+        quantize_static(fpath, tmp_path / name, [{"x": f} for f in feeds], quant_format=fmt)
     return tmp_path
 
 
@@ -55,6 +59,6 @@ def test_readme_example_runs(workdir, command):
     if "--json" in argv:
         assert json.loads(result.stdout)["quantized"]
     else:
-        assert "converted model.onnx -> " in result.stdout
-    if "--report" in argv:
+        assert f"converted {argv[2]} -> " in result.stdout
+    if "--report" in argv and argv[2] == "model.onnx":
         assert json.loads((workdir / "report.json").read_text())["rules"][0]["rule"] == "dynamic-integer-op"
