@@ -20,19 +20,9 @@ from trt_bridge.annotations import ScaleSource, Site, WeightSpec
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
 from trt_bridge.lift.weights import lift_integer_weight
+from trt_bridge.placement import weight_axis
 
 WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
-
-
-def channel_axis(node: gs.Node, rank: int) -> int:
-    """The output-channel axis of ``node``'s weight (rank ``rank``), where TensorRT wants per-channel scales."""
-    if node.op == "Conv":
-        return 0
-    if node.op == "ConvTranspose":
-        return 1
-    if node.op == "Gemm":
-        return 0 if node.attrs.get("transB", 0) else 1
-    return rank - 1  # MatMul [.., K, N]
 
 
 def quantize_like(values: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int) -> np.ndarray:
@@ -96,7 +86,7 @@ class DequantizeConstant:
                     consumer.inputs[index] = ctx.constant(f"{source.name}_float", floats,
                                                           ("dequantized", source.name, node.name))
                     continue
-                site, c_axis = Site(consumer.name, index), channel_axis(consumer, values.ndim)
+                site, c_axis = Site(consumer.name, index), weight_axis(consumer, values.ndim)
                 if scale.ndim == 0 or axis == c_axis:
                     consumer.inputs[index] = lift_integer_weight(ctx, source, values, zp, scale, c_axis, site,
                                                                  node.name)
