@@ -306,15 +306,17 @@ def test_invalid_model_is_named_with_onnx_checker_reason(tmp_path):
     assert str(src) in msg and "not a valid ONNX model" in msg and "ghost" in msg
 
 
-def test_model_whose_types_contradict_its_ops(tmp_path):
-    """Add(float, int64) passes the checker but not shape inference: a load error naming the op."""
-    graph = helper.make_graph([helper.make_node("Add", ["x", "k"], ["y"], "add")], "mixed",
-                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])],
-                              [numpy_helper.from_array(np.array([1, 2], np.int64), "k")])
+def test_model_whose_types_no_cast_can_reconcile(tmp_path):
+    """And(bool, float): no type And accepts holds a float, so convert names the node, the inputs and their types."""
+    graph = helper.make_graph([helper.make_node("And", ["b", "x"], ["y"], "and")], "mixed",
+                              [helper.make_tensor_value_info("b", TensorProto.BOOL, [2]),
+                               helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.BOOL, [2])])
     src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "mixed.onnx")
     msg = error_message(cli("convert", src, "--calib-random", "1"))
-    assert str(src) in msg and "shape inference fails" in msg and "Add" in msg
+    assert msg == (f"trt-bridge convert: error: {src}: And 'and' reads 'b' bool, 'x' float32, and no type that And "
+                   "accepts (bool) holds them all. Fix the exporter (cast the inputs explicitly before this op) and "
+                   "re-export.")
 
 
 @pytest.mark.parametrize("where", ["output-under-a-file", "output-is-a-directory", "report-under-a-file"])

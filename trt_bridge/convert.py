@@ -13,7 +13,7 @@ import onnx
 
 from trt_bridge.annotations import ScaleSource
 from trt_bridge.calibration import CalibMethod, model_inputs, open_feeds
-from trt_bridge.errors import CalibrationDataError, TrtBridgeError, UnsupportedPatternError
+from trt_bridge.errors import CalibrationDataError, InternalError, TrtBridgeError, UnsupportedPatternError
 from trt_bridge.model import (
     MIN_QDQ_OPSET,
     check_writable,
@@ -26,6 +26,7 @@ from trt_bridge.model import (
 )
 from trt_bridge.placement import PlacementOptions, PlacementPolicy, place
 from trt_bridge.report import ConversionReport, FloatLeftover, RuleHits
+from trt_bridge.sanitize.types import Bf16Policy
 
 log = logging.getLogger("trt_bridge.convert")
 
@@ -55,6 +56,8 @@ class ConvertOptions:
     scales: ScalePolicy | None = None  # None: data when calibration data is given, else model
     recenter: bool = True
     smooth: float | None = 0.65  # SmoothQuant alpha for MatMul inputs; None: off
+    bf16: Bf16Policy = Bf16Policy.FP32  # what bfloat16 tensors become (onnxruntime's CPU runs no bfloat16)
+    check: bool = True  # run `trt-bridge check` on the output (with TensorRT's parser when installed)
     progress: bool = True
 
 
@@ -63,7 +66,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     """Convert the model at ``model_path`` and write the TensorRT-ready model to ``output_path``."""
     import onnx_graphsurgeon as gs
 
-    from trt_bridge.lower import lower
+    from trt_bridge.lower import lower, needs_opset
     from trt_bridge.recenter import recenter
 
     model_path, output_path = Path(model_path), Path(output_path)
@@ -74,16 +77,16 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     t0 = time.perf_counter()
     model = load_model(model_path)
     source_opset = default_opset(model)
-    inputs = model_inputs(model)
+    inputs = _feed_types(model_inputs(model), options.bf16)
     # Open (and check) the calibration source before any work, so a bad path fails fast.
     feeds = None
     if options.calib_data is not None or options.calib_random is not None:
-        feeds = open_feeds(options.calib_data, options.calib_random, inputs)
+        feeds = open_feeds(options.calib_data, options.calib_random, inputs, model=model)
         feeds.check()
     seconds["load"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    lifted, ctx = lift_model(model, model_path)
+    lifted, ctx = lift_model(model, model_path, options.bf16)
     del model
     graph = gs.import_onnx(lifted)  # keeps referring to lifted's weights: no copy
     scales = options.scales or (ScalePolicy.DATA if options.calib_data is not None else ScalePolicy.MODEL)
@@ -124,7 +127,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
 
     t0 = time.perf_counter()
     quantized = lower(graph, ctx.annotations)
-    out_model = _finalize(gs.export_onnx(graph), default_opset(lifted), check=True)
+    out_model = _finalize(gs.export_onnx(graph), default_opset(lifted), check=True, min_opset=needs_opset(quantized))
     del graph, lifted
     seconds["lower"] = time.perf_counter() - t0
 
@@ -143,30 +146,70 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         + [FloatLeftover(d.node, d.op, d.reason) for d in ctx.declined],
         calibration=calibration, seconds=seconds, recentered=[asdict(r) for r in recentered],
         smoothed=[asdict(x) for x in smoothed], placement=options.placement.value, scales=scales.value,
+        sanitized=[asdict(c) for c in ctx.prepared],
     )
+    if options.check:
+        from trt_bridge.checks import CheckOptions, check_model
+
+        t0 = time.perf_counter()
+        checked = check_model(written, CheckOptions())
+        report.check = {**checked.to_dict(), "headline": checked.headline()}
+        report.remaining_blockers = [f"{f.op} '{f.node}': {f.why}" for f in checked.blockers]
+        seconds["check"] = time.perf_counter() - t0
     return report
 
 
-def lift_model(model: onnx.ModelProto, where: str | Path = "model"):
+def prepare(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Policy = Bf16Policy.FP32) -> list:
+    """Make ``model``'s types agree with its ops (in place): bfloat16 per ``bf16``, then a Cast wherever
+    a node's inputs contradict its schema. Returns the changes (``sanitize.Change``)."""
+    from trt_bridge.sanitize.types import agree_types, convert_bf16
+
+    _name_nodes(model)
+    return convert_bf16(model, bf16) + agree_types(model, str(where))
+
+
+@dataclass
+class Lifting:
+    """What lifting a model found (see :func:`lift_graph`)."""
+
+    graph: object  # gs.Graph, lifted in place
+    ctx: object  # lift.LiftContext
+    changes: list  # sanitize.Change: types, bfloat16, Dropout, Identity, Cast chains
+    blockers: list  # (gs.Node, where): nodes TensorRT cannot import that no rule lifted
+
+
+def lift_graph(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Policy = Bf16Policy.FP32) -> Lifting:
+    """Prepare, sanitize, fold constants and lift ``model`` (consumed); report what is left."""
+    import onnx_graphsurgeon as gs
+
+    from trt_bridge.lift import leftover_blockers, lift
+    from trt_bridge.sanitize import sanitize
+
+    changes = prepare(model, where, bf16)
+    if changes:  # the casts' outputs need types and shapes for the passes below
+        model = infer_shapes(model)
+    graph = gs.import_onnx(model)
+    changes += sanitize(graph)
+    graph.fold_constants(should_exclude_node=lambda n: n.op in _NO_FOLD).cleanup()
+    ctx = lift(graph)
+    return Lifting(graph, ctx, changes, leftover_blockers(graph))
+
+
+def lift_model(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Policy = Bf16Policy.FP32):
     """Lift ``model`` (consumed) to the canonical form: ``(float ModelProto, LiftContext)``.
 
     The float model computes exactly what the source meant, with the source's own
     (dequantized) weights; raises UnsupportedPatternError if anything TensorRT
-    cannot import is left.
+    cannot import is left. ``ctx.prepared`` lists the sanitizing changes.
     """
     import onnx_graphsurgeon as gs
 
-    from trt_bridge.lift import leftover_blockers, lift
-
     source_opset = default_opset(model)
-    _name_nodes(model)
-    graph = gs.import_onnx(model)
-    graph.fold_constants(should_exclude_node=lambda n: n.op in _NO_FOLD).cleanup()
-    ctx = lift(graph)
-    blockers = leftover_blockers(graph)
-    if blockers:
-        raise UnsupportedPatternError(_blocker_message(where, blockers, ctx.declined))
-    return _finalize(gs.export_onnx(graph), source_opset), ctx
+    lifting = lift_graph(model, where, bf16)
+    if lifting.blockers:
+        raise UnsupportedPatternError(_blocker_message(where, lifting.blockers, lifting.ctx.declined))
+    lifting.ctx.prepared = lifting.changes
+    return _finalize(gs.export_onnx(lifting.graph), source_opset), lifting.ctx
 
 
 def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, options: ConvertOptions):
@@ -198,6 +241,16 @@ def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, op
     return finish(observers, count, time.perf_counter() - start, options.calib_method), smoothed
 
 
+def _feed_types(inputs, bf16: Bf16Policy):
+    """The input types feeds must have once bfloat16 inputs are rewritten (``--bf16 fp32|fp16``)."""
+    from dataclasses import replace
+
+    if bf16 is Bf16Policy.KEEP:
+        return inputs
+    target = np.dtype(np.float32 if bf16 is Bf16Policy.FP32 else np.float16)
+    return [replace(i, dtype=target) if i.dtype.name == "bfloat16" else i for i in inputs]
+
+
 def _share_scales(annotations, groups: list[list[str]]) -> None:
     """Give each group (a Concat's inputs and output) one scale, the largest, so none clips."""
     for group in groups:
@@ -219,21 +272,24 @@ def _name_nodes(model: onnx.ModelProto) -> None:
         seen.add(name)
 
 
-def _finalize(model: onnx.ModelProto, opset: int, check: bool = False) -> onnx.ModelProto:
-    """Drop unused opset imports, upgrade to opset ≥ 13, infer shapes; check when asked."""
+def _finalize(model: onnx.ModelProto, opset: int, check: bool = False, min_opset: int = MIN_QDQ_OPSET
+              ) -> onnx.ModelProto:
+    """Drop unused opset imports, upgrade to opset ≥ ``min_opset``, infer shapes; check when asked."""
     used = {n.domain for n in model.graph.node}
     keep = [imp for imp in model.opset_import if imp.domain in ("", "ai.onnx") or imp.domain in used]
     del model.opset_import[:]
     model.opset_import.extend(keep)
-    if opset < MIN_QDQ_OPSET:
+    if opset < min_opset:
         from onnx import version_converter
 
+        why = "float16 QuantizeLinear/DequantizeLinear" if min_opset > MIN_QDQ_OPSET else \
+            "per-channel DequantizeLinear"
         try:
-            model = version_converter.convert_version(model, MIN_QDQ_OPSET)
+            model = version_converter.convert_version(model, min_opset)
         except Exception as exc:
             raise UnsupportedPatternError(
-                f"cannot upgrade the model from opset {opset} to {MIN_QDQ_OPSET} (needed for per-channel "
-                f"DequantizeLinear): {exc}. Re-export the model at opset {MIN_QDQ_OPSET} or newer."
+                f"cannot upgrade the model from opset {opset} to {min_opset} (needed for {why}): {exc}. "
+                f"Re-export the model at opset {min_opset} or newer."
             ) from exc
     if model.ir_version < 7:
         model.ir_version = 7
@@ -241,9 +297,13 @@ def _finalize(model: onnx.ModelProto, opset: int, check: bool = False) -> onnx.M
     del model.graph.value_info[:]
     if is_large(model):
         return model  # protobuf cannot hold it for in-memory checks; checked from disk after saving
-    model = infer_shapes(model, strict=check)
-    if check:
-        onnx.checker.check_model(model, full_check=True)
+    try:
+        model = infer_shapes(model, strict=check)
+        if check:
+            onnx.checker.check_model(model, full_check=True)
+    except Exception as exc:  # the output contract failed: a trt-bridge bug, not the user's
+        raise InternalError(f"the converted model fails ONNX's strict checks: {str(exc).strip()}. "
+                            "Please report this with the input model.") from exc
     return model
 
 

@@ -10,8 +10,10 @@ After::
     x ─ QuantizeLinear(s_x, 0:int8) ─ DequantizeLinear(s_x, 0) ─┐
     W_q:int8 ─ DequantizeLinear(s_w[per channel], 0, axis=a) ─ MatMul|Conv ─ y
 
-Symmetric int8 only (zero point 0), float32 scales as initializers, per-tensor
-activations, weights per tensor or per output channel. Rounding is half to even.
+Symmetric int8 only (zero point 0), scales as initializers of the quantized tensor's own
+float type (float32; float16 in a float16 model, which needs opset 19: see
+:func:`needs_opset`), per-tensor activations, weights per tensor or per output channel.
+Rounding is half to even.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations, ScaleSource, WeightSpec
 from trt_bridge.calibration.observers import QMAX
-from trt_bridge.errors import InternalError
+from trt_bridge.errors import InternalError, UnsupportedPatternError
 from trt_bridge.lift.base import NameAllocator
 
 
@@ -35,6 +37,7 @@ class QuantizedTensor:
     axis: int | None
     source: str
     consumers: tuple[str, ...]
+    dtype: str = "float32"  # the float type of the tensor and its scale
 
 
 def quantize_weight(values: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
@@ -48,6 +51,28 @@ def quantize_weight(values: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarr
     return q, scale.astype(np.float32)
 
 
+#: QuantizeLinear/DequantizeLinear take float16 (and bfloat16) values and scales from opset 19
+FP16_QDQ_OPSET = 19
+
+
+def _float_type(tensor: gs.Tensor, what: str):
+    """The numpy float type of a tensor to quantize (float32 when unknown)."""
+    dtype = tensor.dtype  # a Constant's type comes from its TensorProto header: the values are not loaded
+    if dtype is None:
+        return np.float32
+    if isinstance(dtype, int):  # an ONNX type numpy lacks: bfloat16
+        raise UnsupportedPatternError(
+            f"{what} '{tensor.name}' is bfloat16, which trt-bridge does not quantize: convert with --bf16 fp32 "
+            "(the default) or --bf16 fp16.")
+    dtype = np.dtype(dtype)
+    return dtype.type if dtype in (np.float16, np.float32) else np.float32
+
+
+def needs_opset(quantized: list[QuantizedTensor]) -> int:
+    """The opset the lowered Q/DQ need: 19 when a scale is float16, else 13."""
+    return FP16_QDQ_OPSET if any(q.dtype == "float16" for q in quantized) else 13
+
+
 def lower(graph: gs.Graph, annotations: Annotations) -> list[QuantizedTensor]:
     """Insert Q/DQ for every placed annotation (in place); return what was quantized."""
     names = NameAllocator(graph)
@@ -57,8 +82,10 @@ def lower(graph: gs.Graph, annotations: Annotations) -> list[QuantizedTensor]:
 
     for name in sorted(annotations.weights):
         spec = annotations.weights[name]
+        ftype = _float_type(tensors[name], "weight")
         q, scale = _weight_values(spec, tensors[name])
-        dq_out = gs.Variable(names(f"{name}_dequantized"), dtype=np.float32, shape=list(q.shape))
+        scale = scale.astype(ftype)
+        dq_out = gs.Variable(names(f"{name}_dequantized"), dtype=ftype, shape=list(q.shape))
         zero = np.zeros(scale.shape, np.int8)
         attrs = {"axis": spec.axis} if scale.ndim == 1 else {}
         graph.nodes.append(gs.Node(
@@ -67,23 +94,25 @@ def lower(graph: gs.Graph, annotations: Annotations) -> list[QuantizedTensor]:
              gs.Constant(names(f"{name}_zero_point"), zero)], [dq_out]))
         _rewire(nodes, spec.sites, name, dq_out)
         done.append(QuantizedTensor(name, "weight", _scale_out(scale), spec.axis if scale.ndim else None,
-                                    spec.source.value, tuple(s.node for s in spec.sites)))
+                                    spec.source.value, tuple(s.node for s in spec.sites), np.dtype(ftype).name))
 
     for name in sorted(annotations.activations):
         spec = annotations.activations[name]
         if spec.scale is None:
             raise InternalError(f"activation '{name}' reached lowering without a scale")
-        scale = gs.Constant(names(f"{name}_scale"), np.array(spec.scale, np.float32))
+        ftype = _float_type(tensors[name], "activation")
+        scale = gs.Constant(names(f"{name}_scale"), np.array(spec.scale, ftype))
         zero = gs.Constant(names(f"{name}_zero_point"), np.array(0, np.int8))
         q_out = gs.Variable(names(f"{name}_quantized"), dtype=np.int8)
-        dq_out = gs.Variable(names(f"{name}_dequantized"), dtype=np.float32)
+        dq_out = gs.Variable(names(f"{name}_dequantized"), dtype=ftype)
         graph.nodes.append(gs.Node("QuantizeLinear", names(f"{name}_QuantizeLinear"), {},
                                    [tensors[name], scale, zero], [q_out]))
         graph.nodes.append(gs.Node("DequantizeLinear", names(f"{name}_DequantizeLinear"), {},
                                    [q_out, scale, zero], [dq_out]))
         _rewire(nodes, spec.sites, name, dq_out)
-        done.append(QuantizedTensor(name, "activation", float(np.float32(spec.scale)), None,
-                                    spec.source.value if spec.source else "", tuple(s.node for s in spec.sites)))
+        done.append(QuantizedTensor(name, "activation", float(ftype(spec.scale)), None,
+                                    spec.source.value if spec.source else "", tuple(s.node for s in spec.sites),
+                                    np.dtype(ftype).name))
     graph.cleanup().toposort()
     return done
 

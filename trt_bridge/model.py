@@ -104,12 +104,13 @@ def _payload_bytes(model: onnx.ModelProto) -> int:
 def infer_shapes(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelProto:
     """``onnx.shape_inference.infer_shapes`` without shipping the weights to C++ and back.
 
-    Shape inference needs the weights' shapes, not their values (except small ones,
+    ``strict``: any inconsistency (types that contradict an op, shapes that do not broadcast) raises;
+    otherwise inference is best effort. Shape inference needs the weights' shapes, not their values (except small ones,
     such as Reshape targets, which data propagation reads): it runs on a skeleton
     whose large initializers are graph inputs of the same type and shape, and the
     inferred value_info is copied back.
     """
-    inferred = onnx.shape_inference.infer_shapes(_skeleton(model), check_type=True, strict_mode=strict,
+    inferred = onnx.shape_inference.infer_shapes(_skeleton(model), check_type=strict, strict_mode=strict,
                                                  data_prop=True)
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)

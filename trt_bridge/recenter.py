@@ -128,8 +128,10 @@ def _compensable(node: gs.Node, index: int, annotations: Annotations, x: gs.Tens
 
 def _apply(graph, names, annotations, tensors, spec: ActivationSpec, sites, center: np.float32, amax: float):
     x = tensors[spec.tensor]
-    shifted = gs.Variable(names(f"{spec.tensor}_centered"), dtype=np.float32, shape=x.shape)
-    center_const = gs.Constant(names(f"{spec.tensor}_center"), np.array(center, np.float32))
+    ftype = np.float16 if x.dtype is not None and not isinstance(x.dtype, int) and np.dtype(x.dtype) == np.float16 \
+        else np.float32  # a float16 model's compensation constants are float16
+    shifted = gs.Variable(names(f"{spec.tensor}_centered"), dtype=ftype, shape=x.shape)
+    center_const = gs.Constant(names(f"{spec.tensor}_center"), np.array(center, ftype))
     graph.nodes.append(gs.Node("Sub", names(f"{spec.tensor}_recenter"), {}, [x, center_const], [shifted]))
     del annotations.activations[spec.tensor]
     plain_sites = []
@@ -140,11 +142,11 @@ def _apply(graph, names, annotations, tensors, spec: ActivationSpec, sites, cent
             plain_sites.append(Site(node.name, index))
             node.inputs[index] = shifted
             # batched weights [..., K, N] keep the row axis so the sum broadcasts over each batch's rows
-            _add_after(graph, names, node, (float(center) * w.sum(axis=-2, keepdims=w.ndim > 2)).astype(np.float32))
+            _add_after(graph, names, node, (float(center) * w.sum(axis=-2, keepdims=w.ndim > 2)).astype(ftype))
             continue
         comp = float(center) * w.reshape(w.shape[0], -1).sum(axis=1)
         bias = np.asarray(node.inputs[2].values, np.float64) if len(node.inputs) > 2 else 0.0
-        new_bias = gs.Constant(names(f"{node.name}_bias_recentered"), (bias + comp).astype(np.float32))
+        new_bias = gs.Constant(names(f"{node.name}_bias_recentered"), (bias + comp).astype(ftype))
         if len(node.inputs) > 2:
             node.inputs[2] = new_bias
         else:
@@ -156,12 +158,12 @@ def _apply(graph, names, annotations, tensors, spec: ActivationSpec, sites, cent
             continue
         # Padding of x with 0 is padding of x − c with −c: make it explicit, before the Q.
         half = len(pads) // 2
-        padded = gs.Variable(names(f"{spec.tensor}_padded"), dtype=np.float32)
+        padded = gs.Variable(names(f"{spec.tensor}_padded"), dtype=ftype)
         pad_values = np.array([0, 0, *pads[:half], 0, 0, *pads[half:]], np.int64)
         graph.nodes.append(gs.Node(
             "Pad", names(f"{node.name}_pad"), {"mode": "constant"},
             [shifted, gs.Constant(names(f"{node.name}_pads"), pad_values),
-             gs.Constant(names(f"{node.name}_pad_value"), np.array(-center, np.float32))], [padded]))
+             gs.Constant(names(f"{node.name}_pad_value"), np.array(-center, ftype))], [padded]))
         node.attrs["pads"] = [0] * len(pads)
         node.attrs.pop("auto_pad", None)
         node.inputs[index] = padded

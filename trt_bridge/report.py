@@ -35,6 +35,8 @@ class ConversionReport:
     smoothed: list[dict] = field(default_factory=list)  # smooth.Smoothed as dicts
     placement: str = "tensorrt"
     scales: str = "model"  # where the source model's activation scales were taken from (model | data)
+    sanitized: list[dict] = field(default_factory=list)  # sanitize.Change as dicts: casts, Dropout, Identity, ...
+    check: dict | None = None  # checks.CheckReport of the output model, as a dict (None: not run)
 
     def __bool__(self) -> bool:
         return not self.remaining_blockers
@@ -68,7 +70,16 @@ class ConversionReport:
         if self.recentered:
             lines.append(f"  re-centred {len(self.recentered)} one-sided activation(s) "
                          "so symmetric int8 keeps all 8 bits")
+        if self.sanitized:
+            kinds: dict[str, int] = {}
+            for change in self.sanitized:
+                kinds[change["pass_name"]] = kinds.get(change["pass_name"], 0) + 1
+            lines.append("  sanitized: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
         if self.left_in_float:
             lines.append(f"  left in float: {len(self.left_in_float)} edge(s) (see the JSON report)")
+        if self.check is not None:
+            lines.append(f"  check: {self.check['headline']}")
+            for finding in self.check["findings"]:
+                lines.append(f"    [{finding['rule']}] {finding['op']} '{finding['node']}': {finding['why']}")
         lines.append(f"  total {sum(self.seconds.values()):.2f} s")
         return "\n".join(lines)

@@ -116,12 +116,13 @@ def smooth(graph: gs.Graph, annotations: Annotations, channel_max: dict[str, np.
         if ln is None:
             continue
         gamma, beta = ln.inputs[1], ln.inputs[2] if len(ln.inputs) > 2 else None
-        ln.inputs[1] = gs.Constant(names(f"{gamma.name}_smoothed"), (gamma.values / s).astype(np.float32))
+        ftype = gamma.values.dtype  # float16 models keep float16 parameters
+        ln.inputs[1] = gs.Constant(names(f"{gamma.name}_smoothed"), (gamma.values / s).astype(ftype))
         if beta is not None:
-            ln.inputs[2] = gs.Constant(names(f"{beta.name}_smoothed"), (beta.values / s).astype(np.float32))
+            ln.inputs[2] = gs.Constant(names(f"{beta.name}_smoothed"), (beta.values / s).astype(ftype))
         for node, w in zip(sites, weights, strict=True):
             old = node.inputs[1]
-            new = gs.Constant(names(f"{old.name}_smoothed"), (w * s[:, None]).astype(np.float32))
+            new = gs.Constant(names(f"{old.name}_smoothed"), (w * s[:, None]).astype(ftype))
             old_spec = annotations.weights[old.name]
             old_spec.sites = [st for st in old_spec.sites if st.node != node.name]
             if not old_spec.sites:

@@ -12,7 +12,11 @@ Sources (all yield ``{input name: array}`` one feed at a time):
 
 Every feed is checked (names, dtype, rank, fixed dims) before it reaches
 onnxruntime, so a mismatch is reported with the input's name and both shapes
-instead of as a broadcast error deep inside the graph.
+instead of as a broadcast error deep inside the graph. Given the model
+(``open_feeds(..., model=...)``), each distinct set of feed shapes is also checked
+against what shape inference implies for every broadcasting node
+(:mod:`trt_bridge.shapes`): a feed whose shapes make a node's inputs impossible
+to broadcast is reported with the input, the node and both shapes.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import numpy as np
 import onnx
 
 from trt_bridge.errors import CalibrationDataError
+from trt_bridge.shapes import BroadcastChecker, BroadcastConflict
 
 log = logging.getLogger("trt_bridge.calibration")
 
@@ -129,9 +134,23 @@ class FeedSource:
 
     description = "feeds"
     total: int | None = None
+    #: Checks the feeds' shapes against the model's broadcasting nodes (see :meth:`check_broadcasts`).
+    broadcasts: BroadcastChecker | None = None
+    #: At most this many distinct sets of feed shapes are checked (one shape inference each).
+    max_shape_checks = 16
 
     def __init__(self, inputs: list[InputSpec]):
         self.inputs = inputs
+        self._shape_sets: set[tuple] = set()
+
+    def check_broadcasts(self, model: onnx.ModelProto) -> FeedSource:
+        """Also check each distinct set of feed shapes against ``model``'s broadcasting nodes.
+
+        Keeps only the model's skeleton (no large weights). Conflicts the model's declared
+        shapes already have are its own problem (``check`` reports them), not the feeds'.
+        """
+        self.broadcasts, self._shape_sets = BroadcastChecker(model), set()
+        return self
 
     def raw(self) -> Iterable[tuple[str, object]]:  # (where, feed)
         raise NotImplementedError
@@ -145,9 +164,35 @@ class FeedSource:
         count = 0
         for where, feed in self.raw():
             count += 1
-            yield validate_feed(feed, self.inputs, where)
+            feed = validate_feed(feed, self.inputs, where)
+            self._check_shapes(feed, where)
+            yield feed
         if count == 0:
             raise CalibrationDataError(f"{self.description}: yielded no feeds.")
+
+    def _check_shapes(self, feed: Feed, where: str) -> None:
+        if self.broadcasts is None:
+            return
+        shapes = tuple(sorted((name, arr.shape) for name, arr in feed.items()))
+        if shapes in self._shape_sets or len(self._shape_sets) >= self.max_shape_checks:
+            return
+        self._shape_sets.add(shapes)
+        conflicts = self.broadcasts.new_conflicts(dict(shapes))
+        if conflicts:
+            raise CalibrationDataError(broadcast_error(where, conflicts[0], feed, self.inputs))
+
+
+def broadcast_error(where: str, conflict: BroadcastConflict, feed: Feed, inputs: list[InputSpec]) -> str:
+    """The message for a feed whose shapes make ``conflict``: the input(s), the node, both shapes, the fix."""
+    declared = {spec.name: spec for spec in inputs}
+    names = [name for name in conflict.reaches_from if name in feed] or sorted(feed)
+    given = [f"'{name}' with shape {list(feed[name].shape)} (the model declares {declared[name].shape_text()})"
+             for name in names]
+    subject = f"input {given[0]} breaks" if len(given) == 1 else f"inputs {', '.join(given)} break"
+    quoted = ", ".join(f"'{name}'" for name in names)
+    return (f"{where}: {subject} {conflict.message()}. Give {quoted} the shape the model expects, one for "
+            f"which these shapes agree at output axis {conflict.axis} (or re-export the model for the shape "
+            "you calibrate with).")
 
 
 class NpzFeeds(FeedSource):
@@ -313,8 +358,18 @@ class RandomFeeds(FeedSource):
             yield f"random feed {i}", feed
 
 
-def open_feeds(data: str | None, random_count: int | None, inputs: list[InputSpec]) -> FeedSource:
-    """The feed source a user asked for with ``--calib-data`` or ``--calib-random``."""
+def open_feeds(data: str | None, random_count: int | None, inputs: list[InputSpec], *,
+               model: onnx.ModelProto | None = None) -> FeedSource:
+    """The feed source a user asked for with ``--calib-data`` or ``--calib-random``.
+
+    With ``model``, each distinct set of feed shapes is also checked against the model's
+    broadcasting nodes (:meth:`FeedSource.check_broadcasts`).
+    """
+    source = _open_feeds(data, random_count, inputs)
+    return source.check_broadcasts(model) if model is not None else source
+
+
+def _open_feeds(data: str | None, random_count: int | None, inputs: list[InputSpec]) -> FeedSource:
     if data is not None and random_count is not None:
         raise CalibrationDataError("give either --calib-data or --calib-random, not both.")
     if data is None:

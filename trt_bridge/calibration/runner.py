@@ -71,8 +71,10 @@ class CalibrationSession:
         self.graph_inputs = {i.name for i in model.graph.input}
         present = {o.name for o in model.graph.output}
         added = [t for t in tensors if t not in self.graph_inputs and t not in present]
-        for name in added:
-            model.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+        known = {v.name: v.type.tensor_type.elem_type for v in model.graph.value_info}
+        for name in added:  # float16 models expose float16 tensors
+            model.graph.output.append(onnx.helper.make_tensor_value_info(
+                name, known.get(name) or onnx.TensorProto.FLOAT, None))
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.log_severity_level = 3
@@ -109,12 +111,20 @@ class CalibrationSession:
                     f"({', '.join(f'{k}{list(v.shape)}' for k, v in feed.items())}): {exc}"
                 ) from exc
             for name, value in zip(fetch, outputs):
-                observers[name].update(value)
+                observers[name].update(_as_float32(value))
             for name in observers:
                 if name in self.graph_inputs:
-                    observers[name].update(feed[name])
+                    observers[name].update(_as_float32(feed[name]))
             count += 1
         return count
+
+
+def _as_float32(value):
+    """Observers accumulate in float32 at least (float16 histograms and sums overflow)."""
+    import numpy as np
+
+    value = np.asarray(value)
+    return value.astype(np.float32) if value.dtype == np.float16 else value
 
 
 def _progress(feeds: FeedSource, enabled: bool, desc: str):

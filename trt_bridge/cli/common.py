@@ -9,4 +9,5 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("output")
     group.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     group.add_argument("-q", "--quiet", action="store_true", help="only errors; no progress bars")
-    group.add_argument("--json", action="store_true", help="print the report as JSON on stdout")
+    group.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                       help="write the report as JSON to FILE, or to stdout without FILE")

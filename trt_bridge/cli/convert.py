@@ -63,19 +63,28 @@ def add_parser(sub) -> None:
     acc.add_argument("--no-smooth", action="store_true", help="do not smooth MatMul inputs")
     acc.add_argument("--no-recenter", action="store_true",
                      help="do not re-centre one-sided activations (keeps the graph free of the extra Sub/Add)")
-    p.add_argument("--report", type=Path, metavar="JSON", help="write the conversion report as JSON")
+    types = p.add_argument_group("types")
+    types.add_argument("--bf16", choices=["fp32", "fp16", "keep"], default="fp32",
+                       help="what bfloat16 tensors become: fp32 (default; exact, and what onnxruntime's CPU "
+                            "calibration and every TensorRT GPU run), fp16 (faster; values must fit), keep")
+    p.add_argument("--report", type=Path, metavar="JSON", help="write the conversion report as JSON (as --json FILE)")
+    p.add_argument("--skip-check", action="store_true",
+                   help="do not run `trt-bridge check` (and TensorRT's parser, when installed) on the output")
     add_output_flags(p)
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     import re
+    import sys
 
     from trt_bridge.calibration.observers import CalibMethod
+    from trt_bridge.cli import EXIT_FAIL, EXIT_OK
     from trt_bridge.convert import ConvertOptions, ScalePolicy, convert
     from trt_bridge.errors import TrtBridgeError
     from trt_bridge.model import check_writable, write_text_atomic
     from trt_bridge.placement import PlacementPolicy
+    from trt_bridge.sanitize.types import Bf16Policy
 
     output = args.output or args.model.with_name(args.model.stem + ".int8.onnx")
     if not 0 < args.percentile <= 100:
@@ -90,21 +99,27 @@ def run(args: argparse.Namespace) -> int:
             except re.error as exc:
                 raise TrtBridgeError(f"--{flag.replace('_', '-')} '{pattern}' is not a regular expression: {exc}") \
                     from exc
-    if args.report:
-        check_writable(args.report, "report")
+    report_path = args.report or (Path(args.json) if args.json not in (None, "-") else None)
+    if report_path:
+        check_writable(report_path, "report")
     options = ConvertOptions(
         calib_data=args.calib_data, calib_random=args.calib_random,
         calib_method=CalibMethod(args.calib_method), percentile=args.percentile,
         smooth=None if args.no_smooth else args.smooth, recenter=not args.no_recenter,
         progress=not args.quiet, placement=PlacementPolicy(args.placement), include_ops=args.include_ops,
         exclude_ops=args.exclude_ops, exclude_nodes=args.exclude_nodes,
-        scales=None if args.scales is None else ScalePolicy(args.scales),
+        scales=None if args.scales is None else ScalePolicy(args.scales), bf16=Bf16Policy(args.bf16),
+        check=not args.skip_check,
     )
     report = convert(args.model, output, options)
-    if args.report:
-        write_text_atomic(args.report, report.to_json() + "\n")
-    if args.json:
+    if report_path:
+        write_text_atomic(report_path, report.to_json() + "\n")
+    if args.json == "-":
         print(report.to_json())
     elif not args.quiet:
         print(report.summary())
-    return 0
+    if report.remaining_blockers:
+        print(f"trt-bridge convert: {output} is written, but TensorRT would not build it as INT8: "
+              + "; ".join(report.remaining_blockers[:3]), file=sys.stderr)
+        return EXIT_FAIL
+    return EXIT_OK

@@ -48,6 +48,7 @@ class LiftContext:
     declined: list[Decline] = field(default_factory=list)
     constants: dict[tuple, gs.Constant] = field(default_factory=dict)  # dedup of lifted weights
     names: NameAllocator | None = None
+    prepared: list = field(default_factory=list)  # sanitize.Change records of the steps before lifting
 
     def __post_init__(self) -> None:
         if self.names is None:

@@ -12,11 +12,25 @@ from trt_bridge.tensorrt import import_tensorrt, is_rtx
 log = logging.getLogger("trt_bridge.tensorrt")
 
 
+@dataclass(frozen=True)
+class ParserError:
+    """One error of TensorRT's ONNX parser, with the node it names ('' when none)."""
+
+    node: str
+    op: str
+    code: str  # 'UNSUPPORTED_NODE', 'INVALID_NODE', ...
+    message: str  # the parser's description, cleaned of unrelated runtime noise
+    index: int = -1  # the node's position in the graph (-1: none)
+
+
 @dataclass
 class ParseResult:
     ok: bool
     errors: list[str] = field(default_factory=list)
     layers: int = 0
+    details: list[ParserError] = field(default_factory=list)
+    module: str = ""
+    version: str = ""
 
     def __bool__(self) -> bool:
         return self.ok
@@ -53,8 +67,26 @@ def parse(path: str | Path, module: str | None = None) -> ParseResult:
     network = _network(trt, builder)
     parser = trt.OnnxParser(network, logger)
     ok = parser.parse_from_file(str(path))
-    errors = [str(parser.get_error(i)) for i in range(parser.num_errors)]
-    return ParseResult(bool(ok), errors, network.num_layers)
+    errors = [parser.get_error(i) for i in range(parser.num_errors)]
+    details = [ParserError(e.node_name() or "", e.node_operator() or "", str(e.code()).rsplit(".", 1)[-1],
+                           _clean(e.desc(), e.node_name() or ""), int(e.node())) for e in errors]
+    return ParseResult(bool(ok), [str(e) for e in errors], network.num_layers, details, trt.__name__,
+                       getattr(trt, "__version__", "?"))
+
+
+def _clean(desc: str, node: str) -> str:
+    """The parser's message without its 'Invalid Node' header and the CUDA-runtime noise a GPU-less
+    machine appends (TensorRT-RTX probes the driver while importing some layers)."""
+    lines = []
+    for line in desc.splitlines():
+        line = line.strip()
+        if not line or line == f"Invalid Node - {node}" or "catchCudaError" in line or "cudaError" in line:
+            continue
+        lines.append(line)
+    text = " ".join(lines)
+    if text in ("", "false"):
+        return "no importer for this op"
+    return text
 
 
 def build_engine(path: str | Path, compute_capability: str | None = "SM89", workspace: int = 1 << 30,

@@ -1,0 +1,207 @@
+"""Type fixes: inputs that contradict their op's schema, bfloat16 models, float16 models end to end."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from helpers import assert_qdq_contract, assert_tensorrt_ready, save, snr_db
+from onnx import TensorProto, helper, numpy_helper
+
+from trt_bridge.convert import ConvertOptions, convert, prepare
+from trt_bridge.errors import UnsupportedPatternError
+from trt_bridge.runtime import session
+from trt_bridge.sanitize.types import Bf16Policy, agree_types, promote
+
+RNG = np.random.default_rng(0)
+W1 = (RNG.standard_normal((64, 64)) * 0.1).astype(np.float32)
+BIAS = (RNG.standard_normal(64) * 0.1).astype(np.float16)
+W2 = (RNG.standard_normal((64, 32)) * 0.1).astype(np.float16)
+
+
+def _mixed_add(working: bool) -> onnx.ModelProto:
+    """The exporter lost an implicit cast: a float32 projection and its float16 bias meet in one Add.
+
+    #  x:f32[1,64] ─ MatMul(W1:f32) ─ acc:f32 ─┐
+    #                           bias:f16[64] ─ Add '/self_attn/q_proj/Add' ─ y:f16 ─ Relu ─ MatMul(W2:f16) ─ out:f16
+
+    ``working``: the variant that exports fine, ``(acc + bias.float()).half()``: Cast(bias → f32), Add in
+    float32, Cast(→ f16).
+    """
+    if working:
+        nodes = [helper.make_node("MatMul", ["x", "W1"], ["acc"], "/self_attn/q_proj/MatMul"),
+                 helper.make_node("Cast", ["bias"], ["bias32"], "cast_bias", to=TensorProto.FLOAT),
+                 helper.make_node("Add", ["acc", "bias32"], ["y32"], "/self_attn/q_proj/Add"),
+                 helper.make_node("Cast", ["y32"], ["y"], "cast_y", to=TensorProto.FLOAT16)]
+    else:
+        nodes = [helper.make_node("MatMul", ["x", "W1"], ["acc"], "/self_attn/q_proj/MatMul"),
+                 helper.make_node("Add", ["acc", "bias"], ["y"], "/self_attn/q_proj/Add")]
+    nodes += [helper.make_node("Relu", ["y"], ["r"], "relu"),
+              helper.make_node("MatMul", ["r", "W2"], ["out"], "/out_proj/MatMul")]
+    graph = helper.make_graph(
+        nodes, "mixed", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT16, [1, 32])],
+        [numpy_helper.from_array(W1, "W1"), numpy_helper.from_array(BIAS, "bias"), numpy_helper.from_array(W2, "W2")],
+        value_info=[helper.make_tensor_value_info("y", TensorProto.FLOAT16, [1, 64])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _feeds(count: int, seed: int) -> list[dict[str, np.ndarray]]:
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.standard_normal((1, 64)).astype(np.float32)} for _ in range(count)]
+
+
+def test_mixed_add_computes_in_float32_and_casts_to_the_declared_type():
+    model = _mixed_add(working=False)
+    with pytest.raises(Exception, match="Could not find an implementation for Add|bound to different types"):
+        session(model)  # what the user saw
+    changes = agree_types(model)
+    assert [(c.pass_name, c.node, c.what) for c in changes] == [
+        ("types", "/self_attn/q_proj/Add", "Add inputs disagree ('acc' float32, 'bias' float16): computed in "
+                                           "float32; result cast to the declared float16")]
+    assert [n.op_type for n in model.graph.node] == ["MatMul", "Cast", "Add", "Cast", "Relu", "MatMul"]
+    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    working = session(_mixed_add(working=True))
+    fixed = session(model)
+    for feed in _feeds(4, 1):
+        np.testing.assert_array_equal(fixed.run(None, feed)[0], working.run(None, feed)[0])
+
+
+def test_integer_accumulator_and_float16_bias():
+    """int32 + float16: neither holds the other, so the Add runs in float32 (the issue's Add(14) failure)."""
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w"], ["acc"], "mmi"),
+         helper.make_node("Add", ["acc", "bias"], ["y"], "add")], "g",
+        [helper.make_tensor_value_info("a", TensorProto.INT8, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [2, 4])],
+        [numpy_helper.from_array(np.arange(16, dtype=np.int8).reshape(4, 4), "w"),
+         numpy_helper.from_array(np.full(4, 0.5, np.float16), "bias")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    changes = agree_types(model)
+    assert changes[0].what == ("Add inputs disagree ('acc' int32, 'bias' float16): computed in float32; result cast "
+                               "to the declared float16")
+    a = np.arange(8, dtype=np.int8).reshape(2, 4)
+    got = session(model).run(None, {"a": a})[0]
+    want = (a.astype(np.int32) @ np.arange(16, dtype=np.int32).reshape(4, 4) + 0.5).astype(np.float16)
+    np.testing.assert_array_equal(got, want)
+
+
+def test_reshape_shape_of_the_wrong_integer_type_is_cast():
+    graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"], "reshape")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [6])],
+                              [numpy_helper.from_array(np.array([6], np.int32), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    assert [c.what for c in agree_types(model)] == ["Reshape does not accept 'shape' int32: cast to int64"]
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    np.testing.assert_array_equal(session(model).run(None, {"x": x})[0], x.reshape(6))
+
+
+@pytest.mark.parametrize(("types", "want"), [
+    ({TensorProto.FLOAT, TensorProto.FLOAT16}, TensorProto.FLOAT),
+    ({TensorProto.FLOAT16, TensorProto.BFLOAT16}, TensorProto.FLOAT),
+    ({TensorProto.INT8, TensorProto.FLOAT16}, TensorProto.FLOAT16),  # int8 fits float16 exactly
+    ({TensorProto.INT32, TensorProto.FLOAT16}, TensorProto.FLOAT),
+    ({TensorProto.INT64, TensorProto.INT32}, TensorProto.INT64),
+    ({TensorProto.UINT8, TensorProto.INT8}, TensorProto.INT16),
+    ({TensorProto.BOOL, TensorProto.INT32}, TensorProto.INT32),
+])
+def test_promotion(types, want):
+    assert promote(types) == want
+
+
+def test_convert_fixes_the_mixed_model_end_to_end(tmp_path):
+    """convert: the float32 MatMul gets float32 Q/DQ, the float16 one float16 Q/DQ (opset 19); onnxruntime runs
+    it; TensorRT-RTX parses and builds it; it stays close to the working variant."""
+    src = save(_mixed_add(working=False), tmp_path / "mixed.onnx")
+    np.savez(tmp_path / "calib.npz", x=np.stack([f["x"] for f in _feeds(16, 2)]))
+    out = tmp_path / "mixed.int8.onnx"
+    report = convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    model = assert_qdq_contract(out)
+    assert report.output_opset == 19
+    dtypes = {q["tensor"]: q["dtype"] for q in report.quantized}
+    assert dtypes == {"x": "float32", "W1": "float32", "r_centered": "float16", "W2": "float16"}
+    assert [c["node"] for c in report.sanitized if c["pass_name"] == "types"] == ["/self_attn/q_proj/Add"]
+    assert report.check["ready"] and not report.remaining_blockers
+    assert {n.op_type for n in model.graph.node} >= {"Cast", "QuantizeLinear", "DequantizeLinear"}
+    held_out = _feeds(8, 3)
+    reference = [session(_mixed_add(working=True)).run(None, f)[0] for f in held_out]
+    got = [session(out).run(None, f)[0] for f in held_out]
+    assert got[0].dtype == np.float16
+    assert snr_db(reference, got) > 25
+    assert_tensorrt_ready(out)
+
+
+def _bf16_conv_net() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """The same two-layer MLP in bfloat16 and (reference) in float32 with bfloat16-rounded weights.
+
+    #  x:bf16[4,64] ─ MatMul(W1) ─ Relu ─ MatMul(W2) ─ y:bf16[4,32]
+    """
+    rng = np.random.default_rng(4)
+
+    def bf16_round(a):  # round to the nearest bfloat16 (ties to even), kept in float32
+        bits = a.astype(np.float32).view(np.uint32)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.view(np.float32)
+
+    w1 = bf16_round(rng.standard_normal((64, 64)) * 0.1)
+    w2 = bf16_round(rng.standard_normal((64, 32)) * 0.1)
+    models = []
+    for elem in (TensorProto.BFLOAT16, TensorProto.FLOAT):
+        def init(name, values, elem=elem):
+            if elem == TensorProto.FLOAT:
+                return numpy_helper.from_array(values, name)
+            raw = (values.view(np.uint32) >> 16).astype(np.uint16).tobytes()
+            return helper.make_tensor(name, TensorProto.BFLOAT16, values.shape, raw, raw=True)
+
+        graph = helper.make_graph(
+            [helper.make_node("MatMul", ["x", "W1"], ["m1"], "fc1"),
+             helper.make_node("Relu", ["m1"], ["r1"], "relu1"),
+             helper.make_node("MatMul", ["r1", "W2"], ["y"], "fc2")],
+            "bf16", [helper.make_tensor_value_info("x", elem, [4, 64])],
+            [helper.make_tensor_value_info("y", elem, [4, 32])], [init("W1", w1), init("W2", w2)])
+        models.append(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]))
+    return models[0], models[1]
+
+
+@pytest.mark.parametrize("policy", [Bf16Policy.FP32, Bf16Policy.FP16])
+def test_bf16_model_is_rewritten_to_a_type_onnxruntime_runs(tmp_path, policy):
+    bf16, reference = _bf16_conv_net()
+    with pytest.raises(Exception, match="NOT_IMPLEMENTED|Could not find an implementation"):
+        session(bf16)  # onnxruntime's CPU provider has no bfloat16 MatMul
+    prepared = onnx.ModelProto()
+    prepared.CopyFrom(bf16)
+    changes = prepare(prepared, "bf16.onnx", policy)
+    want = "float32" if policy is Bf16Policy.FP32 else "float16"
+    assert [c.what for c in changes] == [f"2 bfloat16 initializer(s) → {want}",
+                                         f"graph input/output(s) x, y: bfloat16 → {want} (feed and read {want})"]
+    feeds = [{"x": np.random.default_rng(i).standard_normal((4, 64)).astype(np.float32)} for i in range(8)]
+    dtype = np.float32 if policy is Bf16Policy.FP32 else np.float16
+    got = [session(prepared).run(None, {"x": f["x"].astype(dtype)})[0] for f in feeds]
+    want_out = [session(reference).run(None, f)[0] for f in feeds]
+    if policy is Bf16Policy.FP32:  # exact: bfloat16 values are float32 values
+        for g, w in zip(got, want_out):
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+    else:
+        assert snr_db(want_out, got) > 50
+    src = save(bf16, tmp_path / "bf16.onnx")
+    np.savez(tmp_path / "calib.npz", x=np.stack([f["x"].astype(dtype) for f in feeds]))
+    out = tmp_path / "bf16.int8.onnx"
+    report = convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), bf16=policy, progress=False))
+    assert_qdq_contract(out)
+    assert {q["dtype"] for q in report.quantized} == {want}
+    converted = [session(out).run(None, {"x": f["x"].astype(dtype)})[0] for f in feeds]
+    assert snr_db(want_out, converted) > 25
+    assert_tensorrt_ready(out)
+
+
+def test_bf16_to_fp16_refuses_values_out_of_range():
+    bf16, _ = _bf16_conv_net()
+    big = np.full((64,), 1e6, np.float32)
+    bf16.graph.initializer.append(helper.make_tensor("B", TensorProto.BFLOAT16, [64], (big.view(np.uint32) >> 16)
+                                                     .astype(np.uint16).tobytes(), raw=True))
+    bf16.graph.node.insert(1, helper.make_node("Add", ["m1", "B"], ["m1b"], "bias"))
+    bf16.graph.node[2].input[0] = "m1b"
+    with pytest.raises(UnsupportedPatternError, match=r"initializer 'B' holds bfloat16 values up to 9.99e\+05, beyond "
+                                                      r"float16's range \(65504\): use --bf16 fp32"):
+        prepare(bf16, "m.onnx", Bf16Policy.FP16)

@@ -1,0 +1,211 @@
+"""``trt-bridge check``: why TensorRT would not build a model as INT8, node by node, and what
+``convert`` does about each reason.
+
+Findings come from three sources, merged by node:
+
+1. the static rules of :mod:`trt_bridge.checks.rules` (no TensorRT needed), plus impossible
+   broadcasts (:mod:`trt_bridge.shapes`) and bfloat16 tensors;
+2. a dry run of convert's own preparation and lifting on the loaded model: type conflicts
+   are found by the pass that fixes them, and each finding's "convert:" line says what that
+   pass or lift rule did, or why it declined, so ``check`` and ``convert`` cannot disagree;
+3. TensorRT's ONNX parser (``tensorrt`` or ``tensorrt_rtx``) when installed and ``--trt auto``:
+   its message is attached to the finding for the same node, and a node only the parser
+   rejects becomes a ``tensorrt-parser`` finding. The parser stops at the first node whose
+   importer fails, so it names a subset of what the static rules find.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from trt_bridge.checks.findings import CheckReport, Finding, ParserRun, Severity, TensorInfo
+from trt_bridge.checks.rules import CHECK_RULES, is_int8, tensor_info
+from trt_bridge.errors import MissingDependencyError, TrtBridgeError
+
+log = logging.getLogger("trt_bridge.checks")
+
+#: What each lift rule makes of the nodes it rewrites (the "convert:" line of a finding).
+LIFT_OUTCOMES = {
+    "dynamic-integer-op": "lifted by rule 'dynamic-integer-op' to a float op on the source's int8 weights, with a "
+                          "symmetric int8 Q/DQ whose activation scale is calibrated (needs --calib-data)",
+    "fused-dynamic-matmul": "lifted by rule 'fused-dynamic-matmul' to MatMul on the source's int8 weights, with a "
+                            "calibrated int8 activation Q/DQ (needs --calib-data)",
+    "fused-matmul": "lifted by rule 'fused-matmul' to MatMul (+ Transpose / alpha Mul)",
+    "qoperator": "lifted by rule 'qoperator' to the float op between symmetric int8 Q/DQ (int32 bias → float)",
+    "integer-pass-through": "lifted by rule 'integer-pass-through': the op runs on the float values between Q/DQ",
+    "dequantize-constant": "lifted by rule 'dequantize-constant': weights become symmetric int8 per output channel "
+                           "(zero point 0), an int32 bias becomes float",
+    "qdq-pair": "lifted by rule 'qdq-pair' to a symmetric int8 Q/DQ (zero point 0) covering the source's range",
+}
+ABSORBED = "removed by lifting (the rule that rewrote its consumers took it in)"
+
+
+class TrtProbe(str, enum.Enum):
+    AUTO = "auto"  # run TensorRT's parser when tensorrt or tensorrt_rtx is installed
+    OFF = "off"  # static rules only
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    trt: TrtProbe = TrtProbe.AUTO
+
+
+def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> CheckReport:
+    """Check the model at ``path``; raise TrtBridgeError only when it cannot be read at all."""
+    import onnx_graphsurgeon as gs
+
+    from trt_bridge.convert import _name_nodes
+    from trt_bridge.model import default_opset, load_model
+
+    start = time.perf_counter()
+    path = Path(path)
+    model = load_model(path)
+    _name_nodes(model)
+    node_names = [n.name for n in model.graph.node]  # the parser names nodes by index when they have no name
+    opset = default_opset(model)
+    graph = gs.import_onnx(model)
+    findings: list[Finding] = []
+    for node in graph.nodes:
+        for rule in CHECK_RULES:
+            found = rule.find(node, graph, opset)
+            if found is not None:
+                findings.append(found)
+    int8 = is_int8(graph)
+    findings += _broadcasts(model)
+    findings += _bf16(graph)
+    ops = {n.name: n for n in graph.nodes}
+    del graph
+    findings = _dry_run(model, path, findings, ops)
+    if not int8:
+        findings.append(Finding("not-int8", Severity.BLOCKER, "", "", [], "nothing is quantized: TensorRT builds the "
+                                "model in floating point", "`convert --int8 --calib-data DATA` quantizes it (TensorRT "
+                                "placement, calibrated activation scales, per-channel weights)", True))
+    report = CheckReport(str(path), opset, int8, findings)
+    if options.trt is TrtProbe.AUTO:
+        report.parser = _probe(path, report, node_names, ops)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _bf16(graph) -> list[Finding]:
+    from onnx import TensorProto
+
+    tensors = [t for t in graph.tensors().values() if t.dtype == TensorProto.BFLOAT16]
+    if not tensors:
+        return []
+    return [Finding("bf16", Severity.WARNING, "", "", [tensor_info(t) for t in tensors[:5]],
+                    f"{len(tensors)} bfloat16 tensor(s): TensorRT runs bfloat16 on compute capability 8.0 and newer "
+                    "only, and onnxruntime's CPU provider (calibration) has no bfloat16 kernels",
+                    "--bf16 fp32 (the default) rewrites them to float32, exactly; --bf16 fp16 or keep", True)]
+
+
+def _broadcasts(model) -> list[Finding]:
+    from trt_bridge.shapes import broadcast_conflicts
+
+    findings = []
+    for conflict in broadcast_conflicts(model):
+        findings.append(Finding(
+            "broadcast", Severity.BLOCKER, conflict.node, conflict.op,
+            [TensorInfo(name, "?", None if shape is None else list(shape))
+             for name, shape in zip(conflict.inputs, conflict.shapes)],
+            f"input shapes cannot broadcast: {conflict.message()}",
+            "the graph itself is inconsistent; fix the shapes in the exporter (or the model's declared input "
+            "shapes) and re-export", False))
+    return findings
+
+
+def _dry_run(model, path: Path, findings: list[Finding], ops: dict) -> list[Finding]:
+    """Run convert's preparation and lifting on ``model`` (consumed); fill in each finding's fix."""
+    from trt_bridge.convert import lift_graph
+    from trt_bridge.errors import UnsupportedPatternError
+
+    try:
+        lifting = lift_graph(model, path)
+    except UnsupportedPatternError as exc:
+        message = str(exc).split(": ", 1)[-1]
+        for finding in findings:
+            if not finding.fix:
+                finding.fix = f"convert stops before this: {message}"
+        node = _node_named_in(message, ops)
+        findings.append(Finding("type-mismatch", Severity.BLOCKER, node.name if node else "", node.op if node else "",
+                                [tensor_info(t) for t in node.inputs] if node else [], "the input types contradict "
+                                "the op's schema and no cast resolves it", message, False))
+        return findings
+    by_node: dict[str, list] = {}
+    for change in lifting.changes:
+        by_node.setdefault(change.node, []).append(change)
+    for change in lifting.changes:
+        if change.pass_name == "types" and change.node in ops:
+            node = ops[change.node]
+            findings.append(Finding("type-mismatch", Severity.BLOCKER, node.name, node.op,
+                                    [tensor_info(t) for t in node.inputs if t.name],
+                                    "the input types contradict the op's schema: onnxruntime finds no kernel and "
+                                    "TensorRT's strongly typed network rejects the node", change.what, True))
+    fired = {node: rule for rule, nodes in lifting.ctx.fired.items() for node in nodes}
+    declined = {d.node: d.reason for d in lifting.ctx.declined}
+    left = {n.name: where for n, where in lifting.blockers}
+    remaining = {n.name for n in lifting.graph.nodes}
+    for finding in findings:
+        if finding.fix or not finding.node:
+            continue
+        if finding.node in by_node and finding.rule != "type-mismatch":
+            finding.fix, finding.fixable = "; ".join(c.what for c in by_node[finding.node]), True
+        elif finding.node in left:
+            finding.fix = (f"it sits in a control-flow subgraph ({left[finding.node]}), which convert does not "
+                           "rewrite" if left[finding.node] else declined.get(
+                               finding.node, f"no rule lifts {finding.op}; please report the pattern"))
+        elif finding.node in fired:
+            finding.fix, finding.fixable = LIFT_OUTCOMES.get(fired[finding.node], f"lifted by {fired[finding.node]}"), \
+                True
+        elif finding.rule == "control-flow":
+            finding.fix = "convert rewrites the main graph only; quantized ops in subgraphs are left as they are"
+        elif finding.node not in remaining:
+            finding.fix, finding.fixable = ABSORBED, True
+        else:
+            finding.fix = declined.get(finding.node, "no rule rewrites it")
+    return findings
+
+
+def _node_named_in(message: str, ops: dict):
+    for name, node in ops.items():
+        if f"'{name}'" in message:
+            return node
+    return None
+
+
+def _probe(path: Path, report: CheckReport, node_names: list[str], ops: dict) -> ParserRun | None:
+    """Run TensorRT's parser, attach its messages to the findings; None when no TensorRT is installed."""
+    from trt_bridge.tensorrt.build import parse
+
+    try:
+        result = parse(path)
+    except MissingDependencyError:
+        log.info("no TensorRT parser installed: static rules only")
+        return None
+    except Exception as exc:  # noqa: BLE001 - a broken TensorRT install must not hide the static findings
+        raise TrtBridgeError(f"TensorRT's parser failed on {path}: {exc}. Re-run with --trt off for the static "
+                             "rules alone.") from exc
+    by_node = {f.node: f for f in report.findings if f.node}
+    for error in result.details:
+        name = error.node or (node_names[error.index] if 0 <= error.index < len(node_names) else "")
+        message = f"{error.code}: {error.message}"
+        finding = by_node.get(name)
+        if finding is not None:
+            finding.tensorrt = message if not finding.tensorrt else f"{finding.tensorrt}; {message}"
+            continue
+        node = ops.get(name)
+        finding = Finding("tensorrt-parser", Severity.BLOCKER, name, error.op or (node.op if node else ""),
+                          [tensor_info(t) for t in node.inputs if t.name] if node else [],
+                          "TensorRT's parser rejects it (no static rule of trt-bridge predicted this)",
+                          "no trt-bridge rule covers this; please report it with `trt-bridge check --json`", False,
+                          message)
+        report.findings.append(finding)
+        by_node[name] = finding
+    return ParserRun(result.module, result.version, result.ok, len(result.details), result.layers)
+
+
+__all__ = ["CheckOptions", "CheckReport", "Finding", "Severity", "TrtProbe", "check_model"]

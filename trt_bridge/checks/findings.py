@@ -1,0 +1,111 @@
+"""What ``trt-bridge check`` reports: typed findings, one per node, and the report around them."""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import asdict, dataclass, field
+
+
+class Severity(str, enum.Enum):
+    BLOCKER = "blocker"  # TensorRT does not build the model as INT8 while this stays
+    WARNING = "warning"  # TensorRT builds it, but not everywhere or not as the user may expect
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    dtype: str  # 'float32', 'uint8', ... ('?' when unknown)
+    shape: list[int | str] | None  # None: unknown rank; str: a symbolic or unknown dimension
+
+    def text(self) -> str:
+        shape = "?" if self.shape is None else "[" + ", ".join(str(d) for d in self.shape) + "]"
+        return f"'{self.name}' {self.dtype} {shape}"
+
+
+@dataclass
+class Finding:
+    rule: str  # stable id, e.g. 'no-importer', 'qdq-zero-point', 'type-mismatch'
+    severity: Severity
+    node: str  # '' for a finding about the whole model
+    op: str
+    tensors: list[TensorInfo]
+    why: str  # why TensorRT rejects it
+    fix: str  # what `trt-bridge convert` does about it ('' when it cannot)
+    fixable: bool
+    tensorrt: str | None = None  # TensorRT's own parser message for this node, when a parser ran
+
+    def lines(self) -> list[str]:
+        where = f"{self.op} '{self.node}'" if self.node else "model"
+        out = [f"[{self.rule}] {where}: {self.why}"]
+        if self.tensors:
+            out.append("    tensors: " + ", ".join(t.text() for t in self.tensors))
+        if self.tensorrt:
+            out.append(f"    TensorRT: {self.tensorrt}")
+        out.append(f"    convert: {self.fix}" if self.fixable else f"    convert cannot fix this: {self.fix}")
+        return out
+
+
+@dataclass(frozen=True)
+class ParserRun:
+    """What TensorRT's ONNX parser said about the model."""
+
+    module: str  # 'tensorrt' or 'tensorrt_rtx'
+    version: str
+    ok: bool
+    errors: int
+    layers: int
+
+
+@dataclass
+class CheckReport:
+    model: str
+    opset: int
+    int8: bool  # the model carries TensorRT-style INT8 quantization (Q/DQ or integer ops)
+    findings: list[Finding] = field(default_factory=list)
+    parser: ParserRun | None = None  # None: no TensorRT parser ran (--trt off, or none installed)
+    seconds: float = 0.0
+
+    @property
+    def blockers(self) -> list[Finding]:
+        return [f for f in self.findings if f.severity is Severity.BLOCKER]
+
+    @property
+    def ready(self) -> bool:
+        """TensorRT builds this model as INT8: no blocker, and something is quantized."""
+        return self.int8 and not self.blockers
+
+    def __bool__(self) -> bool:
+        return self.ready
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["ready"] = self.ready
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=lambda o: o.value if isinstance(o, enum.Enum) else str(o))
+
+    def headline(self) -> str:
+        blockers, warnings = len(self.blockers), len(self.findings) - len(self.blockers)
+        counts = f"{blockers} blocker(s), {warnings} warning(s)"
+        if self.ready:
+            state = "TensorRT-ready INT8"
+        elif not self.int8:
+            state = "not INT8 (nothing is quantized)"
+        else:
+            state = "not TensorRT-ready"
+        parser = "static rules only" if self.parser is None else (
+            f"{self.parser.module} {self.parser.version} parser: {'ok' if self.parser.ok else 'rejects it'}")
+        return f"{self.model}: {state} ({counts}; {parser})"
+
+    def summary(self) -> str:
+        lines = [self.headline()]
+        for finding in self.findings:
+            lines.extend("  " + line for line in finding.lines())
+        unfixable = [f for f in self.blockers if not f.fixable]
+        if self.blockers and not unfixable:
+            lines.append("  every blocker is fixed by `trt-bridge convert`")
+        elif unfixable:
+            lines.append(f"  {len(unfixable)} blocker(s) `trt-bridge convert` cannot fix (see above)")
+        return "\n".join(lines)

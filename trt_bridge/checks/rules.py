@@ -1,0 +1,194 @@
+"""Static compatibility rules: what TensorRT's ONNX parser and builder reject, found without TensorRT.
+
+Each rule looks at one node at a time and says why TensorRT rejects it; what ``convert``
+does about it is filled in afterwards from a dry run of convert's own passes
+(:mod:`trt_bridge.checks`), so the two can never disagree. Facts and parser messages:
+shared/docs/TENSORRT_QUANTIZATION.md.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trt_bridge.checks.findings import Finding, Severity, TensorInfo
+from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
+
+#: Ops with no importer in TensorRT's ONNX parser ("UNSUPPORTED_NODE").
+NO_IMPORTER = frozenset({"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "QLinearConv", "QLinearMatMul"})
+QDQ = ("QuantizeLinear", "DequantizeLinear")
+#: integer code types TensorRT's Q/DQ take (besides the fp8/fp4 float formats)
+TRT_CODE_TYPES = frozenset({np.dtype(np.int8)})
+
+
+def tensor_info(t: gs.Tensor) -> TensorInfo:
+    from trt_bridge.sanitize.types import type_name
+
+    if t.dtype is None:
+        dtype = "?"
+    elif isinstance(t.dtype, int):  # gs keeps types numpy lacks (bfloat16) as the ONNX enum
+        dtype = type_name(t.dtype)
+    else:
+        dtype = {"float64": "float64"}.get(np.dtype(t.dtype).name, np.dtype(t.dtype).name)
+    shape = None if t.shape is None else [d if isinstance(d, int) else (d or "?") for d in t.shape]
+    return TensorInfo(t.name, dtype, shape)
+
+
+def _io(node: gs.Node) -> list[TensorInfo]:
+    """The node's activations in and out (scales, zero points and weights are named in the reason)."""
+    return [tensor_info(t) for t in (*node.inputs, *node.outputs) if t.name and not isinstance(t, gs.Constant)]
+
+
+def _finding(rule: str, node: gs.Node, why: str, severity: Severity = Severity.BLOCKER,
+             tensors: list[TensorInfo] | None = None) -> Finding:
+    return Finding(rule, severity, node.name, node.op, _io(node) if tensors is None else tensors, why, "", False)
+
+
+class CheckRule(Protocol):
+    name: str
+
+    def find(self, node: gs.Node, graph: gs.Graph, opset: int) -> Finding | None: ...
+
+
+class NoImporter:
+    """Integer ops and other domains' ops: the parser has no importer (custom domains go to the plugin
+    registry: "Plugin not found")."""
+
+    name = "no-importer"
+
+    def find(self, node, graph, opset):
+        if node.op in NO_IMPORTER:
+            return _finding(self.name, node, f"TensorRT's ONNX parser has no importer for {node.op}")
+        if (node.domain or "") not in ("", "ai.onnx"):
+            return _finding(self.name, node, f"{node.domain}.{node.op} is not an ONNX op: TensorRT looks for a "
+                                             "plugin of that name and finds none")
+        return None
+
+
+class QDQZeroPoint:
+    """Asymmetric or unsigned Q/DQ: TensorRT takes int8 codes with zero point 0 only."""
+
+    name = "qdq-zero-point"
+
+    def find(self, node, graph, opset):
+        if node.op not in QDQ:
+            return None
+        zp = quantizer_zero_point(node)
+        codes = _code_type(node, zp)
+        if codes is None or codes.kind not in "iu" or codes == np.int32:
+            return None
+        if codes not in TRT_CODE_TYPES:
+            return _finding(self.name, node, f"{codes.name} codes: TensorRT quantizes to int8 only "
+                                             "(\"unsupported input type of UINT8\")")
+        if zp is None:
+            return _finding(self.name, node, "the zero point is not a constant; TensorRT needs zero point 0")
+        if np.any(zp != 0):
+            return _finding(self.name, node, f"zero point {_values_text(zp)}: TensorRT takes zero point 0 only "
+                                             "(\"Non-zero zero point is not supported\")")
+        return None
+
+
+class QDQInt32:
+    """An int32 DequantizeLinear (onnxruntime's bias): TensorRT rejects int32 DQ input."""
+
+    name = "qdq-int32"
+
+    def find(self, node, graph, opset):
+        if node.op == "DequantizeLinear" and node.inputs[0].dtype is not None \
+                and not isinstance(node.inputs[0].dtype, int) and np.dtype(node.inputs[0].dtype) == np.int32:
+            return _finding(self.name, node, "DequantizeLinear of int32 (a quantized bias): TensorRT's Q/DQ take "
+                                             "int8, fp8, int4 or fp4 codes only")
+        return None
+
+
+class QDQScales:
+    """Scales must be build-time constants; activations per tensor; no block quantization of activations."""
+
+    name = "qdq-scale"
+
+    def find(self, node, graph, opset):
+        if node.op not in QDQ:
+            return None
+        scale = constant_values(node.inputs[1])
+        if scale is None:
+            return _finding(self.name, node, "the scale is computed at run time; TensorRT needs a constant scale")
+        activation = constant_values(node.inputs[0]) is None
+        if activation and node.op == "QuantizeLinear" and scale.size > 1:
+            return _finding(self.name, node, f"per-axis scales ({scale.size}) on an activation: TensorRT quantizes "
+                                             "activations per tensor only")
+        if node.attrs.get("block_size", 0) and activation:
+            return _finding(self.name, node, "block quantization of an activation: TensorRT blocks weights only")
+        return None
+
+
+class TrainingDropout:
+    name = "training-dropout"
+
+    def find(self, node, graph, opset):
+        if node.op != "Dropout":
+            return None
+        if len(node.inputs) > 2 and node.inputs[2].name:
+            mode = constant_values(node.inputs[2])
+            if mode is None or bool(np.asarray(mode).reshape(-1)[0]):
+                what = "a run-time" if mode is None else "true"
+                return _finding(self.name, node, f"training_mode is {what}: TensorRT does not support Dropout in "
+                                                 "training mode")
+        return None
+
+
+class ControlFlow:
+    """Quantized ops inside If/Loop/Scan bodies: convert rewrites the main graph only."""
+
+    name = "control-flow"
+
+    def find(self, node, graph, opset):
+        inner = []
+        for value in node.attrs.values():
+            for sub in value if isinstance(value, list) else [value]:
+                if isinstance(sub, gs.Graph):
+                    inner.extend(n for n in _walk(sub) if n.op in NO_IMPORTER or n.op in QDQ
+                                 or (n.domain or "") not in ("", "ai.onnx"))
+        if not inner:
+            return None
+        names = ", ".join(f"{n.op} '{n.name}'" for n in inner[:5]) + (" ..." if len(inner) > 5 else "")
+        return _finding(self.name, node, f"its subgraph holds quantized or non-ONNX ops ({names})", tensors=[])
+
+
+def _walk(graph: gs.Graph):
+    for n in graph.nodes:
+        yield n
+        for value in n.attrs.values():
+            for sub in value if isinstance(value, list) else [value]:
+                if isinstance(sub, gs.Graph):
+                    yield from _walk(sub)
+
+
+def _code_type(node: gs.Node, zp: np.ndarray | None) -> np.dtype | None:
+    if zp is not None:
+        return zp.dtype
+    if node.op == "DequantizeLinear" and node.inputs[0].dtype is not None and not isinstance(node.inputs[0].dtype,
+                                                                                               int):
+        return np.dtype(node.inputs[0].dtype)
+    if node.outputs and node.outputs[0].dtype is not None and not isinstance(node.outputs[0].dtype, int):
+        return np.dtype(node.outputs[0].dtype)
+    return None
+
+
+def _values_text(values: np.ndarray) -> str:
+    flat = np.asarray(values).reshape(-1)
+    if flat.size == 1:
+        return str(int(flat[0]))
+    return f"[{', '.join(str(int(v)) for v in flat[:4])}{', ...' if flat.size > 4 else ''}]"
+
+
+#: every static rule, in the order findings are listed for one node
+CHECK_RULES: tuple[CheckRule, ...] = (NoImporter(), QDQZeroPoint(), QDQInt32(), QDQScales(), TrainingDropout(),
+                                      ControlFlow())
+
+
+def is_int8(graph: gs.Graph) -> bool:
+    """The model carries integer quantization of some kind (what convert turns into TensorRT's int8 Q/DQ)."""
+    return any(n.op in QDQ or n.op in NO_IMPORTER or n.op.startswith("QLinear") or n.op in (
+        "QGemm", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention") for n in _walk(graph))

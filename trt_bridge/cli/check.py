@@ -1,0 +1,48 @@
+"""``trt-bridge check``: why TensorRT would not build a model as INT8, and what convert does about it."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DESCRIPTION = """\
+Report everything that stops TensorRT from building MODEL as an INT8 engine, one finding per
+node: the rule, the node and its tensors (types, shapes), why TensorRT rejects it (with its own
+parser's message when tensorrt or tensorrt_rtx is installed) and what `trt-bridge convert` does
+about it. Exit status: 0 TensorRT-ready INT8, 1 not, 2 error.
+
+examples:
+  trt-bridge check dynamic.onnx
+  trt-bridge check model.int8.onnx --json report.json
+  trt-bridge check model.onnx --trt off --json
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("check", help="say why TensorRT would reject a model and what convert will do",
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", type=Path, help="the ONNX model to check")
+    p.add_argument("--trt", choices=["auto", "off"], default="auto",
+                   help="auto (default): also run TensorRT's ONNX parser when installed; off: static rules only")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    p.add_argument("-q", "--quiet", action="store_true", help="print the one-line verdict only")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                   help="write the report as JSON to FILE, or to stdout without FILE")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trt_bridge.checks import CheckOptions, TrtProbe, check_model
+    from trt_bridge.cli import EXIT_FAIL, EXIT_OK
+    from trt_bridge.model import check_writable, write_text_atomic
+
+    if args.json not in (None, "-"):
+        check_writable(args.json, "report")
+    report = check_model(args.model, CheckOptions(TrtProbe(args.trt)))
+    if args.json == "-":
+        print(report.to_json())
+    else:
+        if args.json:
+            write_text_atomic(args.json, report.to_json() + "\n")
+        print(report.headline() if args.quiet else report.summary())
+    return EXIT_OK if report.ready else EXIT_FAIL
