@@ -4,7 +4,7 @@ For a small conv net and a 2-layer transformer encoder (built in code, nothing d
 
 1. save the float model, calibration feeds (seed 1) and held-out evaluation feeds (seed 2);
 2. quantize it with onnxruntime's quantize_dynamic (DynamicQuantizeLinear, ConvInteger, MatMulInteger);
-3. show that TensorRT's ONNX parser rejects that model;
+3. show that TensorRT's ONNX parser rejects that model, and what `trt-bridge check` says about it;
 4. convert it with the trt-bridge CLI into INT8 QuantizeLinear/DequantizeLinear;
 5. show that TensorRT parses the result and builds an engine (TensorRT-RTX: ahead of time for SM 8.9, no GPU);
 6. compare the accuracy of both models against the float model on the held-out feeds.
@@ -170,9 +170,15 @@ def prepare(sample: Sample, folder: Path) -> dict[str, Path]:
 
 
 def parse_dynamic(trt: TensorRT | None, paths: dict[str, Path], result: Result) -> None:
-    step(3, "TensorRT's ONNX parser on the dynamic model")
+    step(3, "TensorRT's ONNX parser and `trt-bridge check` on the dynamic model")
+    args = ["check", rel(paths["dynamic"]), "--quiet"]
+    print("  $ trt-bridge " + " ".join(args), flush=True)
+    child = subprocess.run([sys.executable, "-m", "trt_bridge", *args], cwd=ROOT, capture_output=True, text=True)
+    if child.returncode != 1:
+        raise StepFailed(f"trt-bridge check exited with {child.returncode}, not 1 (not ready): {child.stderr}")
+    print("  " + child.stdout.strip())
     if trt is None:
-        print("  skipped: TensorRT is not installed (see the note at the top)")
+        print("  TensorRT's own parser: skipped, TensorRT is not installed (see the note at the top)")
         return
     parsed = trt.parse(paths["dynamic"], module=trt.module)
     result.dynamic_parses = parsed.ok

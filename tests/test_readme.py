@@ -1,5 +1,5 @@
 """Every `$ trt-bridge ...` example in README.md runs, on sample models: model.onnx (quantize_dynamic),
-qoperator.onnx and qdq.onnx (quantize_static), float.onnx."""
+qoperator.onnx and qdq.onnx (quantize_static), float.onnx, and model.trt.onnx (converted from model.onnx)."""
 
 from __future__ import annotations
 
@@ -52,6 +52,9 @@ def test_readme_has_examples():
 @pytest.mark.parametrize("command", EXAMPLES)
 def test_readme_example_runs(workdir, command):
     argv = shlex.split(command)
+    if argv[1] == "check":
+        _check_example(workdir, argv)
+        return
     result = subprocess.run([sys.executable, "-m", "trt_bridge", *argv[1:]], cwd=workdir, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -62,3 +65,19 @@ def test_readme_example_runs(workdir, command):
         assert f"converted {argv[2]} -> " in result.stdout
     if "--report" in argv and argv[2] == "model.onnx":
         assert json.loads((workdir / "report.json").read_text())["rules"][0]["rule"] == "dynamic-integer-op"
+
+
+def _check_example(workdir: Path, argv: list[str]) -> None:
+    """A source model is not TensorRT-ready (exit 1); a converted one is (exit 0)."""
+    model = argv[2]
+    if model == "model.trt.onnx":
+        subprocess.run([sys.executable, "-m", "trt_bridge", "convert", "model.onnx", "-o", model, "--calib-data",
+                        "calib.npz", "-q"], cwd=workdir, check=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "trt_bridge", *argv[1:]], cwd=workdir, capture_output=True,
+                            text=True, timeout=120)
+    ready = model.endswith(".trt.onnx")
+    assert result.returncode == (0 if ready else 1), result.stderr
+    assert result.stdout.startswith(f"{model}: {'TensorRT-ready INT8' if ready else 'not TensorRT-ready'}")
+    if "--json" in argv:
+        target = argv[argv.index("--json") + 1]
+        assert json.loads((workdir / target).read_text())["ready"] is ready

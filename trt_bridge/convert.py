@@ -152,7 +152,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         from trt_bridge.checks import CheckOptions, check_model
 
         t0 = time.perf_counter()
-        checked = check_model(written, CheckOptions())
+        checked = check_model(output_path, CheckOptions())
         report.check = {**checked.to_dict(), "headline": checked.headline()}
         report.remaining_blockers = [f"{f.op} '{f.node}': {f.why}" for f in checked.blockers]
         seconds["check"] = time.perf_counter() - t0

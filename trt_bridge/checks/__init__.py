@@ -82,7 +82,7 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
     findings = _dry_run(model, path, findings, ops)
     if not int8:
         findings.append(Finding("not-int8", Severity.BLOCKER, "", "", [], "nothing is quantized: TensorRT builds the "
-                                "model in floating point", "`convert --int8 --calib-data DATA` quantizes it (TensorRT "
+                                "model in floating point", "quantizes it with --int8 --calib-data DATA (TensorRT "
                                 "placement, calibrated activation scales, per-channel weights)", True))
     report = CheckReport(str(path), opset, int8, findings)
     if options.trt is TrtProbe.AUTO:

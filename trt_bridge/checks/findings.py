@@ -91,8 +91,8 @@ class CheckReport:
         counts = f"{blockers} blocker(s), {warnings} warning(s)"
         if self.ready:
             state = "TensorRT-ready INT8"
-        elif not self.int8:
-            state = "not INT8 (nothing is quantized)"
+        elif not self.int8 and blockers == 1:
+            state = "not INT8"
         else:
             state = "not TensorRT-ready"
         parser = "static rules only" if self.parser is None else (

@@ -1,0 +1,220 @@
+"""``trt-bridge check``: the exact findings it prints for each failure class, its JSON and its exit status,
+and ``convert`` fixing what it reports (onnxruntime runs the result, TensorRT-RTX parses and builds it)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from helpers import assert_qdq_contract, assert_tensorrt_ready, quantize_dynamic, quantize_static, save, snr_db
+from onnx import TensorProto, helper, numpy_helper
+from onnxruntime.quantization import QuantFormat, QuantType
+from test_cli import cli
+from test_types import _mixed_add
+
+from trt_bridge import samples
+from trt_bridge.checks import CheckOptions, Severity, TrtProbe, check_model
+from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.runtime import session
+
+STATIC = CheckOptions(TrtProbe.OFF)
+
+
+def _lines(report) -> list[str]:
+    return report.summary().splitlines()
+
+
+def test_mixed_types_finding_and_fix(tmp_path):
+    src = save(_mixed_add(working=False), tmp_path / "mixed.onnx")
+    report = check_model(src, STATIC)
+    assert _lines(report) == [
+        f"{src}: not TensorRT-ready (2 blocker(s), 0 warning(s); static rules only)",
+        "  [type-mismatch] Add '/self_attn/q_proj/Add': the input types contradict the op's schema: onnxruntime "
+        "finds no kernel and TensorRT's strongly typed network rejects the node",
+        "      tensors: 'acc' float32 [1, 64], 'bias' float16 [64]",
+        "      convert: Add inputs disagree ('acc' float32, 'bias' float16): computed in float32; result cast to the "
+        "declared float16",
+        "  [not-int8] model: nothing is quantized: TensorRT builds the model in floating point",
+        "      convert: quantizes it with --int8 --calib-data DATA (TensorRT placement, calibrated activation scales, "
+        "per-channel weights)",
+        "  every blocker is fixed by `trt-bridge convert`",
+    ]
+    with_parser = check_model(src)
+    finding = with_parser.findings[0]
+    assert finding.tensorrt.startswith("INVALID_NODE: ") and "must have same input types" in finding.tensorrt
+    assert with_parser.parser.module == "tensorrt_rtx" and not with_parser.parser.ok
+    assert [f.rule for f in with_parser.findings] == ["type-mismatch", "not-int8"]  # nothing only the parser saw
+
+
+#  x[1,16,8,8] ─ Conv ─ Relu ─ Dropout(ratio 0.1, training_mode=True) ─ Conv ─ y
+def _training_dropout() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "w1"], ["c1"], "conv1", kernel_shape=[3, 3], pads=[1, 1, 1, 1]),
+         helper.make_node("Relu", ["c1"], ["r1"], "relu1"),
+         helper.make_node("Dropout", ["r1", "ratio", "training"], ["d1"], "/drop/Dropout"),
+         helper.make_node("Conv", ["d1", "w2"], ["y"], "conv2", kernel_shape=[3, 3], pads=[1, 1, 1, 1])],
+        "dropout", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 8, 8])],
+        [numpy_helper.from_array((rng.standard_normal((32, 16, 3, 3)) * 0.1).astype(np.float32), "w1"),
+         numpy_helper.from_array((rng.standard_normal((32, 32, 3, 3)) * 0.1).astype(np.float32), "w2"),
+         numpy_helper.from_array(np.array(0.1, np.float32), "ratio"),
+         numpy_helper.from_array(np.array(True), "training")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_training_dropout_finding_and_fix(tmp_path):
+    src = save(_training_dropout(), tmp_path / "dropout.onnx")
+    report = check_model(src, STATIC)
+    assert _lines(report)[1:4] == [
+        "  [training-dropout] Dropout '/drop/Dropout': training_mode is true: TensorRT does not support Dropout in "
+        "training mode",
+        "      tensors: 'r1' float32 [1, 32, 8, 8], 'd1' float32 [1, 32, 8, 8]",
+        "      convert: removed Dropout (ratio=0.1, training_mode=1): inference ignores it",
+    ]
+    parsed = check_model(src)
+    assert parsed.findings[0].tensorrt == ("UNSUPPORTED_NODE: Assertion failed: !trainingMode[0]: TensorRT does not "
+                                           "support the Dropout operator in training mode.")
+    feeds = samples.image_feeds(8, 1, shape=(1, 16, 8, 8))
+    np.savez(tmp_path / "calib.npz", x=feeds)
+    out = tmp_path / "dropout.int8.onnx"
+    result = convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    assert "Dropout" not in {n.op_type for n in assert_qdq_contract(out).graph.node}
+    assert result.check["ready"]
+    inference = _training_dropout()
+    inference.graph.initializer[-1].CopyFrom(numpy_helper.from_array(np.array(False), "training"))
+    reference = [session(inference).run(None, {"x": f})[0] for f in feeds]
+    assert snr_db(reference, [session(out).run(None, {"x": f})[0] for f in feeds]) > 30
+    assert_tensorrt_ready(out)
+
+
+#  x[2,1] ─ Mul(f[3,160]) ─ y     (2 vs 3 on axis 0: no input shape makes it work)
+def test_impossible_broadcast_is_reported_with_node_and_shapes(tmp_path):
+    graph = helper.make_graph([helper.make_node("Mul", ["t", "freqs"], ["y"], "/time_proj/Mul")], "g",
+                              [helper.make_tensor_value_info("t", TensorProto.FLOAT, [2, 1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.ones((3, 160), np.float32), "freqs")])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "bcast.onnx")
+    report = check_model(src, STATIC)
+    finding = report.findings[0]
+    assert finding.lines() == [
+        "[broadcast] Mul '/time_proj/Mul': input shapes cannot broadcast: Mul '/time_proj/Mul': shapes [2, 1] ('t') "
+        "and [3, 160] ('freqs') cannot broadcast (dimension 2 vs 3 at output axis 0)",
+        "    tensors: 't' ? [2, 1], 'freqs' ? [3, 160]",
+        "    convert cannot fix this: the graph itself is inconsistent; fix the shapes in the exporter (or the model's "
+        "declared input shapes) and re-export",
+    ]
+    assert not finding.fixable and finding.severity is Severity.BLOCKER
+    assert "broadcast dimensions must be conformable" in check_model(src).findings[0].tensorrt
+
+
+def test_asymmetric_qdq_model(tmp_path):
+    fpath = save(samples.conv_net(), tmp_path / "float.onnx")
+    calib = [{"x": f} for f in samples.image_feeds(8, 1)]
+    qdq = quantize_static(fpath, tmp_path / "qdq.onnx", calib, quant_format=QuantFormat.QDQ, per_channel=True,
+                          activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+    report = check_model(qdq)
+    rules = {f.rule for f in report.findings}
+    assert rules == {"qdq-zero-point", "qdq-int32"}, rules
+    first = next(f for f in report.findings if f.node == "x_QuantizeLinear")
+    assert first.lines()[0] == ('[qdq-zero-point] QuantizeLinear \'x_QuantizeLinear\': uint8 codes: TensorRT quantizes '
+                                'to int8 only ("unsupported input type of UINT8")')
+    assert first.fix == "lifted by rule 'qdq-pair' to a symmetric int8 Q/DQ (zero point 0) covering the source's range"
+    bias = next(f for f in report.findings if f.rule == "qdq-int32")
+    assert bias.fixable and "dequantize-constant" in bias.fix
+    parser_named = [f for f in report.findings if f.tensorrt]
+    assert parser_named, "TensorRT-RTX's parser names at least the first node it rejects"
+    assert all(f.fixable for f in report.findings)
+    out = tmp_path / "qdq.int8.onnx"
+    assert convert(qdq, out, ConvertOptions(progress=False)).check["ready"]
+    assert check_model(out).ready
+
+
+def test_dynamic_model_findings(tmp_path):
+    fpath = save(samples.conv_net(), tmp_path / "float.onnx")
+    dyn = quantize_dynamic(fpath, tmp_path / "dynamic.onnx")
+    report = check_model(dyn)
+    counts: dict[str, int] = {}
+    for f in report.findings:
+        counts[f"{f.rule}:{f.op}"] = counts.get(f"{f.rule}:{f.op}", 0) + 1
+    ops = [n.op_type for n in onnx.load(str(dyn)).graph.node]
+    assert counts == {f"no-importer:{op}": ops.count(op) for op in ("DynamicQuantizeLinear", "ConvInteger",
+                                                                     "MatMulInteger") if op in ops}
+    conv = next(f for f in report.findings if f.op == "ConvInteger")
+    assert conv.why == "TensorRT's ONNX parser has no importer for ConvInteger"
+    assert conv.tensorrt == "UNSUPPORTED_NODE: no importer for this op"
+    assert conv.fix.startswith("lifted by rule 'dynamic-integer-op' to a float op on the source's int8 weights")
+    dql = next(f for f in report.findings if f.op == "DynamicQuantizeLinear")
+    assert dql.fix == "removed by lifting (the rule that rewrote its consumers took it in)"
+
+
+def test_declined_pattern_says_convert_cannot(tmp_path):
+    """A per-axis activation QuantizeLinear: TensorRT quantizes activations per tensor, and no rule rewrites it."""
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], "q_act", axis=1),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], "dq_act", axis=1)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+        [numpy_helper.from_array(np.full(4, 0.1, np.float32), "s"), numpy_helper.from_array(np.zeros(4, np.int8), "z")])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "axis.onnx")
+    report = check_model(src, STATIC)
+    q = next(f for f in report.findings if f.node == "q_act")
+    assert q.rule == "qdq-scale" and not q.fixable
+    assert q.why == "per-axis scales (4) on an activation: TensorRT quantizes activations per tensor only"
+    assert q.fix == "per-axis quantization of an activation (TensorRT takes per-tensor activations only)"
+    assert "convert cannot fix this" in report.summary()
+
+
+def test_cli_exit_status_and_json(tmp_path):
+    fpath = save(samples.conv_net(), tmp_path / "float.onnx")
+    dyn = quantize_dynamic(fpath, tmp_path / "dynamic.onnx")
+    out = tmp_path / "dynamic.int8.onnx"
+    np.savez(tmp_path / "calib.npz", x=samples.image_feeds(4, 0))
+    assert cli("convert", dyn, "-o", out, "--calib-data", tmp_path / "calib.npz", "-q").returncode == 0
+
+    ready = cli("check", out)
+    assert ready.returncode == 0, ready.stderr
+    assert ready.stdout.splitlines()[0].startswith(f"{out}: TensorRT-ready INT8 (0 blocker(s), 0 warning(s); ")
+
+    blocked = cli("check", dyn, "--json")
+    assert blocked.returncode == 1
+    data = json.loads(blocked.stdout)
+    assert data["ready"] is False and data["int8"] is True and data["parser"]["module"] == "tensorrt_rtx"
+    assert {f["rule"] for f in data["findings"]} == {"no-importer"}
+    assert all(f["severity"] == "blocker" and f["fixable"] for f in data["findings"])
+
+    report_file = tmp_path / "report.json"
+    quiet = cli("check", dyn, "--trt", "off", "--json", report_file, "-q")
+    assert quiet.returncode == 1 and len(quiet.stdout.splitlines()) == 1
+    assert "static rules only" in quiet.stdout
+    assert json.loads(report_file.read_text())["parser"] is None
+
+    missing = cli("check", tmp_path / "nope.onnx")
+    assert missing.returncode == 2 and "Traceback" not in missing.stderr
+    assert missing.stderr.strip() == f"trt-bridge check: error: {tmp_path / 'nope.onnx'}: no such file. Check the " \
+                                     "path to the ONNX model."
+
+
+def test_convert_json_to_a_file_and_check_in_the_report(tmp_path):
+    fpath = save(samples.conv_net(), tmp_path / "float.onnx")
+    dyn = quantize_dynamic(fpath, tmp_path / "dynamic.onnx")
+    np.savez(tmp_path / "calib.npz", x=samples.image_feeds(4, 0))
+    report_file = tmp_path / "convert.json"
+    result = cli("convert", dyn, "--calib-data", tmp_path / "calib.npz", "--json", report_file)
+    assert result.returncode == 0, result.stderr
+    assert "check: " in result.stdout and "TensorRT-ready INT8" in result.stdout
+    data = json.loads(report_file.read_text())
+    assert data["check"]["ready"] is True and data["check"]["findings"] == []
+
+
+@pytest.mark.parametrize("fmt", [QuantFormat.QOperator, QuantFormat.QDQ], ids=["qoperator", "qdq"])
+def test_check_of_converted_models_has_no_findings(tmp_path, fmt):
+    fpath = save(samples.transformer_block(), tmp_path / "float.onnx")
+    feeds = [{"x": f} for f in samples.sequence_feeds(8, 1, 16, 64)]
+    src = quantize_static(fpath, tmp_path / "static.onnx", feeds, quant_format=fmt)
+    out = tmp_path / "converted.onnx"
+    convert(src, out, ConvertOptions(progress=False, check=False))
+    report = check_model(out)
+    assert report.ready and report.findings == [] and report.parser.ok
