@@ -152,6 +152,22 @@ def test_cli_reports_the_bad_feed(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == f"trt-bridge convert: error: {timestep_error(f'{path} (feed 0)')}"
 
 
+def test_check_with_data_reports_the_bad_feed(tmp_path, capsys):
+    """`trt-bridge check MODEL --data FEEDS`: the same finding, exit 1; good feeds add nothing."""
+    from trt_bridge.checks import CheckOptions, TrtProbe, check_model
+    from trt_bridge.cli import main
+
+    onnx.save(timestep_model(), tmp_path / "unet.onnx")
+    bad, good = timestep_npz(tmp_path / "bad.npz", 3), timestep_npz(tmp_path / "good.npz", 2)
+    report = check_model(tmp_path / "unet.onnx", CheckOptions(TrtProbe.OFF, str(bad)))
+    feed = next(f for f in report.findings if f.rule == "feed")
+    assert feed.why == timestep_error(f"{bad} (feed 0)") and not feed.fixable
+    assert main(["check", str(tmp_path / "unet.onnx"), "--data", str(bad), "--trt", "off"]) == 1
+    assert f"[feed] model: {timestep_error(f'{bad} (feed 0)')}" in capsys.readouterr().out
+    good_report = check_model(tmp_path / "unet.onnx", CheckOptions(TrtProbe.OFF, str(good)))
+    assert [f.rule for f in good_report.findings] == ["not-int8"]
+
+
 #   x[B,4] ─ Add ─ y            bias[3,4] fixed by the exporter: with B=2 the graph
 #   bias[3,4] ┘                 cannot run whatever the feeds are
 def model_with_own_conflict(batch: int | str = 2) -> onnx.ModelProto:

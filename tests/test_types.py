@@ -86,6 +86,36 @@ def test_integer_accumulator_and_float16_bias():
     np.testing.assert_array_equal(got, want)
 
 
+def test_promotion_without_a_declared_type_reaches_the_graph_output(tmp_path):
+    """No value_info for the Add's output: it stays float32 (loading infers int32 for it, like input 0: not a
+    declaration), Relu follows in float32, and the graph output gets its declared float16 back.
+
+    #  a:int8[2,4] ─ MatMulInteger(w) ─ acc:int32 ─┐
+    #                             bias:f16[4] ─ Add ─ y ─ Relu ─ out:f16 (graph output)
+    """
+    from trt_bridge.model import load_model
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMulInteger", ["a", "w"], ["acc"], "mmi"),
+         helper.make_node("Add", ["acc", "bias"], ["y"], "add"),
+         helper.make_node("Relu", ["y"], ["out"], "relu")], "g",
+        [helper.make_tensor_value_info("a", TensorProto.INT8, [2, 4])],
+        [helper.make_tensor_value_info("out", TensorProto.FLOAT16, [2, 4])],
+        [numpy_helper.from_array(np.arange(-8, 8, dtype=np.int8).reshape(4, 4), "w"),
+         numpy_helper.from_array(np.full(4, -0.5, np.float16), "bias")])
+    model = load_model(save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
+                            tmp_path / "m.onnx"))
+    changes = agree_types(model)
+    assert [c.what for c in changes] == [
+        "Add inputs disagree ('acc' int32, 'bias' float16): computed in float32",
+        "graph output 'out' computed in float32 after the casts above: cast to its declared float16"]
+    assert [n.op_type for n in model.graph.node] == ["MatMulInteger", "Cast", "Cast", "Add", "Relu", "Cast"]
+    onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    a = np.arange(-4, 4, dtype=np.int8).reshape(2, 4)
+    want = np.maximum(a.astype(np.int32) @ np.arange(-8, 8, dtype=np.int32).reshape(4, 4) - 0.5, 0)
+    np.testing.assert_array_equal(session(model).run(None, {"a": a})[0], want.astype(np.float16))
+
+
 def test_reshape_shape_of_the_wrong_integer_type_is_cast():
     graph = helper.make_graph([helper.make_node("Reshape", ["x", "shape"], ["y"], "reshape")], "g",
                               [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3])],

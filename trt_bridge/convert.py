@@ -178,14 +178,16 @@ class Lifting:
     blockers: list  # (gs.Node, where): nodes TensorRT cannot import that no rule lifted
 
 
-def lift_graph(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Policy = Bf16Policy.FP32) -> Lifting:
-    """Prepare, sanitize, fold constants and lift ``model`` (consumed); report what is left."""
+def lift_graph(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Policy = Bf16Policy.FP32,
+               prepared: list | None = None) -> Lifting:
+    """Prepare (unless ``prepared`` holds the changes :func:`prepare` already made), sanitize, fold
+    constants and lift ``model`` (consumed); report what is left."""
     import onnx_graphsurgeon as gs
 
     from trt_bridge.lift import leftover_blockers, lift
     from trt_bridge.sanitize import sanitize
 
-    changes = prepare(model, where, bf16)
+    changes = prepare(model, where, bf16) if prepared is None else list(prepared)
     if changes:  # the casts' outputs need types and shapes for the passes below
         model = infer_shapes(model)
     graph = gs.import_onnx(model)

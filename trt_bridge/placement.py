@@ -94,6 +94,7 @@ def place(graph: gs.Graph, annotations: Annotations, options: PlacementOptions =
     nodes = {n.name: n for n in graph.nodes}
     result = Placement()
     float_source = not annotations.activations and not annotations.weights
+    outputs = {t.name for t in graph.outputs}  # graph outputs are consumers too (multi-output models)
 
     def excluded(node: gs.Node) -> str | None:
         if exclude_nodes is not None and exclude_nodes.search(node.name):
@@ -115,7 +116,7 @@ def place(graph: gs.Graph, annotations: Annotations, options: PlacementOptions =
             if node.op == "MatMul" and not any(_is_constant(t) for t in node.inputs[:2]):
                 return "activation × activation MatMul (attention) stays in float; --include-ops MatMul quantizes it"
             return None
-        if node.op == "Add" and _residual_skip(node) == index:
+        if node.op == "Add" and _residual_skip(node, outputs) == index:
             return None
         if node.op == "Concat":
             return None  # decided below, with the Concat's output
@@ -144,9 +145,9 @@ def place(graph: gs.Graph, annotations: Annotations, options: PlacementOptions =
                 continue
             if float_source and node.op in WEIGHTED:
                 _annotate_weighted(node, annotations, result, wanted, include)
-            elif node.op == "Add" and _residual_skip(node) is not None and _conv_is_quantized(
-                    node, _residual_skip(node), annotations) and (float_source or _quantized_in(node, annotations)):
-                _annotate_input(node, _residual_skip(node), annotations, result)
+            elif node.op == "Add" and (skip := _residual_skip(node, outputs)) is not None and _conv_is_quantized(
+                    node, skip, annotations) and (float_source or _quantized_in(node, annotations)):
+                _annotate_input(node, skip, annotations, result)
             elif include is not None and include.fullmatch(node.op) and node.op != "Concat":
                 for index, t in enumerate(node.inputs):
                     if not _is_constant(t) and (t.dtype is None or _is_float(t)):
@@ -187,14 +188,18 @@ def _quantized_in(node: gs.Node, annotations: Annotations) -> bool:
     return any(t.name in annotations.activations for t in node.inputs)
 
 
-def _residual_skip(node: gs.Node) -> int | None:
-    """For Add(conv_out, skip): the index of the skip input, if this Add can fuse into the Conv."""
+def _residual_skip(node: gs.Node, graph_outputs: set[str] = frozenset()) -> int | None:
+    """For Add(conv_out, skip): the index of the skip input, if this Add can fuse into the Conv.
+
+    The conv's output must have no reader but the Add: a conv output that is also a graph output
+    (a multi-output model's hidden state) must be written out, so the Add cannot fuse into it."""
     if len(node.inputs) != 2:
         return None
     producers = [t.inputs[0] if len(t.inputs) == 1 else None for t in node.inputs]
     for i, p in enumerate(producers):
         other = node.inputs[1 - i]
         if p is not None and p.op in ("Conv", "ConvTranspose") and len(node.inputs[i].outputs) == 1 \
+                and node.inputs[i].name not in graph_outputs \
                 and not _is_constant(other) and node.inputs[i].shape == other.shape \
                 and (producers[1 - i] is None or producers[1 - i].op not in ("Conv", "ConvTranspose")
                      or i == 0):

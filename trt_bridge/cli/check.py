@@ -15,6 +15,7 @@ examples:
   trt-bridge check dynamic.onnx
   trt-bridge check model.int8.onnx --json report.json
   trt-bridge check model.onnx --trt off --json
+  trt-bridge check unet.onnx --data calib.npz     # also: do these feeds fit the model?
 """
 
 
@@ -22,6 +23,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("check", help="say why TensorRT would reject a model and what convert will do",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", type=Path, help="the ONNX model to check")
+    p.add_argument("--data", metavar="DATA",
+                   help="also check these feeds (an .npz, a folder, or a loader.py[:fn], as convert --calib-data "
+                        "takes) against the model's inputs and the shapes its broadcasting nodes need")
     p.add_argument("--trt", choices=["auto", "off"], default="auto",
                    help="auto (default): also run TensorRT's ONNX parser when installed; off: static rules only")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
@@ -38,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.json not in (None, "-"):
         check_writable(args.json, "report")
-    report = check_model(args.model, CheckOptions(TrtProbe(args.trt)))
+    report = check_model(args.model, CheckOptions(TrtProbe(args.trt), args.data))
     if args.json == "-":
         print(report.to_json())
     else:

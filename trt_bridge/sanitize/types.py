@@ -22,7 +22,9 @@ The rules:
   (an int32 ``Reshape`` shape) is cast to the nearest allowed one (int64);
 - a fixed node's outputs keep the promoted type unless the graph declares another type for them
   (``value_info`` or a graph output): then a Cast to the declared type follows, so the rest of
-  the graph and the model's interface are unchanged;
+  the graph and the model's interface are unchanged. An integer type "declared" for a float
+  result is not honoured: lenient shape inference types an ``Add(int32, float16)`` like its
+  first input, and a float sum is never meant to become an integer;
 - bfloat16 (``--bf16``): onnxruntime's CPU provider has no bfloat16 kernels and TensorRT runs
   bfloat16 on compute capability 8.0 and newer only. ``fp32`` (the default) rewrites every
   bfloat16 tensor, constant, Cast and interface type to float32, which is exact; ``fp16``
@@ -177,19 +179,13 @@ def convert_bf16(model: onnx.ModelProto, policy: Bf16Policy) -> list[Change]:
 
 def agree_types(model: onnx.ModelProto, where: str = "model") -> list[Change]:
     """Insert the Casts that make every node's inputs agree with its schema (``model`` in place)."""
-    from onnx import shape_inference
-
     g = model.graph
     opsets = {(i.domain or ""): i.version for i in model.opset_import}
     declared: dict[str, int] = {}
     for v in (*g.value_info, *g.output):
         if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
             declared[v.name] = v.type.tensor_type.elem_type
-    try:  # the types every tensor would have, for nodes the walk below cannot infer one by one
-        inferred = shape_inference.infer_shapes(model, check_type=False, strict_mode=False)
-        fallback = {v.name: v.type for v in (*inferred.graph.value_info, *inferred.graph.output)}
-    except Exception:  # noqa: BLE001 - a best-effort fallback only
-        fallback = {}
+    fallback = _inferred_types(model)
     types: dict[str, onnx.TypeProto] = {}
     for v in g.input:
         types[v.name] = v.type
@@ -241,6 +237,8 @@ def agree_types(model: onnx.ModelProto, where: str = "model") -> list[Change]:
         text = "; ".join(notes)
         for k, out in enumerate(node.output):
             got, want = elem(out), declared.get(out)
+            if want is not None and got in FLOATS and want not in FLOATS:
+                want = None  # lenient inference typed the output like input 0 (an int accumulator): not a declaration
             if out and got and want and got != want:
                 computed = fresh(f"{out}_{type_name(got)}")
                 node.output[k] = computed
@@ -249,6 +247,20 @@ def agree_types(model: onnx.ModelProto, where: str = "model") -> list[Change]:
                 types[out] = _retyped(types[out], want)
                 text += f"; result cast to the declared {type_name(want)}"
         changes.append(Change("types", node.name, text))
+    if changes:  # a promotion that reached a graph output: the model's interface keeps its declared type
+        producers = {out: node for node in new_nodes for out in node.output}
+        for v in g.output:
+            got, want = elem(v.name), v.type.tensor_type.elem_type
+            node = producers.get(v.name)
+            if node is None or not got or not want or got == want:
+                continue
+            computed = fresh(f"{v.name}_{type_name(got)}")
+            node.output[list(node.output).index(v.name)] = computed
+            types[computed] = types[v.name]
+            new_nodes.append(onnx.helper.make_node("Cast", [computed], [v.name], fresh(f"{v.name}_Cast"), to=want))
+            types[v.name] = _retyped(types[v.name], want)
+            changes.append(Change("types", node.name, f"graph output '{v.name}' computed in {type_name(got)} after "
+                                                       f"the casts above: cast to its declared {type_name(want)}"))
     del g.node[:]
     g.node.extend(new_nodes)
     if changes:  # stale value_info of fixed outputs would contradict the new types
@@ -256,6 +268,24 @@ def agree_types(model: onnx.ModelProto, where: str = "model") -> list[Change]:
         del g.value_info[:]
         g.value_info.extend(keep)
     return changes
+
+
+def _inferred_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """The types whole-model inference gives every tensor, for nodes the walk cannot infer one by one
+    (other domains, control flow). A loaded model already carries them; else infer on a skeleton
+    (weights as graph inputs), never on the model with its weights."""
+    from onnx import shape_inference
+
+    from trt_bridge.model import _skeleton
+
+    g = model.graph
+    if g.value_info or not g.node:
+        return {v.name: v.type for v in (*g.value_info, *g.output)}
+    try:
+        inferred = shape_inference.infer_shapes(_skeleton(model), check_type=False, strict_mode=False)
+    except Exception:  # noqa: BLE001 - a best-effort fallback only
+        return {v.name: v.type for v in g.output}
+    return {v.name: v.type for v in (*inferred.graph.value_info, *inferred.graph.output)}
 
 
 def _schema(node: onnx.NodeProto, opsets: dict[str, int]):
