@@ -55,6 +55,9 @@ def test_readme_example_runs(workdir, command):
     if argv[1] == "check":
         _check_example(workdir, argv)
         return
+    if argv[1] == "verify":
+        _verify_example(workdir, argv)
+        return
     result = subprocess.run([sys.executable, "-m", "trt_bridge", *argv[1:]], cwd=workdir, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -81,3 +84,17 @@ def _check_example(workdir: Path, argv: list[str]) -> None:
     if "--json" in argv:
         target = argv[argv.index("--json") + 1]
         assert json.loads((workdir / target).read_text())["ready"] is ready
+
+
+def _verify_example(workdir: Path, argv: list[str]) -> None:
+    """The converted model against the float one: the README's gates pass (exit 0), the reports are written."""
+    subprocess.run([sys.executable, "-m", "trt_bridge", "convert", "float.onnx", "-o", argv[3], "--calib-data",
+                    "calib.npz", "-q"], cwd=workdir, check=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "trt_bridge", *argv[1:]], cwd=workdir, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "candidate 'logits': SNR " in result.stdout and "PASS" in result.stdout
+    if "--html" in argv:
+        assert "<svg" in (workdir / argv[argv.index("--html") + 1]).read_text()
+    if "--json" in argv:
+        assert json.loads((workdir / argv[argv.index("--json") + 1]).read_text())["passed"] is True

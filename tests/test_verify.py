@@ -1,0 +1,187 @@
+"""``trt-bridge verify``: metrics against an independent onnxruntime computation, gates and exit status,
+saved and loaded outputs, per-layer localization of a deliberately broken scale, the HTML report."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from helpers import quantize_dynamic, save, snr_db
+from onnx import numpy_helper
+from test_cli import cli
+
+from trt_bridge import samples
+from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.runtime import session
+from trt_bridge.verify import VerifyOptions, verify
+from trt_bridge.verify.gates import Gate
+
+FEEDS = 12
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    """A float conv net, its dynamic quantization converted by trt-bridge, and evaluation feeds."""
+    root = tmp_path_factory.mktemp("verify")
+    fpath = save(samples.conv_net(), root / "float.onnx")
+    dyn = quantize_dynamic(fpath, root / "dynamic.onnx")
+    np.savez(root / "calib.npz", x=samples.image_feeds(16, 1))
+    np.savez(root / "eval.npz", x=samples.image_feeds(FEEDS, 2))
+    out = root / "int8.onnx"
+    convert(dyn, out, ConvertOptions(calib_data=str(root / "calib.npz"), progress=False, check=False))
+    return {"root": root, "float": fpath, "dynamic": dyn, "int8": out, "eval": root / "eval.npz"}
+
+
+def _independent(reference, candidate, feeds):
+    ref = [session(reference, simulate_qdq=True).run(None, {"x": f})[0] for f in feeds]
+    cand = [session(candidate, simulate_qdq=True).run(None, {"x": f})[0] for f in feeds]
+    return ref, cand
+
+
+def test_metrics_match_an_independent_onnxruntime_computation(pair):
+    report = verify(pair["float"], pair["int8"], VerifyOptions(data=str(pair["eval"]), progress=False))
+    [m] = report.outputs
+    ref, cand = _independent(pair["float"], pair["int8"], samples.image_feeds(FEEDS, 2))
+    r = np.concatenate([a.ravel() for a in ref]).astype(np.float64)
+    c = np.concatenate([a.ravel() for a in cand]).astype(np.float64)
+    assert m.output == "logits" and m.runner == "candidate" and report.feeds == FEEDS
+    assert m.snr_db == pytest.approx(snr_db(ref, cand), abs=1e-9)
+    assert m.cosine == pytest.approx(float(r @ c / np.linalg.norm(r) / np.linalg.norm(c)), abs=1e-9)
+    assert m.max_abs == pytest.approx(float(np.max(np.abs(r - c))), rel=1e-9)
+    assert m.mean_abs == pytest.approx(float(np.mean(np.abs(r - c))), rel=1e-9)
+    assert m.rel_error == pytest.approx(float(np.linalg.norm(r - c) / np.linalg.norm(r)), rel=1e-9)
+    agree = np.mean([a.argmax() == b.argmax() for a, b in zip(ref, cand)])
+    assert m.top1 == pytest.approx(agree) and m.k == 5 and m.topk >= m.top1
+    assert 30 < m.snr_db < 50 and report.passed
+
+
+def test_identical_models_have_infinite_snr(pair):
+    report = verify(pair["float"], pair["float"], VerifyOptions(random=3, seed=7, progress=False,
+                                                                gates=(Gate("snr_db", 200.0),)))
+    [m] = report.outputs
+    assert m.snr_db is None and m.max_abs == 0.0 and m.cosine == pytest.approx(1.0) and report.passed
+    assert json.loads(report.to_json())["outputs"][0]["snr_db"] is None
+
+
+def test_cli_gates_and_exit_status(pair):
+    args = ("verify", pair["float"], pair["int8"], "--data", pair["eval"])
+    passing = cli(*args, "--min-snr", "25", "--min-cosine", "0.99")
+    assert passing.returncode == 0, passing.stderr
+    assert "candidate 'logits': SNR " in passing.stdout and passing.stdout.rstrip().splitlines()[-1].startswith(
+        "  PASS")
+    failing = cli(*args, "--min-snr", "25", "--min-snr", "logits=80", "--max-abs", "1e-9", "-q")
+    assert failing.returncode == 1
+    [line] = failing.stdout.splitlines()
+    assert line.startswith("candidate 'logits': SNR ") and "FAIL (snr_db " in line and "< --min-snr 80" in line
+    assert "max_abs " in line and "> --max-abs 1e-09" in line
+    unknown = cli(*args, "--min-snr", "probs=30")
+    assert unknown.returncode == 2 and "a gate names output 'probs', which the model does not have" in unknown.stderr
+    bad = cli(*args, "--min-cosine", "high")
+    assert bad.returncode == 2 and "--min-cosine 'high': expected VALUE or OUTPUT=VALUE" in bad.stderr
+    as_json = cli(*args, "--json")
+    assert as_json.returncode == 0
+    data = json.loads(as_json.stdout)  # nothing but the report on stdout (Polygraphy's log is kept quiet)
+    assert data["passed"] is True and data["outputs"][0]["output"] == "logits"
+
+
+def test_saved_outputs_and_inputs_round_trip(pair, tmp_path):
+    outputs, inputs = tmp_path / "outputs.json", tmp_path / "inputs.json"
+    first = verify(pair["float"], pair["int8"], VerifyOptions(random=5, seed=3, save_outputs=str(outputs),
+                                                              save_inputs=str(inputs), progress=False))
+    from polygraphy.comparator import RunResults
+
+    saved = RunResults.load(str(outputs))
+    assert list(saved.keys()) == ["reference", "candidate"] and len(saved["reference"]) == 5
+    # On another machine: the saved inputs and outputs, nothing run but what is missing
+    again = verify(pair["float"], pair["int8"], VerifyOptions(load_outputs=str(outputs), load_inputs=str(inputs),
+                                                              progress=False))
+    assert [m.snr_db for m in again.outputs] == [m.snr_db for m in first.outputs]
+    assert again.feeds == 5
+    # Only the reference loaded: the candidate runs here on the loaded inputs, same numbers
+    only_ref = RunResults()
+    only_ref.append(("reference", saved["reference"]))
+    only_ref.save(str(tmp_path / "ref.json"))
+    third = verify(pair["float"], pair["int8"], VerifyOptions(load_outputs=str(tmp_path / "ref.json"),
+                                                              load_inputs=str(inputs), progress=False))
+    assert third.outputs[0].snr_db == pytest.approx(first.outputs[0].snr_db, abs=1e-9)
+    mismatch = cli("verify", pair["float"], pair["int8"], "--load-outputs", outputs, "--random", "2")
+    assert mismatch.returncode == 2
+    assert "holds outputs of 5 feed(s) but 2 feed(s) are given: load the inputs they were made from" in \
+        mismatch.stderr
+
+
+def _break_one_scale(src, dst, consumer: str, factor: float) -> str:
+    """Divide the scale of the activation Q/DQ that feeds ``consumer`` by ``factor``: it clips."""
+    model = onnx.load(str(src))
+    producer = {o: n for n in model.graph.node for o in n.output}
+    node = next(n for n in model.graph.node if n.name == consumer)
+    dq = next(producer[i] for i in node.input if i in producer and producer[i].op_type == "DequantizeLinear"
+              and producer.get(producer[i].input[0]) is not None
+              and producer[producer[i].input[0]].op_type == "QuantizeLinear")
+    q = producer[dq.input[0]]
+    inits = {i.name: i for i in model.graph.initializer}
+    for name in {q.input[1], dq.input[1]}:
+        scale = numpy_helper.to_array(inits[name]) / factor
+        inits[name].CopyFrom(numpy_helper.from_array(scale.astype(np.float32), name))
+    onnx.save(model, str(dst))
+    return node.name
+
+
+def test_per_layer_puts_a_broken_scale_first(pair, tmp_path):
+    broken = tmp_path / "broken.onnx"
+    name = _break_one_scale(pair["int8"], broken, "conv2_quant/float", 25.0)
+    options = VerifyOptions(data=str(pair["eval"]), per_layer=True, progress=False)
+    report = verify(pair["float"], broken, options)
+    loc = report.per_layer
+    assert loc.layers[0].node == name, [(la.node, la.added_db) for la in loc.layers]
+    assert loc.layers[0].added_db < loc.layers[1].added_db - 10
+    assert loc.suggestion == [name] and loc.exclude_nodes() == r"^(conv2_quant/float)$"
+    healthy = verify(pair["float"], pair["int8"], options).per_layer
+    assert {la.node for la in healthy.layers} == {la.node for la in loc.layers}
+    assert report.outputs[0].snr_db < healthy.layers[0].snr_out_db  # the break shows in the output too
+    # bounded batches: two tensors per session give the same numbers as one batch for all
+    small = verify(pair["float"], broken, VerifyOptions(data=str(pair["eval"]), per_layer=True, layer_batch=2,
+                                                        progress=False)).per_layer
+    assert small.batches >= len(loc.tensors) // 2 and loc.batches == 1
+    assert [t.tensor for t in small.tensors] == [t.tensor for t in loc.tensors]
+    assert [t.snr_db for t in small.tensors] == pytest.approx([t.snr_db for t in loc.tensors])
+
+
+def test_per_layer_against_the_original_dynamic_model(pair):
+    """The reference may be the source quantized model: tensors are aligned by name all the same."""
+    report = verify(pair["dynamic"], pair["int8"], VerifyOptions(data=str(pair["eval"]), per_layer=True,
+                                                                 progress=False))
+    assert len(report.per_layer.layers) == 4 and len(report.per_layer.tensors) >= 8
+
+
+def test_html_report_has_the_table_and_the_plot(pair, tmp_path):
+    html_path, json_path = tmp_path / "report.html", tmp_path / "report.json"
+    result = cli("verify", pair["float"], pair["int8"], "--data", pair["eval"], "--per-layer", "--html", html_path,
+                 "--json", json_path, "-q")
+    assert result.returncode == 0, result.stderr
+    page = html_path.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<table id=outputs>" in page and "<table id=layers>" in page
+    assert "<figure id=plot><svg" in page and "SNR per layer along the graph" in page
+    assert "<script" not in page and "<link" not in page and "src=" not in page  # self-contained: nothing fetched
+    assert "--exclude-nodes" in page
+    again = tmp_path / "again.html"
+    cli("verify", pair["float"], pair["int8"], "--data", pair["eval"], "--per-layer", "--html", again, "-q")
+    assert again.read_text() == page  # same inputs, same page
+    assert json.loads(json_path.read_text())["per_layer"]["exclude_nodes"].startswith("^(")
+
+
+def test_engine_without_a_gpu_is_a_clear_error(pair, tmp_path):
+    engine = tmp_path / "model.engine"
+    engine.write_bytes(b"not an engine")
+    result = cli("verify", pair["float"], pair["int8"], "--engine", engine, "--random", "2")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "needs an NVIDIA GPU" in result.stderr and "--save-outputs" in result.stderr
+
+
+def test_feeds_are_validated_against_the_model(pair, tmp_path):
+    np.savez(tmp_path / "bad.npz", x=np.zeros((2, 1, 3, 16, 16), np.float32))
+    result = cli("verify", pair["float"], pair["int8"], "--data", tmp_path / "bad.npz")
+    assert result.returncode == 2
+    assert "input 'x' expects shape" in result.stderr and "dimension 2 is 16" in result.stderr

@@ -1,0 +1,271 @@
+"""``trt-bridge verify``: is the converted model still accurate, and does the engine compute what
+onnxruntime computes?
+
+Runs on Polygraphy: ``OnnxrtRunner`` for the reference and the candidate (Q/DQ simulated in float
+the way TensorRT computes it: :mod:`trt_bridge.runtime`), ``TrtRunner`` for an engine, the
+``Comparator`` to run them on the same feeds, and ``RunResults`` (Polygraphy's JSON format) to
+save and load outputs, so a CPU machine can produce the reference and a GPU runner compare its
+engine against it. The metrics and gates are ours (:mod:`.metrics`, :mod:`.gates`): element-wise
+tolerances do not fit INT8.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from trt_bridge.errors import CalibrationDataError, TrtBridgeError
+from trt_bridge.verify.gates import Gate, apply_gates
+from trt_bridge.verify.layers import Localization, localize
+from trt_bridge.verify.metrics import Accumulator, OutputMetrics
+
+log = logging.getLogger("trt_bridge.verify")
+
+REFERENCE, CANDIDATE, ENGINE = "reference", "candidate", "engine"
+DEFAULT_RANDOM_FEEDS = 8
+
+
+@dataclass(frozen=True)
+class VerifyOptions:
+    data: str | None = None  # feeds, as calibration takes them (npz, folder, loader script)
+    random: int | None = None  # N seeded random feeds (the default, 8, when no data is given)
+    seed: int = 0
+    engine: str | None = None  # a serialized TensorRT engine of the candidate (needs a GPU)
+    gates: tuple[Gate, ...] = ()
+    top_k: int = 5
+    per_layer: bool = False
+    layer_batch: int = 64  # tensors exposed per session in --per-layer
+    layer_feeds: int = 8  # feeds used by --per-layer (the first ones)
+    save_outputs: str | None = None
+    load_outputs: str | None = None
+    save_inputs: str | None = None
+    load_inputs: str | None = None
+    progress: bool = True
+
+
+@dataclass
+class VerifyReport:
+    reference: str
+    candidate: str
+    engine: str | None
+    feeds: int
+    outputs: list[OutputMetrics] = field(default_factory=list)
+    per_layer: Localization | None = None
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return all(m.passed for m in self.outputs)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["passed"] = self.passed
+        if self.per_layer is not None:
+            data["per_layer"]["exclude_nodes"] = self.per_layer.exclude_nodes()
+        return data
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=str)
+
+    def quiet(self) -> str:
+        return "\n".join(m.line() for m in self.outputs)
+
+    def summary(self) -> str:
+        lines = [f"verify {self.candidate} against {self.reference}"
+                 + (f" and engine {self.engine}" if self.engine else "") + f" on {self.feeds} feed(s)"]
+        lines += ["  " + m.line() for m in self.outputs]
+        if self.per_layer is not None:
+            from trt_bridge.verify.layers import snr_text
+
+            loc = self.per_layer
+            lines.append(f"  per layer: {len(loc.tensors)} tensors aligned, {len(loc.layers)} quantized layers, "
+                         f"{loc.batches} batch(es), {loc.feeds} feed(s); largest error added:")
+            for layer in loc.layers[:5]:
+                added = "adds no error" if layer.added_db is None else \
+                    f"adds error at {snr_text(layer.added_db)} dB SNR"
+                lines.append(f"    {layer.op} '{layer.node}': {added} "
+                             f"(input {snr_text(layer.snr_in_db)} dB → output {snr_text(layer.snr_out_db)} dB)")
+            suggestion = loc.exclude_nodes()
+            lines.append(f"  keep in higher precision: convert --exclude-nodes '{suggestion}'" if suggestion
+                         else "  no quantized layer adds error: nothing to keep in higher precision")
+        lines.append(f"  {'PASS' if self.passed else 'FAIL'} ({self.seconds:.2f} s)")
+        return "\n".join(lines)
+
+
+def verify(reference: str | Path, candidate: str | Path, options: VerifyOptions = VerifyOptions()) -> VerifyReport:
+    """Compare ``candidate`` (and an engine) against ``reference`` on the same feeds."""
+    start = time.perf_counter()
+    reference, candidate = Path(reference), Path(candidate)
+    feeds = _feeds(reference, candidate, options)
+    results = _run(reference, candidate, feeds, options)
+    if options.save_outputs:
+        from trt_bridge.model import check_writable
+
+        check_writable(options.save_outputs, "outputs file")
+        results.save(options.save_outputs)
+    report = VerifyReport(str(reference), str(candidate), options.engine, len(feeds))
+    for runner in (CANDIDATE, ENGINE):
+        if runner in results.keys():
+            report.outputs += _compare(results[REFERENCE], results[runner], runner, options.top_k)
+    apply_gates(list(options.gates), report.outputs)
+    if options.per_layer:
+        report.per_layer = localize(reference, candidate, feeds[:options.layer_feeds], options.layer_batch,
+                                    progress=options.progress)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _feeds(reference: Path, candidate: Path, options: VerifyOptions) -> list[dict[str, np.ndarray]]:
+    """The feeds, validated against both models' inputs (names, types, shapes, broadcasts)."""
+    import onnx
+
+    from trt_bridge.calibration import model_inputs, open_feeds
+    from trt_bridge.model import load_model
+
+    for path in (reference, candidate):
+        if not path.is_file():
+            raise TrtBridgeError(f"{path}: no such file. Check the path to the ONNX model.")
+    cand = load_model(candidate)
+    inputs = model_inputs(cand)
+    ref_inputs = {i.name for i in model_inputs(onnx.load(str(reference), load_external_data=False))}
+    if ref_inputs != {i.name for i in inputs}:
+        raise TrtBridgeError(f"{reference} and {candidate} have different inputs ({', '.join(sorted(ref_inputs))} vs "
+                             f"{', '.join(i.name for i in inputs)}): verify compares two forms of one model.")
+    if options.load_inputs:
+        from polygraphy.json import load_json
+
+        from trt_bridge.calibration.feeds import validate_feed
+
+        loaded = load_json(options.load_inputs, description="input data")
+        return [validate_feed(feed, inputs, f"{options.load_inputs} (feed {i})") for i, feed in enumerate(loaded)]
+    if options.data is not None and options.random is not None:
+        raise TrtBridgeError("give either --data or --random, not both.")
+    if options.data is not None:
+        source = open_feeds(options.data, None, inputs, model=cand)
+    else:
+        from trt_bridge.calibration.feeds import RandomFeeds
+
+        count = options.random if options.random is not None else DEFAULT_RANDOM_FEEDS
+        if count < 1:
+            raise TrtBridgeError("--random needs a positive number of feeds.")
+        if options.random is None:
+            log.warning("no --data: comparing on %d random feeds (seed %d); real inputs give meaningful numbers",
+                        count, options.seed)
+        source = RandomFeeds(count, inputs, options.seed).check_broadcasts(cand)
+    del cand
+    feeds = list(source)
+    if not feeds:
+        raise CalibrationDataError(f"{options.data}: no feeds found.")
+    if options.save_inputs:
+        from polygraphy.json import save_json
+
+        save_json(feeds, options.save_inputs, description="input data")
+    return feeds
+
+
+def _run(reference: Path, candidate: Path, feeds, options: VerifyOptions):
+    from polygraphy.backend.onnxrt import OnnxrtRunner
+    from polygraphy.comparator import Comparator, RunResults
+
+    from trt_bridge.runtime import session
+
+    loaded = RunResults()
+    if options.load_outputs:
+        loaded = RunResults.load(options.load_outputs)
+        if REFERENCE not in loaded.keys():
+            raise TrtBridgeError(f"{options.load_outputs} holds no '{REFERENCE}' results (it has "
+                                 f"{', '.join(loaded.keys()) or 'none'}); save it with verify --save-outputs.")
+        count = len(loaded[REFERENCE])
+        if count != len(feeds):
+            raise TrtBridgeError(f"{options.load_outputs} holds outputs of {count} feed(s) but {len(feeds)} feed(s) "
+                                 "are given: load the inputs they were made from (--load-inputs).")
+    runners = []
+    if REFERENCE not in loaded.keys():
+        runners.append(OnnxrtRunner(lambda: session(reference, simulate_qdq=True), name=REFERENCE))
+    if CANDIDATE not in loaded.keys():
+        runners.append(OnnxrtRunner(lambda: session(candidate, simulate_qdq=True), name=CANDIDATE))
+    if options.engine:
+        runners.append(_engine_runner(options.engine))
+    with _polygraphy_logging():
+        results = Comparator.run(runners, data_loader=feeds) if runners else RunResults()
+    for name, iterations in loaded.items():
+        if name not in results.keys():
+            results.append((name, iterations))
+    return results
+
+
+class _polygraphy_logging:
+    """Polygraphy logs each runner's progress on stdout, which would mix with `--json` output: keep it to
+    errors unless trt-bridge runs with -vv, and without its colour probe."""
+
+    def __enter__(self):
+        from polygraphy.logger import G_LOGGER
+
+        self.saved = (G_LOGGER.module_severity, G_LOGGER.colors)
+        if not log.isEnabledFor(logging.DEBUG):
+            G_LOGGER.module_severity = G_LOGGER.ERROR
+        G_LOGGER.colors = False
+        return self
+
+    def __exit__(self, *exc):
+        from polygraphy.logger import G_LOGGER
+
+        G_LOGGER.module_severity, G_LOGGER.colors = self.saved
+
+
+def _engine_runner(engine: str):
+    """Polygraphy's TrtRunner over the serialized engine; running needs an NVIDIA GPU."""
+    from trt_bridge.tensorrt import import_tensorrt, is_rtx
+
+    path = Path(engine)
+    if not path.is_file():
+        raise TrtBridgeError(f"{engine}: no such engine file. Build one with `trt-bridge build`, or drop --engine.")
+    trt = import_tensorrt()
+    if is_rtx(trt):
+        os.environ.setdefault("POLYGRAPHY_USE_TENSORRT_RTX", "1")  # Polygraphy's switch to tensorrt_rtx
+    if not _gpu_present():
+        raise TrtBridgeError(f"running the engine {engine} needs an NVIDIA GPU, and this machine has none. Compare "
+                             "here without --engine and --save-outputs/--save-inputs, then run verify --engine "
+                             "--load-outputs/--load-inputs on a GPU machine.")
+    from polygraphy.backend.common import BytesFromPath
+    from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+
+    return TrtRunner(EngineFromBytes(BytesFromPath(str(path))), name=ENGINE)
+
+
+def _gpu_present() -> bool:
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        try:
+            from cuda import cudart  # cuda-python < 12.6
+        except ImportError:
+            return Path("/dev/nvidiactl").exists()
+    err, count = cudart.cudaGetDeviceCount()
+    return int(err) == 0 and count > 0
+
+
+def _compare(reference_iterations, candidate_iterations, runner: str, k: int) -> list[OutputMetrics]:
+    names = list(reference_iterations[0].keys())
+    accumulators = {name: Accumulator(k) for name in names}
+    for ref, cand in zip(reference_iterations, candidate_iterations):
+        for name in names:
+            if name not in cand:
+                raise TrtBridgeError(f"the {runner} has no output '{name}' (it has {', '.join(cand.keys())}).")
+            try:
+                accumulators[name].add(ref[name], cand[name])
+            except ValueError as exc:
+                raise TrtBridgeError(f"output '{name}' of the {runner}: {exc}.") from exc
+    return [acc.result(name, runner) for name, acc in accumulators.items()]
+
+
+__all__ = ["VerifyOptions", "VerifyReport", "verify"]

@@ -1,0 +1,65 @@
+"""Pass/fail gates on output metrics: ``--min-snr 30``, ``--min-snr logits=35``, ``--min-cosine``, ``--max-abs``.
+
+A bare value applies to every output; ``NAME=VALUE`` to that output only, and wins over the
+bare value for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trt_bridge.errors import TrtBridgeError
+from trt_bridge.verify.metrics import OutputMetrics
+
+#: metric → (flag, whether the bound is a minimum)
+METRICS = {"snr_db": ("--min-snr", True), "cosine": ("--min-cosine", True), "max_abs": ("--max-abs", False)}
+
+
+@dataclass(frozen=True)
+class Gate:
+    metric: str  # 'snr_db' | 'cosine' | 'max_abs'
+    bound: float
+    output: str | None = None  # None: every output
+
+    def check(self, m: OutputMetrics) -> str | None:
+        """None when ``m`` passes, else what failed."""
+        flag, minimum = METRICS[self.metric]
+        value = getattr(m, self.metric)
+        if self.metric == "snr_db" and value is None:
+            return None  # identical outputs
+        ok = value >= self.bound if minimum else value <= self.bound
+        if ok:
+            return None
+        shown = f"{value:.2f} dB" if self.metric == "snr_db" else f"{value:.6g}"
+        return f"{self.metric} {shown} {'<' if minimum else '>'} {flag} {self.bound:g}"
+
+
+def parse_gates(min_snr: list[str] = (), min_cosine: list[str] = (), max_abs: list[str] = ()) -> list[Gate]:
+    """Gates from the CLI's repeated ``[NAME=]VALUE`` flags."""
+    gates = []
+    for metric, values in (("snr_db", min_snr), ("cosine", min_cosine), ("max_abs", max_abs)):
+        for text in values or ():
+            name, _, value = text.rpartition("=")
+            try:
+                bound = float(value)
+            except ValueError:
+                raise TrtBridgeError(f"{METRICS[metric][0]} '{text}': expected VALUE or OUTPUT=VALUE with a number, "
+                                     "e.g. 30 or logits=30") from None
+            gates.append(Gate(metric, bound, name or None))
+    return gates
+
+
+def apply_gates(gates: list[Gate], metrics: list[OutputMetrics]) -> None:
+    """Fill in each output's failures (in place). A per-output gate replaces the global one of its metric."""
+    outputs = {m.output for m in metrics}
+    unknown = sorted({g.output for g in gates if g.output is not None} - outputs)
+    if unknown:
+        raise TrtBridgeError(f"a gate names output '{unknown[0]}', which the model does not have; its outputs are: "
+                             f"{', '.join(sorted(outputs))}.")
+    for m in metrics:
+        for metric in METRICS:
+            own = [g for g in gates if g.metric == metric and g.output == m.output]
+            for gate in own or [g for g in gates if g.metric == metric and g.output is None]:
+                failure = gate.check(m)
+                if failure:
+                    m.failures.append(failure)

@@ -1,0 +1,242 @@
+"""Per-layer localization: which quantized layer costs the accuracy.
+
+The reference and the candidate share their float tensor names (``convert`` keeps them; lifting
+names only the tensors it adds), so every tensor both compute is aligned by name. A quantized
+reference (the model the candidate was converted from) is lifted first, exactly as ``convert``
+lifts it: its float form has the candidate's names, and each layer is then measured against the
+float computation the source stands for. Both models run
+on the same feeds with those tensors exposed as outputs in bounded batches (``batch`` tensors per
+session, never all at once: exposing every tensor defeats fusions and memory planning), and each
+tensor's SNR against its reference value is accumulated feed by feed.
+
+A quantized layer is a node of the candidate that reads a DequantizeLinear output. Its input SNR is
+that of the activations it quantizes (their float values before the QuantizeLinear, traced back
+through re-centring to the tensor both models have), its output SNR that of what it computes. The
+error it adds is the difference of the two noise-to-signal ratios, expressed as an SNR:
+``added = −10·log10(1/snr_out − 1/snr_in)`` (linear ratios): a layer whose input is exact adds
+all of its output's error, and a layer given a bad scale adds far more than its neighbours.
+Layers are ranked by that added SNR, lowest (worst) first.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+from trt_bridge.verify.metrics import Accumulator
+
+#: an SNR above this counts as exact in differences (identical tensors have an infinite SNR)
+EXACT_DB = 200.0
+#: layers whose added error is within this of the worst layer's are named to keep in higher precision
+SUGGEST_WITHIN_DB = 3.0
+
+
+@dataclass(frozen=True)
+class TensorSnr:
+    tensor: str
+    producer: str  # the candidate node that computes it
+    op: str
+    index: int  # position of the producer along the candidate graph (topological order)
+    snr_db: float | None  # None: identical
+
+
+@dataclass(frozen=True)
+class LayerError:
+    node: str
+    op: str
+    index: int
+    output: str  # the tensor its SNR is measured on (its own output, or the first one both models have)
+    output_index: int  # position of that tensor's producer (where the plot puts the layer)
+    inputs: tuple[str, ...]  # the float activations it quantizes
+    snr_in_db: float | None  # worst SNR of those activations (None: identical)
+    snr_out_db: float | None
+    drop_db: float | None  # snr_in − snr_out (None when the input is exact)
+    added_db: float | None  # the SNR of the error this layer adds (None: it adds none)
+
+
+@dataclass
+class Localization:
+    tensors: list[TensorSnr]
+    layers: list[LayerError]  # ranked, largest drop first
+    suggestion: list[str]  # node names to keep in higher precision: the layers adding the most error
+    batches: int
+    feeds: int
+
+    def exclude_nodes(self) -> str | None:
+        """The ``convert --exclude-nodes`` regex that keeps the suggested nodes in higher precision."""
+        if not self.suggestion:
+            return None
+        return "^(" + "|".join(re.escape(n) for n in self.suggestion) + ")$"
+
+
+def _finite(value: float | None) -> float:
+    return EXACT_DB if value is None else min(value, EXACT_DB)
+
+
+def quantized_layers(model: onnx.ModelProto) -> list[tuple[int, onnx.NodeProto, tuple[str, ...]]]:
+    """(index, node, float activations it quantizes) for every node reading a DequantizeLinear output."""
+    producer = {out: node for node in model.graph.node for out in node.output}
+    found = []
+    for index, node in enumerate(model.graph.node):
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        activations, reads_dq = [], False
+        for name in node.input:
+            dq = producer.get(name)
+            if dq is None or dq.op_type != "DequantizeLinear":
+                continue
+            reads_dq = True
+            q = producer.get(dq.input[0])
+            if q is not None and q.op_type == "QuantizeLinear":
+                activations.append(q.input[0])
+        if reads_dq:
+            found.append((index, node, tuple(activations)))
+    return found
+
+
+def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str, np.ndarray]], batch: int = 64,
+             top: int = 3, progress: bool = True) -> Localization:
+    """Align, run in batches of ``batch`` exposed tensors, rank the quantized layers of ``candidate``."""
+    ref_model = _float_reference(reference)
+    cand_model = onnx.load(str(candidate))
+    ref_tensors = {o for n in ref_model.graph.node for o in n.output} | {i.name for i in ref_model.graph.input}
+    order: list[tuple[str, onnx.NodeProto, int]] = []
+    for index, node in enumerate(cand_model.graph.node):
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        order.extend((out, node, index) for out in node.output if out and out in ref_tensors)
+    inputs_needed = {a for _, _, acts in quantized_layers(cand_model) for a in acts if a in ref_tensors}
+    graph_inputs = {i.name for i in cand_model.graph.input}
+    names = [name for name, _, _ in order] + sorted(inputs_needed & graph_inputs)
+    accumulators = {name: Accumulator() for name in names}
+    batches = [names[i:i + batch] for i in range(0, len(names), batch)]
+    for chunk in _progress(batches, progress):
+        ref_sess = _session_with_outputs(ref_model, chunk)
+        cand_sess = _session_with_outputs(cand_model, chunk)
+        fetch = [n for n in chunk if n not in graph_inputs]
+        for feed in feeds:
+            ref_out = ref_sess.run(fetch, feed) if fetch else []
+            cand_out = cand_sess.run(fetch, feed) if fetch else []
+            for name, r, c in zip(fetch, ref_out, cand_out):
+                if np.asarray(r).dtype.kind == "f" and np.shape(r) == np.shape(c):
+                    accumulators[name].add(r, c)
+            for name in chunk:
+                if name in graph_inputs:
+                    accumulators[name].add(feed[name], feed[name])
+        del ref_sess, cand_sess
+    snr = {name: acc.snr_db() for name, acc in accumulators.items() if acc.count}
+    tensors = [TensorSnr(name, node.name, node.op_type, index, snr[name]) for name, node, index in order
+               if name in snr]
+    layers = []
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in cand_model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    constants = {i.name for i in cand_model.graph.initializer}
+    producers = {o: n for n in cand_model.graph.node for o in n.output}
+    position = {name: index for name, _, index in order}
+    for index, node, activations in quantized_layers(cand_model):
+        out = _aligned_output(node.output[0], snr, consumers, constants)
+        if out is None:
+            continue
+        sources = [_aligned_input(a, snr, producers, constants) for a in activations]
+        measured = [snr[a] for a in sources if a is not None]
+        snr_in = None if all(v is None for v in measured) else min(v for v in measured if v is not None)
+        snr_out = snr[out]
+        drop = None if snr_in is None or snr_out is None else snr_in - snr_out
+        layers.append(LayerError(node.name, node.op_type, index, out, position.get(out, index),
+                                 tuple(a for a in sources if a), snr_in, snr_out, drop, _added(snr_in, snr_out)))
+    layers.sort(key=lambda layer: (math.inf if layer.added_db is None else layer.added_db, layer.index))
+    # the worst layer, and those within SUGGEST_WITHIN_DB of it: the ones that cost the accuracy
+    worst = layers[0].added_db if layers else None
+    suggestion = [layer.node for layer in layers[:top]
+                  if layer.added_db is not None and layer.added_db <= worst + SUGGEST_WITHIN_DB]
+    return Localization(tensors, layers, suggestion, len(batches), len(feeds))
+
+
+def _float_reference(path: str | Path) -> onnx.ModelProto:
+    """The per-layer reference: a float model as it is; a quantized one (the source of a conversion) in its
+    lifted float form, which computes what the source means with the source's weights and carries the
+    tensor names convert gave the candidate (a QOperator model's own tensors are uint8 codes)."""
+    model = onnx.load(str(path))
+    quantized = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}
+    if not any(n.op_type in quantized or n.op_type.startswith("QLinear") or (n.domain or "") not in ("", "ai.onnx")
+               for n in model.graph.node):
+        return model
+    from trt_bridge.convert import lift_model
+    from trt_bridge.model import load_model
+
+    lifted, _ = lift_model(load_model(path), path)
+    return lifted
+
+
+def _added(snr_in: float | None, snr_out: float | None) -> float | None:
+    """The SNR of the error a layer adds: its output's noise-to-signal ratio less its input's."""
+    if snr_out is None:
+        return None
+    ratio_out = 10.0 ** (-snr_out / 10.0)
+    ratio_in = 0.0 if snr_in is None else 10.0 ** (-snr_in / 10.0)
+    added = ratio_out - ratio_in
+    if snr_in is None:
+        return snr_out
+    return None if added <= 0 else -10.0 * math.log10(added)
+
+
+def _aligned_input(name: str, aligned: dict, producers: dict, constants: set[str], steps: int = 3) -> str | None:
+    """The tensor both models have that a quantized activation comes from: re-centring puts a
+    Sub (and a Pad) with constants between it and the QuantizeLinear."""
+    for _ in range(steps + 1):
+        if name in aligned:
+            return name
+        node = producers.get(name)
+        if node is None or node.op_type not in ("Add", "Sub", "Mul", "Div", "Pad"):
+            return None
+        variables = [i for i in node.input if i and i not in constants]
+        if len(variables) != 1:
+            return None
+        name = variables[0]
+    return None
+
+
+def _aligned_output(name: str, aligned: dict, consumers: dict, constants: set[str], steps: int = 3) -> str | None:
+    """The first tensor from ``name`` on that both models compute: a lifted layer's own output can be a new
+    tensor (a dynamic conv's, before its bias Add), so follow single readers that apply a constant."""
+    for _ in range(steps + 1):
+        if name in aligned:
+            return name
+        readers = consumers.get(name, [])
+        if len(readers) != 1 or readers[0].op_type not in ("Add", "Sub", "Mul", "Div", "Reshape", "Transpose") \
+                or not all(i == name or i in constants for i in readers[0].input):
+            return None
+        name = readers[0].output[0]
+    return None
+
+
+def _session_with_outputs(model: onnx.ModelProto, names: list[str]):
+    """An onnxruntime session of ``model`` whose outputs are ``names`` (Polygraphy's ModifyOutputs)."""
+    from polygraphy.backend.onnx import ModifyOutputs
+
+    from trt_bridge.runtime import session
+
+    modified = ModifyOutputs(model, outputs=[n for n in names if n not in {i.name for i in model.graph.input}]
+                             or [model.graph.output[0].name], copy=True)()
+    return session(modified)
+
+
+def _progress(batches, enabled: bool):
+    if not enabled or len(batches) < 2:
+        return batches
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return batches
+    return tqdm(batches, desc="per-layer", unit="batch", leave=False, disable=None)
+
+
+def snr_text(value: float | None) -> str:
+    return "inf" if value is None else ("-inf" if value == -math.inf else f"{value:.2f}")

@@ -1,0 +1,107 @@
+"""Accuracy metrics of a candidate's outputs against a reference's, accumulated feed by feed.
+
+Element-wise tolerances mean nothing for INT8 (onnxruntime simulates Q/DQ in float, TensorRT
+runs fused int8 kernels): these are the measures that do. SNR is 10·log10(Σr² / Σ(r−c)²) over
+all feeds; cosine similarity of the flattened outputs; the largest and mean absolute error;
+the relative error ‖r−c‖/‖r‖; and, for classifier-like outputs ([batch, classes] or [classes]),
+how often the top-1 class agrees and how often the reference's top-1 is in the candidate's top-k.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class OutputMetrics:
+    output: str
+    runner: str  # what was compared against the reference: 'candidate' or 'engine'
+    snr_db: float | None  # None: the outputs are identical (infinite SNR)
+    cosine: float
+    max_abs: float
+    mean_abs: float
+    rel_error: float
+    elements: int
+    top1: float | None = None  # fraction of rows whose top-1 class agrees (classifier-like outputs)
+    topk: float | None = None  # fraction of rows whose reference top-1 is in the candidate's top-k
+    k: int | None = None
+    failures: list[str] = field(default_factory=list)  # the gates this output failed
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def snr_text(self) -> str:
+        return "inf" if self.snr_db is None else f"{self.snr_db:.2f}"
+
+    def line(self) -> str:
+        parts = [f"SNR {self.snr_text()} dB", f"cosine {self.cosine:.6f}", f"max |err| {self.max_abs:.4g}",
+                 f"mean |err| {self.mean_abs:.4g}", f"rel {self.rel_error:.4g}"]
+        if self.top1 is not None:
+            parts.append(f"top-1 {100 * self.top1:.1f}%")
+            parts.append(f"top-{self.k} {100 * self.topk:.1f}%")
+        verdict = "PASS" if self.passed else "FAIL (" + "; ".join(self.failures) + ")"
+        return f"{self.runner} '{self.output}': " + ", ".join(parts) + f": {verdict}"
+
+
+def classifier_like(shape: tuple[int, ...]) -> bool:
+    """[batch, classes] or [classes] with at least two classes."""
+    return 1 <= len(shape) <= 2 and shape[-1] >= 2
+
+
+class Accumulator:
+    """Streaming sums for one output: feeds are added one at a time, nothing is kept."""
+
+    def __init__(self, k: int = 5):
+        self.k = k
+        self.ref_energy = self.err_energy = self.dot = self.cand_energy = 0.0
+        self.max_abs = self.abs_sum = 0.0
+        self.count = 0
+        self.rows = self.top1 = self.topk = 0
+        self.classifier = True
+
+    def add(self, reference: np.ndarray, candidate: np.ndarray) -> None:
+        r = np.asarray(reference, np.float64)
+        c = np.asarray(candidate, np.float64)
+        if r.shape != c.shape:
+            raise ValueError(f"shapes differ: reference {list(r.shape)}, candidate {list(c.shape)}")
+        e = r - c
+        self.ref_energy += float(np.sum(r * r))
+        self.cand_energy += float(np.sum(c * c))
+        self.err_energy += float(np.sum(e * e))
+        self.dot += float(np.sum(r * c))
+        if e.size:
+            self.max_abs = max(self.max_abs, float(np.max(np.abs(e))))
+        self.abs_sum += float(np.sum(np.abs(e)))
+        self.count += r.size
+        self.classifier = self.classifier and classifier_like(r.shape)
+        if self.classifier:
+            rows_r, rows_c = r.reshape(-1, r.shape[-1]), c.reshape(-1, c.shape[-1])
+            best = rows_r.argmax(axis=1)
+            self.rows += len(rows_r)
+            self.top1 += int(np.sum(best == rows_c.argmax(axis=1)))
+            k = min(self.k, r.shape[-1])
+            top = np.argsort(-rows_c, axis=1, kind="stable")[:, :k]
+            self.topk += int(np.sum(np.any(top == best[:, None], axis=1)))
+
+    def snr_db(self) -> float | None:
+        if self.err_energy == 0.0:
+            return None
+        if self.ref_energy == 0.0:
+            return -math.inf
+        return 10.0 * math.log10(self.ref_energy / self.err_energy)
+
+    def result(self, output: str, runner: str) -> OutputMetrics:
+        norm = math.sqrt(self.ref_energy * self.cand_energy)
+        cosine = self.dot / norm if norm > 0 else (1.0 if self.err_energy == 0 else 0.0)
+        metrics = OutputMetrics(
+            output, runner, self.snr_db(), cosine, self.max_abs, self.abs_sum / max(self.count, 1),
+            math.sqrt(self.err_energy / self.ref_energy) if self.ref_energy > 0 else (0.0 if self.err_energy == 0
+                                                                                      else math.inf),
+            self.count)
+        if self.classifier and self.rows:
+            metrics.top1, metrics.topk, metrics.k = self.top1 / self.rows, self.topk / self.rows, self.k
+        return metrics
