@@ -218,3 +218,76 @@ def test_check_of_converted_models_has_no_findings(tmp_path, fmt):
     convert(src, out, ConvertOptions(progress=False, check=False))
     report = check_model(out)
     assert report.ready and report.findings == [] and report.parser.ok
+
+
+def test_parser_only_blocker_that_convert_fixes_is_fixable(tmp_path):
+    """An opset-9 Dropout whose mask (a float tensor then) feeds a Mul: TensorRT rejects the Mul, no static rule
+    names it, and convert's lifted model parses: the finding says convert fixes it.
+
+    #  x ─ MatMul(W) ─ Dropout(ratio 0.1) ─┬ out ─ Mul ─ y
+    #                                     └ mask ┘
+    """
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["m"], "mm"),
+         helper.make_node("Dropout", ["m"], ["dd", "mask"], "drop", ratio=0.1),
+         helper.make_node("Mul", ["dd", "mask"], ["y"], "mul")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+        [numpy_helper.from_array(rng.standard_normal((64, 64)).astype(np.float32), "W")])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 9)]), tmp_path / "op9.onnx")
+    report = check_model(src)
+    parser_only = [f for f in report.findings if f.rule == "tensorrt-parser"]
+    assert parser_only and all(f.fixable for f in parser_only)
+    assert parser_only[0].fix.startswith("no static rule names it, but convert's lifted model parses past it")
+
+
+def test_type_conflict_no_cast_resolves_is_named_on_its_node(tmp_path):
+    """A Constant named like the tensor it writes ('idx'), read as float indices by Gather 'y': the finding names
+    the Gather, not the Constant."""
+    graph = helper.make_graph(
+        [helper.make_node("Constant", [], ["idx"], "idx", value=numpy_helper.from_array(np.array([1, 0], np.float32))),
+         helper.make_node("Gather", ["x", "idx"], ["y"], "y", axis=0)], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "named.onnx")
+    report = check_model(src, STATIC)
+    finding = next(f for f in report.findings if f.rule == "type-mismatch")
+    assert (finding.node, finding.op, finding.fixable) == ("y", "Gather", False)
+
+
+def test_int16_zero_point_is_a_finding_not_a_traceback(tmp_path):
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], "q"),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], "dq")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 64])],
+        [numpy_helper.from_array(np.array(0.01, np.float32), "s"), numpy_helper.from_array(np.array(0, np.int16), "z")])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]), tmp_path / "q16.onnx")
+    report = check_model(src, STATIC)
+    assert {(f.rule, f.node) for f in report.blockers} >= {("qdq-zero-point", "q"), ("qdq-zero-point", "dq")}
+    assert "int16 codes: TensorRT quantizes to int8 only" in report.findings[0].why
+
+
+def test_reports_never_overwrite_a_model(tmp_path):
+    fpath = save(samples.conv_net(), tmp_path / "float.onnx")
+    before = fpath.read_bytes()
+    for args in (("check", fpath, "--json", fpath),
+                 ("convert", fpath, "-o", tmp_path / "o.onnx", "--calib-random", "1", "--report", fpath),
+                 ("convert", fpath, "-o", tmp_path / "o.onnx", "--calib-random", "1", "--json", tmp_path / "o.onnx"),
+                 ("verify", fpath, fpath, "--random", "1", "--html", fpath)):
+        result = cli(*args)
+        assert result.returncode == 2 and "a model of this command; choose another file name" in result.stderr
+    assert fpath.read_bytes() == before and not (tmp_path / "o.onnx").exists()
+
+
+def test_check_json_of_a_bf16_model_is_clean_json(tmp_path):
+    """onnx-graphsurgeon warns about bfloat16 on stdout; the CLI keeps its own output machine-readable, and the
+    float32 feeds convert takes for a bfloat16 input are accepted by `check --data` too."""
+    from test_types import _bf16_conv_net
+
+    src = save(_bf16_conv_net()[0], tmp_path / "bf16.onnx")
+    np.savez(tmp_path / "feeds.npz", x=np.zeros((2, 4, 64), np.float32))
+    result = cli("check", src, "--json", "--data", tmp_path / "feeds.npz")
+    data = json.loads(result.stdout)
+    assert result.returncode == 1 and [f["rule"] for f in data["findings"]] == ["bf16", "not-int8"]

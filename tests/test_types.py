@@ -87,8 +87,8 @@ def test_integer_accumulator_and_float16_bias():
 
 
 def test_promotion_without_a_declared_type_reaches_the_graph_output(tmp_path):
-    """No value_info for the Add's output: it stays float32 (loading infers int32 for it, like input 0: not a
-    declaration), Relu follows in float32, and the graph output gets its declared float16 back.
+    """No value_info for the Add's output: it stays float32 (loading infers int32 for it, like input 0, which is
+    not a declaration), Relu follows in float32, and the graph output gets its declared float16 back.
 
     #  a:int8[2,4] ─ MatMulInteger(w) ─ acc:int32 ─┐
     #                             bias:f16[4] ─ Add ─ y ─ Relu ─ out:f16 (graph output)
@@ -103,9 +103,11 @@ def test_promotion_without_a_declared_type_reaches_the_graph_output(tmp_path):
         [helper.make_tensor_value_info("out", TensorProto.FLOAT16, [2, 4])],
         [numpy_helper.from_array(np.arange(-8, 8, dtype=np.int8).reshape(4, 4), "w"),
          numpy_helper.from_array(np.full(4, -0.5, np.float16), "bias")])
+    declared: dict[str, int] = {}
     model = load_model(save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]),
-                            tmp_path / "m.onnx"))
-    changes = agree_types(model)
+                            tmp_path / "m.onnx"), declared)
+    assert declared == {}  # the exporter wrote no value_info; inference's guesses are not declarations
+    changes = agree_types(model, declared=declared)
     assert [c.what for c in changes] == [
         "Add inputs disagree ('acc' int32, 'bias' float16): computed in float32",
         "graph output 'out' computed in float32 after the casts above: cast to its declared float16"]
@@ -235,3 +237,108 @@ def test_bf16_to_fp16_refuses_values_out_of_range():
     with pytest.raises(UnsupportedPatternError, match=r"initializer 'B' holds bfloat16 values up to 9.99e\+05, beyond "
                                                       r"float16's range \(65504\): use --bf16 fp32"):
         prepare(bf16, "m.onnx", Bf16Policy.FP16)
+
+
+def test_promotion_does_not_depend_on_input_order(tmp_path):
+    """Concat(float16, float32) then a float32 MatMul: computed in float32 whichever input comes first (load-time
+    inference types the Concat like its first input; that guess is not a declaration), so a float32 value
+    beyond float16's range survives.
+
+    #  x:f16[1,4] ─┐
+    #  f:f32[1,4] ─ Concat ─ MatMul(W:f32[8,2]) ─ y:f32
+    """
+    from trt_bridge.model import load_model
+
+    outs = []
+    for order in (["x", "f"], ["f", "x"]):
+        graph = helper.make_graph(
+            [helper.make_node("Concat", order, ["c"], "concat", axis=1),
+             helper.make_node("MatMul", ["c", "W"], ["y"], "mm")], "g",
+            [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [1, 4]),
+             helper.make_tensor_value_info("f", TensorProto.FLOAT, [1, 4])],
+            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2])],
+            [numpy_helper.from_array(np.full((8, 2), 0.5, np.float32), "W")])
+        path = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "c.onnx")
+        declared: dict[str, int] = {}
+        model = load_model(path, declared)
+        changes = prepare(model, path, declared=declared)
+        assert [c.what for c in changes] == [f"Concat inputs disagree ('{order[0]}' "
+                                             f"{'float16' if order[0] == 'x' else 'float32'}, '{order[1]}' "
+                                             f"{'float32' if order[0] == 'x' else 'float16'}): computed in float32"]
+        feed = {"x": np.ones((1, 4), np.float16), "f": np.full((1, 4), 1e5, np.float32)}
+        outs.append(session(model).run(None, feed)[0])
+    assert np.all(np.isfinite(outs[0])) and np.array_equal(outs[0], outs[1])
+    np.testing.assert_allclose(outs[0], np.full((1, 2), 0.5 * (4 + 4e5), np.float32))
+
+
+def test_float16_weight_scales_never_round_to_zero(tmp_path):
+    """A float16 MatMul whose weights are tiny: their per-channel scales are below float16's smallest subnormal.
+    They are kept positive and the codes are computed with the stored float16 scale, so TensorRT-RTX takes
+    the model and the channels do not compute 0.
+
+    #  x:f16[4,32] ─ MatMul(W:f16[32,16] · 1e-6) ─ y:f16
+    """
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((32, 16)) * 1e-6).astype(np.float16)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "W"], ["y"], "mm")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT16, [4, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT16, [4, 16])],
+                              [numpy_helper.from_array(w, "W")])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "tiny.onnx")
+    out = tmp_path / "tiny.int8.onnx"
+    report = convert(src, out, ConvertOptions(calib_random=4, progress=False))
+    model = assert_qdq_contract(out)
+    scales = [numpy_helper.to_array(i) for i in model.graph.initializer if i.name.startswith("W_scale")]
+    assert scales and all(np.all(s > 0) for s in scales)
+    assert report.check["ready"]
+    x = np.random.default_rng(1).standard_normal((4, 32)).astype(np.float16)
+    got = session(out).run(None, {"x": x})[0].astype(np.float64)
+    want = x.astype(np.float64) @ w.astype(np.float64)
+    assert np.all(np.abs(got).sum(axis=0) > 0)
+    assert snr_db([want], [got]) > 10  # coarse (subnormal scales), but no channel lost
+    assert_tensorrt_ready(out)
+
+
+def test_bf16_keep_is_a_clear_error(tmp_path):
+    bf16, _ = _bf16_conv_net()
+    src = save(bf16, tmp_path / "bf16.onnx")
+    with pytest.raises(UnsupportedPatternError, match=r"activation 'r1' is bfloat16, which trt-bridge does not "
+                                                      r"quantize: convert with --bf16 fp32"):
+        convert(src, tmp_path / "out.onnx", ConvertOptions(calib_random=2, bf16=Bf16Policy.KEEP, progress=False))
+
+
+def test_bf16_inside_if_branches_is_rewritten(tmp_path):
+    """Both branches of an If cast to bfloat16; the Add after it meets a bfloat16 constant.
+
+    #  c:bool ─ If(then: Cast(x → bf16), else: Cast(-x → bf16)) ─ Add(b:bf16) ─ MatMul(W:bf16) ─ y:bf16
+    """
+    def branch(name, negate):
+        nodes = ([helper.make_node("Neg", ["x"], ["nx"], f"{name}_neg")] if negate else []) + [
+            helper.make_node("Cast", ["nx" if negate else "x"], [f"{name}_out"], f"{name}_cast",
+                             to=TensorProto.BFLOAT16)]
+        return helper.make_graph(nodes, name, [], [helper.make_tensor_value_info(f"{name}_out", TensorProto.BFLOAT16,
+                                                                                 [2, 16])])
+
+    def bf16(values, name):
+        raw = (np.asarray(values, np.float32).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+        return helper.make_tensor(name, TensorProto.BFLOAT16, values.shape, raw, raw=True)
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("If", ["c"], ["picked"], "if", then_branch=branch("then", False),
+                          else_branch=branch("else", True)),
+         helper.make_node("Add", ["picked", "b"], ["s"], "add"),
+         helper.make_node("MatMul", ["s", "W"], ["y"], "mm")], "g",
+        [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+         helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2, 16])],
+        [bf16(np.ones(16, np.float32), "b"), bf16(rng.standard_normal((16, 16)).astype(np.float32), "W")])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "if.onnx")
+    out = tmp_path / "if.int8.onnx"
+    convert(src, out, ConvertOptions(calib_random=4, progress=False))
+    model = assert_qdq_contract(out)
+    assert not any(v.type.tensor_type.elem_type == TensorProto.BFLOAT16 for v in (*model.graph.output,))
+    x = rng.standard_normal((2, 16)).astype(np.float32)
+    for c in (True, False):
+        got = session(out).run(None, {"c": np.array(c), "x": x})[0]
+        assert got.dtype == np.float32 and np.all(np.isfinite(got))

@@ -185,3 +185,19 @@ def test_feeds_are_validated_against_the_model(pair, tmp_path):
     result = cli("verify", pair["float"], pair["int8"], "--data", tmp_path / "bad.npz")
     assert result.returncode == 2
     assert "input 'x' expects shape" in result.stderr and "dimension 2 is 16" in result.stderr
+
+
+def test_the_suggestion_is_what_convert_exclude_nodes_takes(pair, tmp_path):
+    """The regex verify prints keeps exactly those nodes' inputs in float when given back to convert."""
+    loc = verify(pair["float"], pair["int8"], VerifyOptions(data=str(pair["eval"]), per_layer=True,
+                                                            progress=False)).per_layer
+    assert loc.suggestion
+    out = tmp_path / "kept.onnx"
+    result = cli("convert", pair["dynamic"], "-o", out, "--calib-data", pair["root"] / "calib.npz",
+                 "--exclude-nodes", loc.exclude_nodes(), "--json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    excluded = {x["node"] for x in report["left_in_float"] if "--exclude-nodes" in x["reason"]}
+    assert excluded == set(loc.suggestion)
+    quantized_consumers = {c for q in report["quantized"] for c in q["consumers"]}
+    assert not quantized_consumers & set(loc.suggestion)

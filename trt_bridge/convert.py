@@ -66,7 +66,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     """Convert the model at ``model_path`` and write the TensorRT-ready model to ``output_path``."""
     import onnx_graphsurgeon as gs
 
-    from trt_bridge.lower import lower, needs_opset
+    from trt_bridge.lower import check_quantizable, lower, needs_opset
     from trt_bridge.recenter import recenter
 
     model_path, output_path = Path(model_path), Path(output_path)
@@ -75,9 +75,10 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     check_writable(output_path, "output model")
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
-    model = load_model(model_path)
+    declared: dict[str, int] = {}
+    model = load_model(model_path, declared)
     source_opset = default_opset(model)
-    inputs = _feed_types(model_inputs(model), options.bf16)
+    inputs = feed_types(model_inputs(model), options.bf16)
     # Open (and check) the calibration source before any work, so a bad path fails fast.
     feeds = None
     if options.calib_data is not None or options.calib_random is not None:
@@ -86,7 +87,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     seconds["load"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    lifted, ctx = lift_model(model, model_path, options.bf16)
+    lifted, ctx = lift_model(model, model_path, options.bf16, declared)
     del model
     graph = gs.import_onnx(lifted)  # keeps referring to lifted's weights: no copy
     scales = options.scales or (ScalePolicy.DATA if options.calib_data is not None else ScalePolicy.MODEL)
@@ -99,6 +100,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     placement = place(graph, ctx.annotations, PlacementOptions(
         options.placement, options.include_ops, options.exclude_ops, options.exclude_nodes), feeds is not None)
     left = placement.left_in_float
+    check_quantizable(graph, ctx.annotations)
     seconds["lift"] = time.perf_counter() - t0
 
     calibration, smoothed, recentered, result = None, [], [], None
@@ -159,13 +161,20 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     return report
 
 
-def prepare(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Policy = Bf16Policy.FP32) -> list:
+def prepare(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Policy = Bf16Policy.FP32,
+            declared: dict[str, int] | None = None) -> list:
     """Make ``model``'s types agree with its ops (in place): bfloat16 per ``bf16``, then a Cast wherever
-    a node's inputs contradict its schema. Returns the changes (``sanitize.Change``)."""
+    a node's inputs contradict its schema. ``declared``: the exporter's value_info types, as
+    :func:`load_model` captured them (None: the model's value_info is the exporter's). Returns the
+    changes (``sanitize.Change``)."""
     from trt_bridge.sanitize.types import agree_types, convert_bf16
 
     _name_nodes(model)
-    return convert_bf16(model, bf16) + agree_types(model, str(where))
+    changes = convert_bf16(model, bf16)
+    if declared is not None and bf16 is not Bf16Policy.KEEP:
+        target = onnx.TensorProto.FLOAT if bf16 is Bf16Policy.FP32 else onnx.TensorProto.FLOAT16
+        declared = {k: target if v == onnx.TensorProto.BFLOAT16 else v for k, v in declared.items()}
+    return changes + agree_types(model, str(where), declared)
 
 
 @dataclass
@@ -179,7 +188,7 @@ class Lifting:
 
 
 def lift_graph(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Policy = Bf16Policy.FP32,
-               prepared: list | None = None) -> Lifting:
+               prepared: list | None = None, declared: dict[str, int] | None = None) -> Lifting:
     """Prepare (unless ``prepared`` holds the changes :func:`prepare` already made), sanitize, fold
     constants and lift ``model`` (consumed); report what is left."""
     import onnx_graphsurgeon as gs
@@ -187,7 +196,7 @@ def lift_graph(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
     from trt_bridge.lift import leftover_blockers, lift
     from trt_bridge.sanitize import sanitize
 
-    changes = prepare(model, where, bf16) if prepared is None else list(prepared)
+    changes = prepare(model, where, bf16, declared) if prepared is None else list(prepared)
     if changes:  # the casts' outputs need types and shapes for the passes below
         model = infer_shapes(model)
     graph = gs.import_onnx(model)
@@ -197,7 +206,8 @@ def lift_graph(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
     return Lifting(graph, ctx, changes, leftover_blockers(graph))
 
 
-def lift_model(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Policy = Bf16Policy.FP32):
+def lift_model(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Policy = Bf16Policy.FP32,
+               declared: dict[str, int] | None = None):
     """Lift ``model`` (consumed) to the canonical form: ``(float ModelProto, LiftContext)``.
 
     The float model computes exactly what the source meant, with the source's own
@@ -207,7 +217,7 @@ def lift_model(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
     import onnx_graphsurgeon as gs
 
     source_opset = default_opset(model)
-    lifting = lift_graph(model, where, bf16)
+    lifting = lift_graph(model, where, bf16, declared=declared)
     if lifting.blockers:
         raise UnsupportedPatternError(_blocker_message(where, lifting.blockers, lifting.ctx.declined))
     lifting.ctx.prepared = lifting.changes
@@ -243,7 +253,7 @@ def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, op
     return finish(observers, count, time.perf_counter() - start, options.calib_method), smoothed
 
 
-def _feed_types(inputs, bf16: Bf16Policy):
+def feed_types(inputs, bf16: Bf16Policy):
     """The input types feeds must have once bfloat16 inputs are rewritten (``--bf16 fp32|fp16``)."""
     from dataclasses import replace
 

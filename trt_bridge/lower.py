@@ -40,15 +40,18 @@ class QuantizedTensor:
     dtype: str = "float32"  # the float type of the tensor and its scale
 
 
-def quantize_weight(values: np.ndarray, axis: int) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 per-channel quantization along ``axis``: (int8 values, 1-d scales)."""
+def quantize_weight(values: np.ndarray, axis: int, ftype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per-channel quantization along ``axis``: (int8 values, 1-d scales of type ``ftype``).
+
+    The codes are computed with the scale as the model will store it (float16 in a float16 model), so
+    dequantizing gives back what was quantized."""
     reduce_axes = tuple(i for i in range(values.ndim) if i != axis)
     amax = np.abs(values.astype(np.float64)).max(axis=reduce_axes)
-    scale = np.where(amax > 0, amax / QMAX, 1.0 / QMAX)
+    scale = representable_scale(np.where(amax > 0, amax / QMAX, 1.0 / QMAX), ftype)
     shape = [1] * values.ndim
     shape[axis] = -1
-    q = np.clip(np.rint(values / scale.reshape(shape)), -QMAX, QMAX).astype(np.int8)
-    return q, scale.astype(np.float32)
+    q = np.clip(np.rint(values.astype(np.float64) / scale.astype(np.float64).reshape(shape)), -QMAX, QMAX)
+    return q.astype(np.int8), scale
 
 
 #: QuantizeLinear/DequantizeLinear take float16 (and bfloat16) values and scales from opset 19
@@ -68,6 +71,15 @@ def _float_type(tensor: gs.Tensor, what: str):
     return dtype.type if dtype in (np.float16, np.float32) else np.float32
 
 
+def check_quantizable(graph: gs.Graph, annotations: Annotations) -> None:
+    """Raise the clear error for an annotated tensor lowering cannot quantize (bfloat16), before calibration."""
+    tensors = graph.tensors()
+    for kind, table in (("activation", annotations.activations), ("weight", annotations.weights)):
+        for name in sorted(table):
+            if name in tensors:
+                _float_type(tensors[name], kind)
+
+
 def needs_opset(quantized: list[QuantizedTensor]) -> int:
     """The opset the lowered Q/DQ need: 19 when a scale is float16, else 13."""
     return FP16_QDQ_OPSET if any(q.dtype == "float16" for q in quantized) else 13
@@ -83,8 +95,7 @@ def lower(graph: gs.Graph, annotations: Annotations) -> list[QuantizedTensor]:
     for name in sorted(annotations.weights):
         spec = annotations.weights[name]
         ftype = _float_type(tensors[name], "weight")
-        q, scale = _weight_values(spec, tensors[name])
-        scale = scale.astype(ftype)
+        q, scale = _weight_values(spec, tensors[name], ftype)
         dq_out = gs.Variable(names(f"{name}_dequantized"), dtype=ftype, shape=list(q.shape))
         zero = np.zeros(scale.shape, np.int8)
         attrs = {"axis": spec.axis} if scale.ndim == 1 else {}
@@ -101,7 +112,7 @@ def lower(graph: gs.Graph, annotations: Annotations) -> list[QuantizedTensor]:
         if spec.scale is None:
             raise InternalError(f"activation '{name}' reached lowering without a scale")
         ftype = _float_type(tensors[name], "activation")
-        scale = gs.Constant(names(f"{name}_scale"), np.array(spec.scale, ftype))
+        scale = gs.Constant(names(f"{name}_scale"), representable_scale(np.array(spec.scale), ftype))
         zero = gs.Constant(names(f"{name}_zero_point"), np.array(0, np.int8))
         q_out = gs.Variable(names(f"{name}_quantized"), dtype=np.int8)
         dq_out = gs.Variable(names(f"{name}_dequantized"), dtype=ftype)
@@ -110,25 +121,32 @@ def lower(graph: gs.Graph, annotations: Annotations) -> list[QuantizedTensor]:
         graph.nodes.append(gs.Node("DequantizeLinear", names(f"{name}_DequantizeLinear"), {},
                                    [q_out, scale, zero], [dq_out]))
         _rewire(nodes, spec.sites, name, dq_out)
-        done.append(QuantizedTensor(name, "activation", float(ftype(spec.scale)), None,
+        done.append(QuantizedTensor(name, "activation", float(scale.values), None,
                                     spec.source.value if spec.source else "", tuple(s.node for s in spec.sites),
                                     np.dtype(ftype).name))
     graph.cleanup().toposort()
     return done
 
 
-def _weight_values(spec: WeightSpec, tensor: gs.Tensor) -> tuple[np.ndarray, np.ndarray]:
+def _weight_values(spec: WeightSpec, tensor: gs.Tensor, ftype=np.float32) -> tuple[np.ndarray, np.ndarray]:
     if spec.int8 is not None and spec.scale is not None:
-        return spec.int8, np.asarray(spec.scale, np.float32)
+        return spec.int8, representable_scale(np.asarray(spec.scale, np.float64), ftype)
     if not isinstance(tensor, gs.Constant):
         raise InternalError(f"weight '{spec.tensor}' is not a constant at lowering")
     spec.source = ScaleSource.REQUANTIZED
-    return quantize_weight(np.asarray(tensor.values), spec.axis)
+    return quantize_weight(np.asarray(tensor.values), spec.axis, ftype)
+
+
+def representable_scale(scale: np.ndarray, ftype) -> np.ndarray:
+    """``scale`` in the Q/DQ's float type, never 0: a float16 scale below float16's smallest subnormal
+    would round to 0, which TensorRT rejects ("Scale coefficients must all be positive")."""
+    tiny = np.finfo(ftype).smallest_subnormal
+    return np.asarray(np.maximum(np.asarray(scale, np.float64), tiny), dtype=ftype)
 
 
 def effective_weight(spec: WeightSpec, tensor: gs.Tensor) -> np.ndarray:
     """The float weights the lowered model computes with: int8 values times their scales."""
-    q, scale = _weight_values(spec, tensor)
+    q, scale = _weight_values(spec, tensor, _float_type(tensor, "weight"))
     if scale.ndim == 0:
         return q.astype(np.float32) * scale
     shape = [1] * q.ndim

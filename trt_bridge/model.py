@@ -25,7 +25,7 @@ EXTERNAL_DATA_THRESHOLD = int(1.8 * 2**30)
 MIN_QDQ_OPSET = 13  # per-channel QuantizeLinear/DequantizeLinear need `axis`
 
 
-def load_model(path: str | os.PathLike) -> onnx.ModelProto:
+def load_model(path: str | os.PathLike, declared: dict[str, int] | None = None) -> onnx.ModelProto:
     """Load ``path`` with its external data, checked and with inferred shapes (:func:`validate_model`);
     raise ModelLoadError with the fix on failure."""
     path = Path(path)
@@ -45,7 +45,7 @@ def load_model(path: str | os.PathLike) -> onnx.ModelProto:
         raise ModelLoadError(f"{path}: cannot read its external data ({exc}).") from exc
     if not model.graph.node:
         raise ModelLoadError(f"{path}: the graph has no nodes; nothing to convert.")
-    return validate_model(model, path)
+    return validate_model(model, path, declared=declared)
 
 
 def _external_locations(model: onnx.ModelProto) -> dict[str, list[str]]:
@@ -121,13 +121,19 @@ def infer_shapes(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelProt
     return model
 
 
-def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool = False) -> onnx.ModelProto:
+def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool = False,
+                   declared: dict[str, int] | None = None) -> onnx.ModelProto:
     """Run ``onnx.checker`` and shape inference on ``model`` (in place); raise ModelLoadError.
 
-    A graph that refers to tensors nobody produces, nodes out of order, attributes
-    of the wrong type or inputs whose types contradict their op all surface here,
-    named by onnx, instead of as a stack trace from deep inside the conversion.
+    A graph that refers to tensors nobody produces, nodes out of order or attributes
+    of the wrong type surface here, named by onnx, instead of as a stack trace from deep
+    inside the conversion. Inputs whose types contradict their op are left to the type pass
+    (``sanitize.types``); ``declared`` receives the exporter's own ``value_info`` types first,
+    because inference then replaces them with its guesses.
     """
+    if declared is not None:  # the exporter's own types, before inference fills in (and guesses) the rest
+        declared.update({v.name: v.type.tensor_type.elem_type for v in model.graph.value_info
+                         if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type})
     model = _upgrade_per_axis_qdq(model, path)
     skeleton = _skeleton(model)
     try:

@@ -173,7 +173,10 @@ def place(graph: gs.Graph, annotations: Annotations, options: PlacementOptions =
 
 def _is_float(t: gs.Tensor) -> bool:
     import numpy as np
+    import onnx
 
+    if isinstance(t.dtype, int):  # onnx-graphsurgeon keeps types numpy lacks as the ONNX enum
+        return t.dtype in (onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT16, onnx.TensorProto.FLOAT)
     return t.dtype is not None and np.issubdtype(np.dtype(t.dtype), np.floating)
 
 

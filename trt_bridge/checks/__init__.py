@@ -64,7 +64,8 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
 
     start = time.perf_counter()
     path = Path(path)
-    model = load_model(path)
+    declared: dict[str, int] = {}
+    model = load_model(path, declared)
     _name_nodes(model)
     node_names = [n.name for n in model.graph.node]  # the parser names nodes by index when they have no name
     opset = default_opset(model)
@@ -82,7 +83,7 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
     findings += _bf16(graph)
     ops = {n.name: n for n in graph.nodes}
     del graph
-    findings = _dry_run(model, path, findings, ops)
+    findings = _dry_run(model, path, findings, ops, declared)
     if not int8:
         findings.append(Finding("not-int8", Severity.BLOCKER, "", "", [], "nothing is quantized: TensorRT builds the "
                                 "model in floating point", "quantizes it with --int8 --calib-data DATA (TensorRT "
@@ -109,10 +110,12 @@ def _bf16(graph) -> list[Finding]:
 def _feeds(model, data: str) -> list[Finding]:
     """Every feed of ``data`` against the model's inputs and what they imply for each broadcasting node."""
     from trt_bridge.calibration import model_inputs, open_feeds
+    from trt_bridge.convert import feed_types
     from trt_bridge.errors import CalibrationDataError
+    from trt_bridge.sanitize.types import Bf16Policy
 
-    try:
-        feeds = open_feeds(data, None, model_inputs(model), model=model)
+    try:  # the feeds convert would take: bfloat16 inputs become float32 (--bf16's default)
+        feeds = open_feeds(data, None, feed_types(model_inputs(model), Bf16Policy.FP32), model=model)
         feeds.check()
         for _ in feeds:
             pass
@@ -138,19 +141,19 @@ def _broadcasts(model) -> list[Finding]:
     return findings
 
 
-def _dry_run(model, path: Path, findings: list[Finding], ops: dict) -> list[Finding]:
+def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: dict[str, int]) -> list[Finding]:
     """Run convert's preparation and lifting on ``model`` (consumed); fill in each finding's fix."""
     from trt_bridge.convert import lift_graph, prepare
     from trt_bridge.errors import UnsupportedPatternError
 
     try:
-        prepared = prepare(model, path)
+        prepared = prepare(model, path, declared=declared)
     except UnsupportedPatternError as exc:
         message = str(exc).split(": ", 1)[-1]
         for finding in findings:
             if not finding.fix:
                 finding.fix = f"convert stops before this: {message}"
-        node = _node_named_in(message, ops)
+        node = ops.get(getattr(exc, "node", None) or "") or _node_named_in(message, ops)
         findings.append(Finding("type-mismatch", Severity.BLOCKER, node.name if node else "", node.op if node else "",
                                 [tensor_info(t) for t in node.inputs] if node else [], "the input types contradict "
                                 "the op's schema and no cast resolves it", message, False))
@@ -229,7 +232,30 @@ def _probe(path: Path, report: CheckReport, node_names: list[str], ops: dict) ->
                           message)
         report.findings.append(finding)
         by_node[name] = finding
+    unexplained = [f for f in report.findings if f.rule == "tensorrt-parser"]
+    if unexplained and _lifted_model_parses(path):
+        for finding in unexplained:
+            finding.fixable = True
+            finding.fix = ("no static rule names it, but convert's lifted model parses past it (checked with "
+                           "TensorRT's parser)")
     return ParserRun(result.module, result.version, result.ok, len(result.details), result.layers)
+
+
+def _lifted_model_parses(path: Path) -> bool:
+    """Whether TensorRT's parser takes the float model convert lifts ``path`` to (its Q/DQ come after)."""
+    import tempfile
+
+    from trt_bridge.convert import lift_model
+    from trt_bridge.model import load_model, save_model
+    from trt_bridge.tensorrt.build import parse
+
+    try:
+        declared: dict[str, int] = {}
+        lifted, _ = lift_model(load_model(path, declared), path, declared=declared)
+        with tempfile.TemporaryDirectory(prefix="trt-bridge-check-") as tmp:
+            return parse(save_model(lifted, Path(tmp) / "lifted.onnx")).ok
+    except Exception:  # noqa: BLE001 - convert cannot lift it: the finding stays "cannot fix"
+        return False
 
 
 __all__ = ["CheckOptions", "CheckReport", "Finding", "Severity", "TrtProbe", "check_model"]

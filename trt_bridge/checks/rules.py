@@ -114,6 +114,10 @@ class QDQScales:
         scale = constant_values(node.inputs[1])
         if scale is None:
             return _finding(self.name, node, "the scale is computed at run time; TensorRT needs a constant scale")
+        if not np.all(np.isfinite(scale)) or np.any(scale <= 0):
+            bad = scale.reshape(-1)[~(np.isfinite(scale.reshape(-1)) & (scale.reshape(-1) > 0))]
+            return _finding(self.name, node, f"scale {float(bad[0]):g} is not positive and finite: TensorRT rejects "
+                                             "it (\"Scale coefficients must all be positive\")")
         activation = constant_values(node.inputs[0]) is None
         if activation and node.op == "QuantizeLinear" and scale.size > 1:
             return _finding(self.name, node, f"per-axis scales ({scale.size}) on an activation: TensorRT quantizes "

@@ -33,10 +33,21 @@ def _configure_logging(verbose: int, quiet: bool) -> None:
     logging.getLogger("trt_bridge").setLevel(level)
 
 
+def _quiet_graphsurgeon(verbose: int) -> None:
+    """onnx-graphsurgeon prints its warnings (a type numpy lacks, a missing colour module) on stdout, where
+    they would corrupt `--json` output: keep them to errors unless -vv is given."""
+    from onnx_graphsurgeon.logger import G_LOGGER
+
+    G_LOGGER.colors = False
+    if verbose < 2:
+        G_LOGGER.severity = G_LOGGER.ERROR
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     _configure_logging(getattr(args, "verbose", 0), getattr(args, "quiet", False))
+    _quiet_graphsurgeon(getattr(args, "verbose", 0))
     try:
         return args.run(args)
     except TrtBridgeError as exc:

@@ -38,9 +38,11 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from trt_bridge.checks import CheckOptions, TrtProbe, check_model
     from trt_bridge.cli import EXIT_FAIL, EXIT_OK
+    from trt_bridge.cli.common import refuse_overwrite
     from trt_bridge.model import check_writable, write_text_atomic
 
     if args.json not in (None, "-"):
+        refuse_overwrite(args.json, [args.model], "report")
         check_writable(args.json, "report")
     report = check_model(args.model, CheckOptions(TrtProbe(args.trt), args.data))
     if args.json == "-":

@@ -11,3 +11,17 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("-q", "--quiet", action="store_true", help="only errors; no progress bars")
     group.add_argument("--json", nargs="?", const="-", metavar="FILE",
                        help="write the report as JSON to FILE, or to stdout without FILE")
+
+
+def refuse_overwrite(path, protected, what: str) -> None:
+    """Fail before any work if the file ``path`` (a report) would overwrite one of ``protected`` (models)."""
+    from pathlib import Path
+
+    from trt_bridge.errors import TrtBridgeError
+
+    if path is None or str(path) == "-":
+        return
+    for other in protected:
+        if other is not None and Path(path).resolve() == Path(other).resolve():
+            raise TrtBridgeError(f"the {what} {path} is also {other}, a model of this command; choose another file "
+                                 "name for the report.")

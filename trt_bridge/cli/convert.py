@@ -99,8 +99,11 @@ def run(args: argparse.Namespace) -> int:
             except re.error as exc:
                 raise TrtBridgeError(f"--{flag.replace('_', '-')} '{pattern}' is not a regular expression: {exc}") \
                     from exc
+    from trt_bridge.cli.common import refuse_overwrite
+
     report_path = args.report or (Path(args.json) if args.json not in (None, "-") else None)
     if report_path:
+        refuse_overwrite(report_path, [args.model, output], "report")
         check_writable(report_path, "report")
     options = ConvertOptions(
         calib_data=args.calib_data, calib_random=args.calib_random,

@@ -72,9 +72,12 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("top_k", "layer_batch", "layer_feeds"):
         if getattr(args, flag) < 1:
             raise TrtBridgeError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    from trt_bridge.cli.common import refuse_overwrite
+
     for target, what in ((args.json if args.json != "-" else None, "report"), (args.html, "HTML report"),
                          (args.save_outputs, "outputs file"), (args.save_inputs, "inputs file")):
         if target:
+            refuse_overwrite(target, [args.reference, args.candidate, args.engine], what)
             check_writable(target, what)
     options = VerifyOptions(
         data=args.data, random=args.random, seed=args.seed, engine=args.engine,

@@ -4,7 +4,7 @@ Before (an exporter lost PyTorch's implicit promotion; onnxruntime says "Could n
 implementation for Add(14)", TensorRT "ElementWiseOperation SUM must have same input types")::
 
     acc:int32 ──┐
-                Add ── y:float16 (declared)
+                Add ── y:float16 (graph output)
     bias:fp16 ──┘
 
 After (computed in the higher precision, the result cast to the type the graph declares, as
@@ -20,11 +20,11 @@ The rules:
   type: integers to the widest integer, any float wins over integers, float16 with bfloat16 or
   with integers of 16 bits and more computes in float32; a type the schema does not allow
   (an int32 ``Reshape`` shape) is cast to the nearest allowed one (int64);
-- a fixed node's outputs keep the promoted type unless the graph declares another type for them
-  (``value_info`` or a graph output): then a Cast to the declared type follows, so the rest of
-  the graph and the model's interface are unchanged. An integer type "declared" for a float
-  result is not honoured: lenient shape inference types an ``Add(int32, float16)`` like its
-  first input, and a float sum is never meant to become an integer;
+- a fixed node's outputs keep the promoted type unless the exporter declared another type for
+  them (its ``value_info``, captured before shape inference guesses one, or a graph output):
+  then a Cast to the declared type follows, so the rest of the graph and the model's interface
+  are unchanged. Without a declaration the promoted type propagates, as in PyTorch, and where
+  it reaches a graph output a Cast restores the output's declared type;
 - bfloat16 (``--bf16``): onnxruntime's CPU provider has no bfloat16 kernels and TensorRT runs
   bfloat16 on compute capability 8.0 and newer only. ``fp32`` (the default) rewrites every
   bfloat16 tensor, constant, Cast and interface type to float32, which is exact; ``fp16``
@@ -105,7 +105,8 @@ def _nearest_allowed(target: int, allowed: set[int]) -> int | None:
     """``target`` if allowed, else the allowed type of the same kind that holds it, else a float."""
     if target in allowed:
         return target
-    kind_ok = [t for t in allowed if (t in FLOATS) == (target in FLOATS) and t != TensorProto.BOOL]
+    known = [t for t in allowed if t in FLOATS or t in _NP_INTS]  # not float8, int4, strings
+    kind_ok = [t for t in known if (t in FLOATS) == (target in FLOATS) and t != TensorProto.BOOL]
     wider = sorted((t for t in kind_ok if _bits(t) >= _bits(target) and _holds(t, target)), key=_bits)
     if wider:
         return wider[0]
@@ -153,22 +154,35 @@ def convert_bf16(model: onnx.ModelProto, policy: Bf16Policy) -> list[Change]:
 
     g = model.graph
     interface = [v.name for v in (*g.input, *g.output) if value(v)]
-    for v in g.value_info:
-        value(v)
     constants = 0
-    for init in g.initializer:
-        if init.data_type == TensorProto.BFLOAT16:
-            tensor(init, "initializer")
-            constants += 1
-    for node in g.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == TensorProto.BFLOAT16:
-                tensor(attr.t, f"{node.op_type} '{node.name}' attribute {attr.name}")
-                changes.append(Change("bf16", node.name, f"bfloat16 constant → {type_name(target)}"))
-            elif attr.name in ("to", "output_dtype", "dtype") and attr.type == onnx.AttributeProto.INT \
-                    and attr.i == TensorProto.BFLOAT16:
-                attr.i = target
-                changes.append(Change("bf16", node.name, f"{node.op_type} to bfloat16 → {type_name(target)}"))
+
+    def graph(sub: onnx.GraphProto) -> None:  # the main graph and, recursively, If/Loop/Scan bodies
+        nonlocal constants
+        if sub is not g:
+            for v in (*sub.input, *sub.output):
+                value(v)
+        for v in sub.value_info:
+            value(v)
+        for init in sub.initializer:
+            if init.data_type == TensorProto.BFLOAT16:
+                tensor(init, "initializer")
+                constants += 1
+        for node in sub.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == TensorProto.BFLOAT16:
+                    tensor(attr.t, f"{node.op_type} '{node.name}' attribute {attr.name}")
+                    changes.append(Change("bf16", node.name, f"bfloat16 constant → {type_name(target)}"))
+                elif attr.name in ("to", "output_dtype", "dtype") and attr.type == onnx.AttributeProto.INT \
+                        and attr.i == TensorProto.BFLOAT16:
+                    attr.i = target
+                    changes.append(Change("bf16", node.name, f"{node.op_type} to bfloat16 → {type_name(target)}"))
+                elif attr.type == onnx.AttributeProto.GRAPH:
+                    graph(attr.g)
+                elif attr.type == onnx.AttributeProto.GRAPHS:
+                    for body in attr.graphs:
+                        graph(body)
+
+    graph(g)
     if constants:
         changes.append(Change("bf16", "", f"{constants} bfloat16 initializer(s) → {type_name(target)}"))
     if interface:
@@ -177,14 +191,21 @@ def convert_bf16(model: onnx.ModelProto, policy: Bf16Policy) -> list[Change]:
     return changes
 
 
-def agree_types(model: onnx.ModelProto, where: str = "model") -> list[Change]:
-    """Insert the Casts that make every node's inputs agree with its schema (``model`` in place)."""
+def agree_types(model: onnx.ModelProto, where: str = "model", declared: dict[str, int] | None = None
+                ) -> list[Change]:
+    """Insert the Casts that make every node's inputs agree with its schema (``model`` in place).
+
+    ``declared``: the types the exporter wrote in value_info, as :func:`trt_bridge.model.load_model`
+    captured them before inference; None takes the model's value_info as the exporter's (a model
+    fresh from ``onnx.load``). Graph outputs always declare their type.
+    """
     g = model.graph
     opsets = {(i.domain or ""): i.version for i in model.opset_import}
-    declared: dict[str, int] = {}
-    for v in (*g.value_info, *g.output):
-        if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
-            declared[v.name] = v.type.tensor_type.elem_type
+    if declared is None:
+        declared = {v.name: v.type.tensor_type.elem_type for v in g.value_info
+                    if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
+    declared = {**declared, **{v.name: v.type.tensor_type.elem_type for v in g.output
+                               if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}}
     fallback = _inferred_types(model)
     types: dict[str, onnx.TypeProto] = {}
     for v in g.input:
@@ -237,8 +258,6 @@ def agree_types(model: onnx.ModelProto, where: str = "model") -> list[Change]:
         text = "; ".join(notes)
         for k, out in enumerate(node.output):
             got, want = elem(out), declared.get(out)
-            if want is not None and got in FLOATS and want not in FLOATS:
-                want = None  # lenient inference typed the output like input 0 (an int accumulator): not a declaration
             if out and got and want and got != want:
                 computed = fresh(f"{out}_{type_name(got)}")
                 node.output[k] = computed
@@ -337,10 +356,12 @@ def _plan(node: onnx.NodeProto, schema, elem, where: str) -> tuple[dict[int, int
         target = _nearest_allowed(target, legal) if target is not None and legal else target
         if target is None:
             listed = ", ".join(f"'{node.input[i]}' {type_name(t)}" for i, t in known.items())
-            raise UnsupportedPatternError(
+            error = UnsupportedPatternError(
                 f"{where}: {node.op_type} '{node.name}' reads {listed}, and no type that {node.op_type} accepts "
                 f"({', '.join(sorted(type_name(t) for t in legal or ()))}) holds them all. Fix the exporter "
                 "(cast the inputs explicitly before this op) and re-export.")
+            error.node = node.name  # for `check`, which reports it as a finding on that node
+            raise error
         cast = ", ".join(f"'{node.input[i]}' {type_name(t)}" for i, t in known.items() if t != target)
         if len(present) > 1:
             listed = ", ".join(f"'{node.input[i]}' {type_name(t)}" for i, t in known.items())

@@ -171,7 +171,8 @@ def _float_reference(path: str | Path) -> onnx.ModelProto:
     from trt_bridge.convert import lift_model
     from trt_bridge.model import load_model
 
-    lifted, _ = lift_model(load_model(path), path)
+    declared: dict[str, int] = {}
+    lifted, _ = lift_model(load_model(path, declared), path, declared=declared)
     return lifted
 
 
