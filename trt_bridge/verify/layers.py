@@ -219,14 +219,20 @@ def _aligned_output(name: str, aligned: dict, consumers: dict, constants: set[st
 
 
 def _session_with_outputs(model: onnx.ModelProto, names: list[str]):
-    """An onnxruntime session of ``model`` whose outputs are ``names`` (Polygraphy's ModifyOutputs)."""
-    from polygraphy.backend.onnx import ModifyOutputs
-
+    """An onnxruntime session of ``model`` (Q/DQ simulated as TensorRT computes them) that also outputs
+    ``names``. The outputs are appended for the session and removed again: the model is not copied."""
     from trt_bridge.runtime import session
 
-    modified = ModifyOutputs(model, outputs=[n for n in names if n not in {i.name for i in model.graph.input}]
-                             or [model.graph.output[0].name], copy=True)()
-    return session(modified)
+    inputs = {i.name for i in model.graph.input}
+    present = {o.name for o in model.graph.output}
+    known = {v.name: v.type.tensor_type.elem_type for v in model.graph.value_info}
+    added = [n for n in names if n not in inputs and n not in present]
+    for name in added:
+        model.graph.output.append(onnx.helper.make_tensor_value_info(name, known.get(name, 0), None))
+    try:
+        return session(model)
+    finally:
+        del model.graph.output[len(model.graph.output) - len(added):]
 
 
 def _progress(batches, enabled: bool):
