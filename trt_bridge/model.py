@@ -334,6 +334,9 @@ def write_text_atomic(path: str | os.PathLike, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".trt-bridge-", delete=False) as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(f.name, 0o666 & ~umask)  # a report is an ordinary file, not a private temporary one
         os.replace(f.name, path)
     except OSError as exc:
         raise TrtBridgeError(f"cannot write {path}: {exc.strerror or exc}. Choose a writable location.") from exc

@@ -52,8 +52,9 @@ def add_parser(sub) -> None:
     out.add_argument("--save-outputs", metavar="FILE",
                      help="save every runner's outputs (Polygraphy's RunResults JSON) for --load-outputs elsewhere")
     out.add_argument("--load-outputs", metavar="FILE",
-                     help="take the reference's (and candidate's) outputs from a --save-outputs file instead of "
-                          "running them")
+                     help="take the reference's outputs from a --save-outputs file instead of running it (the "
+                          "candidate and the engine always run); give the inputs they were made from with "
+                          "--load-inputs")
     out.add_argument("--json", nargs="?", const="-", metavar="FILE",
                      help="write the report as JSON to FILE, or to stdout without FILE")
     out.add_argument("--html", metavar="FILE", help="write a self-contained HTML report (table and SNR plot)")

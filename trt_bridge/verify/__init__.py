@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import shlex
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -74,7 +75,9 @@ class VerifyReport:
         return data
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=str)
+        from trt_bridge.verify.metrics import json_safe
+
+        return json.dumps(json_safe(self.to_dict()), indent=2, default=str, allow_nan=False)
 
     def quiet(self) -> str:
         return "\n".join(m.line() for m in self.outputs)
@@ -95,40 +98,57 @@ class VerifyReport:
                 lines.append(f"    {layer.op} '{layer.node}': {added} "
                              f"(input {snr_text(layer.snr_in_db)} dB → output {snr_text(layer.snr_out_db)} dB)")
             suggestion = loc.exclude_nodes()
-            lines.append(f"  keep in higher precision: convert --exclude-nodes '{suggestion}'" if suggestion
+            lines.append(f"  keep in higher precision: convert --exclude-nodes {shlex.quote(suggestion)}" if suggestion
                          else "  no quantized layer adds error: nothing to keep in higher precision")
+            if loc.reference_lifted:
+                lines.append("  (per layer, the quantized reference is measured in its lifted float form, as convert "
+                             "lifts it: what the source stands for, without its own quantization error)")
         lines.append(f"  {'PASS' if self.passed else 'FAIL'} ({self.seconds:.2f} s)")
         return "\n".join(lines)
 
 
 def verify(reference: str | Path, candidate: str | Path, options: VerifyOptions = VerifyOptions()) -> VerifyReport:
     """Compare ``candidate`` (and an engine) against ``reference`` on the same feeds."""
+    with _polygraphy_logging():
+        return _verify(Path(reference), Path(candidate), options)
+
+
+def _verify(reference: Path, candidate: Path, options: VerifyOptions) -> VerifyReport:
     start = time.perf_counter()
-    reference, candidate = Path(reference), Path(candidate)
     feeds = _feeds(reference, candidate, options)
     results = _run(reference, candidate, feeds, options)
     if options.save_outputs:
-        from trt_bridge.model import check_writable
-
-        check_writable(options.save_outputs, "outputs file")
-        results.save(options.save_outputs)
+        try:
+            results.save(options.save_outputs)
+        except OSError as exc:
+            raise TrtBridgeError(f"cannot write {options.save_outputs}: {exc.strerror or exc}.") from exc
     report = VerifyReport(str(reference), str(candidate), options.engine, len(feeds))
     for runner in (CANDIDATE, ENGINE):
         if runner in results.keys():
             report.outputs += _compare(results[REFERENCE], results[runner], runner, options.top_k)
     apply_gates(list(options.gates), report.outputs)
     if options.per_layer:
-        report.per_layer = localize(reference, candidate, feeds[:options.layer_feeds], options.layer_batch,
-                                    progress=options.progress)
+        try:
+            report.per_layer = localize(reference, candidate, feeds[:options.layer_feeds], options.layer_batch,
+                                        progress=options.progress)
+        except TrtBridgeError:
+            raise
+        except Exception as exc:  # onnxruntime on a model or feed it cannot run
+            raise TrtBridgeError(f"--per-layer: onnxruntime failed while running {reference} and {candidate} with "
+                                 f"their tensors exposed: {_first_line(exc)}") from exc
     report.seconds = time.perf_counter() - start
     return report
 
 
+def _first_line(exc: Exception) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
 def _feeds(reference: Path, candidate: Path, options: VerifyOptions) -> list[dict[str, np.ndarray]]:
     """The feeds, validated against both models' inputs (names, types, shapes, broadcasts)."""
-    import onnx
-
     from trt_bridge.calibration import model_inputs, open_feeds
+    from trt_bridge.calibration.feeds import validate_feed
     from trt_bridge.model import load_model
 
     for path in (reference, candidate):
@@ -136,21 +156,28 @@ def _feeds(reference: Path, candidate: Path, options: VerifyOptions) -> list[dic
             raise TrtBridgeError(f"{path}: no such file. Check the path to the ONNX model.")
     cand = load_model(candidate)
     inputs = model_inputs(cand)
-    ref_inputs = {i.name for i in model_inputs(onnx.load(str(reference), load_external_data=False))}
-    if ref_inputs != {i.name for i in inputs}:
-        raise TrtBridgeError(f"{reference} and {candidate} have different inputs ({', '.join(sorted(ref_inputs))} vs "
-                             f"{', '.join(i.name for i in inputs)}): verify compares two forms of one model.")
+    ref_inputs = model_inputs(_header(reference))
+    if {i.name for i in ref_inputs} != {i.name for i in inputs}:
+        raise TrtBridgeError(f"{reference} and {candidate} have different inputs ("
+                             f"{', '.join(sorted(i.name for i in ref_inputs))} vs {', '.join(i.name for i in inputs)}"
+                             "): verify compares two forms of one model.")
+    given = [flag for flag, value in (("--load-inputs", options.load_inputs), ("--data", options.data),
+                                      ("--random", options.random)) if value is not None]
+    if len(given) > 1:
+        raise TrtBridgeError(f"give one source of feeds: {' and '.join(given)} were both given.")
     if options.load_inputs:
         from polygraphy.json import load_json
 
-        from trt_bridge.calibration.feeds import validate_feed
-
-        loaded = load_json(options.load_inputs, description="input data")
-        return [validate_feed(feed, inputs, f"{options.load_inputs} (feed {i})") for i, feed in enumerate(loaded)]
-    if options.data is not None and options.random is not None:
-        raise TrtBridgeError("give either --data or --random, not both.")
-    if options.data is not None:
-        source = open_feeds(options.data, None, inputs, model=cand)
+        try:
+            loaded = load_json(options.load_inputs, description="input data")
+        except Exception as exc:  # missing file, not JSON, not Polygraphy's format
+            raise TrtBridgeError(f"{options.load_inputs}: cannot read saved inputs ({_first_line(exc)}); give a file "
+                                 "written by verify --save-inputs.") from exc
+        if not isinstance(loaded, list):
+            raise TrtBridgeError(f"{options.load_inputs}: not a list of feeds; give a file written by --save-inputs.")
+        feeds = [validate_feed(feed, inputs, f"{options.load_inputs} (feed {i})") for i, feed in enumerate(loaded)]
+    elif options.data is not None:
+        feeds = list(open_feeds(options.data, None, inputs, model=cand))
     else:
         from trt_bridge.calibration.feeds import RandomFeeds
 
@@ -160,16 +187,33 @@ def _feeds(reference: Path, candidate: Path, options: VerifyOptions) -> list[dic
         if options.random is None:
             log.warning("no --data: comparing on %d random feeds (seed %d); real inputs give meaningful numbers",
                         count, options.seed)
-        source = RandomFeeds(count, inputs, options.seed).check_broadcasts(cand)
+        feeds = list(RandomFeeds(count, inputs, options.seed).check_broadcasts(cand))
     del cand
-    feeds = list(source)
     if not feeds:
-        raise CalibrationDataError(f"{options.data}: no feeds found.")
+        raise CalibrationDataError(f"{options.data or options.load_inputs}: no feeds found.")
+    for i, feed in enumerate(feeds):  # the reference must take them too (its declared shapes may be stricter)
+        validate_feed(feed, ref_inputs, f"feed {i} for the reference {reference}")
     if options.save_inputs:
         from polygraphy.json import save_json
 
-        save_json(feeds, options.save_inputs, description="input data")
+        try:
+            save_json(feeds, options.save_inputs, description="input data")
+        except OSError as exc:
+            raise TrtBridgeError(f"cannot write {options.save_inputs}: {exc.strerror or exc}.") from exc
     return feeds
+
+
+def _header(path: Path):
+    """The model's graph without its weights (inputs, outputs, nodes); a clear error when it is not ONNX."""
+    import onnx
+
+    from trt_bridge.errors import ModelLoadError
+
+    try:
+        return onnx.load(str(path), load_external_data=False)
+    except Exception as exc:
+        raise ModelLoadError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {_first_line(exc)}). "
+                             "Re-export the model, or check that the file is complete.") from exc
 
 
 def _run(reference: Path, candidate: Path, feeds, options: VerifyOptions):
@@ -180,7 +224,11 @@ def _run(reference: Path, candidate: Path, feeds, options: VerifyOptions):
 
     loaded = RunResults()
     if options.load_outputs:
-        loaded = RunResults.load(options.load_outputs)
+        try:
+            loaded = RunResults.load(options.load_outputs)
+        except Exception as exc:  # missing file, not JSON, not Polygraphy's RunResults
+            raise TrtBridgeError(f"{options.load_outputs}: cannot read saved outputs ({_first_line(exc)}); give a "
+                                 "file written by verify --save-outputs.") from exc
         if REFERENCE not in loaded.keys():
             raise TrtBridgeError(f"{options.load_outputs} holds no '{REFERENCE}' results (it has "
                                  f"{', '.join(loaded.keys()) or 'none'}); save it with verify --save-outputs.")
@@ -188,18 +236,20 @@ def _run(reference: Path, candidate: Path, feeds, options: VerifyOptions):
         if count != len(feeds):
             raise TrtBridgeError(f"{options.load_outputs} holds outputs of {count} feed(s) but {len(feeds)} feed(s) "
                                  "are given: load the inputs they were made from (--load-inputs).")
+    # Only the reference comes from the file: the candidate (and the engine) always run, so a rebuilt
+    # candidate is measured anew.
     runners = []
     if REFERENCE not in loaded.keys():
         runners.append(OnnxrtRunner(lambda: session(reference, simulate_qdq=True), name=REFERENCE))
-    if CANDIDATE not in loaded.keys():
-        runners.append(OnnxrtRunner(lambda: session(candidate, simulate_qdq=True), name=CANDIDATE))
+    runners.append(OnnxrtRunner(lambda: session(candidate, simulate_qdq=True), name=CANDIDATE))
     if options.engine:
         runners.append(_engine_runner(options.engine))
-    with _polygraphy_logging():
-        results = Comparator.run(runners, data_loader=feeds) if runners else RunResults()
-    for name, iterations in loaded.items():
-        if name not in results.keys():
-            results.append((name, iterations))
+    try:
+        results = Comparator.run(runners, data_loader=feeds)
+    except Exception as exc:  # onnxruntime or TensorRT rejecting a model or a feed
+        raise TrtBridgeError(f"running the models failed: {_first_line(exc)}") from exc
+    if REFERENCE in loaded.keys():
+        results.append((REFERENCE, loaded[REFERENCE]))
     return results
 
 

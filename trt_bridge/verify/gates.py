@@ -6,6 +6,7 @@ bare value for it.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from trt_bridge.errors import TrtBridgeError
@@ -25,12 +26,10 @@ class Gate:
         """None when ``m`` passes, else what failed."""
         flag, minimum = METRICS[self.metric]
         value = getattr(m, self.metric)
-        if self.metric == "snr_db" and value is None:
-            return None  # identical outputs
-        ok = value >= self.bound if minimum else value <= self.bound
+        ok = value >= self.bound if minimum else value <= self.bound  # NaN fails every gate
         if ok:
             return None
-        shown = f"{value:.2f} dB" if self.metric == "snr_db" else f"{value:.6g}"
+        shown = f"{value:.2f} dB" if self.metric == "snr_db" and math.isfinite(value) else f"{value:.6g}"
         return f"{self.metric} {shown} {'<' if minimum else '>'} {flag} {self.bound:g}"
 
 
@@ -43,8 +42,10 @@ def parse_gates(min_snr: list[str] = (), min_cosine: list[str] = (), max_abs: li
             try:
                 bound = float(value)
             except ValueError:
-                raise TrtBridgeError(f"{METRICS[metric][0]} '{text}': expected VALUE or OUTPUT=VALUE with a number, "
-                                     "e.g. 30 or logits=30") from None
+                bound = math.nan
+            if not math.isfinite(bound):
+                raise TrtBridgeError(f"{METRICS[metric][0]} '{text}': expected VALUE or OUTPUT=VALUE with a finite "
+                                     "number, e.g. 30 or logits=30")
             gates.append(Gate(metric, bound, name or None))
     return gates
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import html
 import io
+import math
 
 from trt_bridge.errors import MissingDependencyError
 from trt_bridge.verify.layers import EXACT_DB, snr_text
@@ -20,29 +21,34 @@ code { background: #f3f3f3; padding: 2px 4px; }
 """
 
 
+def _plotted(values: list) -> list[float]:
+    """SNRs the plot can draw: exact (None, inf) at the top of the scale, -inf and NaN below the lowest."""
+    finite = [v for v in values if v is not None and math.isfinite(v)]
+    floor = (min(finite) if finite else 0.0) - 10.0
+    return [EXACT_DB if v is None or v == math.inf else (v if math.isfinite(v) else floor) for v in values]
+
+
 def _plot_svg(report) -> str:
     try:
         import matplotlib
-
-        matplotlib.use("svg")
-        import matplotlib.pyplot as plt
+        from matplotlib.figure import Figure
     except ImportError as exc:
         raise MissingDependencyError("the HTML report draws its plot with matplotlib: pip install matplotlib "
                                      "(or 'trt-bridge[html]').") from exc
-    matplotlib.rcParams["svg.hashsalt"] = "trt-bridge"  # stable element ids: same report, same page
-    fig, ax = plt.subplots(figsize=(10, 4.2))
+    fig = Figure(figsize=(10, 4.2))  # no pyplot: no global figure manager, no backend switch
+    ax = fig.subplots()
     loc = report.per_layer
     if loc is not None and loc.tensors:
         xs = [t.index for t in loc.tensors]
-        ys = [EXACT_DB if t.snr_db is None else t.snr_db for t in loc.tensors]
+        ys = _plotted([t.snr_db for t in loc.tensors])
         ax.plot(xs, ys, "-", color="#4a78b5", linewidth=1.2, label="every aligned tensor")
         layers = [layer for layer in loc.layers if layer.snr_out_db is not None]
-        ax.plot([layer.output_index for layer in layers], [layer.snr_out_db for layer in layers], "o", color="#e07b00",
-                markersize=4, label="outputs of quantized layers")
-        for layer in loc.layers[:3]:
-            if layer.snr_out_db is not None:
-                ax.annotate(f"{layer.node}\nadds {snr_text(layer.added_db)} dB", (layer.output_index, layer.snr_out_db),
-                            textcoords="offset points", xytext=(6, -18), fontsize=8, color="#b00020")
+        marks = _plotted([layer.snr_out_db for layer in layers])
+        ax.plot([layer.output_index for layer in layers], marks, "o", color="#e07b00", markersize=4,
+                label="outputs of quantized layers")
+        for layer, y in list(zip(layers, marks))[:3]:
+            ax.annotate(f"{layer.node}\nadds {snr_text(layer.added_db)} dB", (layer.output_index, y),
+                        textcoords="offset points", xytext=(6, -18), fontsize=8, color="#b00020")
         ax.set_xlabel("position along the graph (node index)")
         ax.set_ylabel("SNR vs reference (dB)")
         ax.set_ylim(bottom=min(min(ys) - 5, 0), top=min(max(ys) + 5, EXACT_DB))
@@ -50,7 +56,7 @@ def _plot_svg(report) -> str:
         ax.legend(loc="lower left", fontsize=8)
     else:
         names = [f"{m.runner}:{m.output}" for m in report.outputs]
-        values = [EXACT_DB if m.snr_db is None else m.snr_db for m in report.outputs]
+        values = _plotted([m.snr_db for m in report.outputs])
         ax.bar(range(len(values)), values, color=["#17692d" if m.passed else "#b00020" for m in report.outputs])
         ax.set_xticks(range(len(values)), names, rotation=20, ha="right", fontsize=8)
         ax.set_ylabel("SNR vs reference (dB)")
@@ -58,8 +64,8 @@ def _plot_svg(report) -> str:
     ax.grid(True, alpha=0.3)
     fig.tight_layout()
     buffer = io.StringIO()
-    fig.savefig(buffer, format="svg", metadata={"Date": None})
-    plt.close(fig)
+    with matplotlib.rc_context({"svg.hashsalt": "trt-bridge"}):  # stable element ids: same report, same page
+        fig.savefig(buffer, format="svg", metadata={"Date": None})
     svg = buffer.getvalue()
     return svg[svg.index("<svg"):]
 

@@ -66,6 +66,7 @@ class Localization:
     suggestion: list[str]  # node names to keep in higher precision: the layers adding the most error
     batches: int
     feeds: int
+    reference_lifted: bool = False  # the reference was quantized: layers are measured against its lifted form
 
     def exclude_nodes(self) -> str | None:
         """The ``convert --exclude-nodes`` regex that keeps the suggested nodes in higher precision."""
@@ -102,14 +103,21 @@ def quantized_layers(model: onnx.ModelProto) -> list[tuple[int, onnx.NodeProto, 
 def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str, np.ndarray]], batch: int = 64,
              top: int = 3, progress: bool = True) -> Localization:
     """Align, run in batches of ``batch`` exposed tensors, rank the quantized layers of ``candidate``."""
-    ref_model = _float_reference(reference)
+    ref_model, lifted = _float_reference(reference)
     cand_model = onnx.load(str(candidate))
+    from trt_bridge.model import infer_shapes
+
+    for model in (ref_model, cand_model):  # exposed tensors need types (models often carry no value_info)
+        if not model.graph.value_info:
+            infer_shapes(model)
     ref_tensors = {o for n in ref_model.graph.node for o in n.output} | {i.name for i in ref_model.graph.input}
+    ref_types, cand_types = _types(ref_model), _types(cand_model)
     order: list[tuple[str, onnx.NodeProto, int]] = []
     for index, node in enumerate(cand_model.graph.node):
         if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
             continue
-        order.extend((out, node, index) for out in node.output if out and out in ref_tensors)
+        order.extend((out, node, index) for out in node.output if out and out in ref_tensors
+                     and _float_typed(out, ref_types) and _float_typed(out, cand_types))
     inputs_needed = {a for _, _, acts in quantized_layers(cand_model) for a in acts if a in ref_tensors}
     graph_inputs = {i.name for i in cand_model.graph.input}
     names = [name for name, _, _ in order] + sorted(inputs_needed & graph_inputs)
@@ -129,7 +137,8 @@ def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str,
                 if name in graph_inputs:
                     accumulators[name].add(feed[name], feed[name])
         del ref_sess, cand_sess
-    snr = {name: acc.snr_db() for name, acc in accumulators.items() if acc.count}
+    # None: exact; a NaN tensor counts as the worst possible (-inf)
+    snr = {name: _exact_or_worst(acc.snr_db()) for name, acc in accumulators.items() if acc.count}
     tensors = [TensorSnr(name, node.name, node.op_type, index, snr[name]) for name, node, index in order
                if name in snr]
     layers = []
@@ -156,10 +165,29 @@ def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str,
     worst = layers[0].added_db if layers else None
     suggestion = [layer.node for layer in layers[:top]
                   if layer.added_db is not None and layer.added_db <= worst + SUGGEST_WITHIN_DB]
-    return Localization(tensors, layers, suggestion, len(batches), len(feeds))
+    return Localization(tensors, layers, suggestion, len(batches), len(feeds), lifted)
 
 
-def _float_reference(path: str | Path) -> onnx.ModelProto:
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
+
+
+def _types(model: onnx.ModelProto) -> dict[str, int]:
+    g = model.graph
+    return {v.name: v.type.tensor_type.elem_type for v in (*g.value_info, *g.output, *g.input)}
+
+
+def _float_typed(name: str, types: dict[str, int]) -> bool:
+    """Only float tensors of known type are exposed (onnxruntime needs each output's type)."""
+    return types.get(name) in FLOAT_TYPES
+
+
+def _exact_or_worst(value: float) -> float | None:
+    if value == math.inf:
+        return None
+    return -math.inf if math.isnan(value) else value
+
+
+def _float_reference(path: str | Path) -> tuple[onnx.ModelProto, bool]:
     """The per-layer reference: a float model as it is; a quantized one (the source of a conversion) in its
     lifted float form, which computes what the source means with the source's weights and carries the
     tensor names convert gave the candidate (a QOperator model's own tensors are uint8 codes)."""
@@ -167,13 +195,13 @@ def _float_reference(path: str | Path) -> onnx.ModelProto:
     quantized = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}
     if not any(n.op_type in quantized or n.op_type.startswith("QLinear") or (n.domain or "") not in ("", "ai.onnx")
                for n in model.graph.node):
-        return model
+        return model, False
     from trt_bridge.convert import lift_model
     from trt_bridge.model import load_model
 
     declared: dict[str, int] = {}
     lifted, _ = lift_model(load_model(path, declared), path, declared=declared)
-    return lifted
+    return lifted, True
 
 
 def _added(snr_in: float | None, snr_out: float | None) -> float | None:
@@ -221,6 +249,9 @@ def _aligned_output(name: str, aligned: dict, consumers: dict, constants: set[st
 def _session_with_outputs(model: onnx.ModelProto, names: list[str]):
     """An onnxruntime session of ``model`` (Q/DQ simulated as TensorRT computes them) that also outputs
     ``names``. The outputs are appended for the session and removed again: the model is not copied."""
+    import tempfile
+
+    from trt_bridge.model import serialize_for_session
     from trt_bridge.runtime import session
 
     inputs = {i.name for i in model.graph.input}
@@ -230,7 +261,8 @@ def _session_with_outputs(model: onnx.ModelProto, names: list[str]):
     for name in added:
         model.graph.output.append(onnx.helper.make_tensor_value_info(name, known.get(name, 0), None))
     try:
-        return session(model)
+        with tempfile.TemporaryDirectory(prefix="trt-bridge-layers-") as tmp:  # models over 2 GB go by path
+            return session(serialize_for_session(model, tmp))
     finally:
         del model.graph.output[len(model.graph.output) - len(added):]
 

@@ -19,7 +19,7 @@ import numpy as np
 class OutputMetrics:
     output: str
     runner: str  # what was compared against the reference: 'candidate' or 'engine'
-    snr_db: float | None  # None: the outputs are identical (infinite SNR)
+    snr_db: float  # inf: identical outputs; nan: an output holds NaN
     cosine: float
     max_abs: float
     mean_abs: float
@@ -35,7 +35,7 @@ class OutputMetrics:
         return not self.failures
 
     def snr_text(self) -> str:
-        return "inf" if self.snr_db is None else f"{self.snr_db:.2f}"
+        return f"{self.snr_db:.2f}" if math.isfinite(self.snr_db) else str(self.snr_db)
 
     def line(self) -> str:
         parts = [f"SNR {self.snr_text()} dB", f"cosine {self.cosine:.6f}", f"max |err| {self.max_abs:.4g}",
@@ -47,9 +47,21 @@ class OutputMetrics:
         return f"{self.runner} '{self.output}': " + ", ".join(parts) + f": {verdict}"
 
 
-def classifier_like(shape: tuple[int, ...]) -> bool:
-    """[batch, classes] or [classes] with at least two classes."""
-    return 1 <= len(shape) <= 2 and shape[-1] >= 2
+def json_safe(value):
+    """``value`` with every non-finite float written as the string 'inf', '-inf' or 'nan': strict JSON has no
+    token for them (Python's json would write Infinity and NaN, which strict parsers reject)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_safe(v) for v in value]
+    return value
+
+
+def classifier_like(values: np.ndarray) -> bool:
+    """Float scores shaped [batch, classes] or [classes], with at least two classes."""
+    return values.dtype.kind == "f" and 1 <= values.ndim <= 2 and values.shape[-1] >= 2
 
 
 class Accumulator:
@@ -62,13 +74,20 @@ class Accumulator:
         self.count = 0
         self.rows = self.top1 = self.topk = 0
         self.classifier = True
+        self.nan = False  # an output held NaN: every metric is NaN, and every gate fails
 
     def add(self, reference: np.ndarray, candidate: np.ndarray) -> None:
+        classifier = classifier_like(np.asarray(reference))
         r = np.asarray(reference, np.float64)
         c = np.asarray(candidate, np.float64)
         if r.shape != c.shape:
             raise ValueError(f"shapes differ: reference {list(r.shape)}, candidate {list(c.shape)}")
-        e = r - c
+        if np.isnan(r).any() or np.isnan(c).any():
+            self.nan = True
+        with np.errstate(invalid="ignore"):  # inf − inf: NaN, flagged below
+            e = r - c
+        if np.isnan(e).any():
+            self.nan = True
         self.ref_energy += float(np.sum(r * r))
         self.cand_energy += float(np.sum(c * c))
         self.err_energy += float(np.sum(e * e))
@@ -77,24 +96,29 @@ class Accumulator:
             self.max_abs = max(self.max_abs, float(np.max(np.abs(e))))
         self.abs_sum += float(np.sum(np.abs(e)))
         self.count += r.size
-        self.classifier = self.classifier and classifier_like(r.shape)
+        self.classifier = self.classifier and classifier
         if self.classifier:
             rows_r, rows_c = r.reshape(-1, r.shape[-1]), c.reshape(-1, c.shape[-1])
             best = rows_r.argmax(axis=1)
             self.rows += len(rows_r)
             self.top1 += int(np.sum(best == rows_c.argmax(axis=1)))
-            k = min(self.k, r.shape[-1])
+            self.k = k = min(self.k, r.shape[-1])  # top-k of k ≥ classes would be trivially 100 %
             top = np.argsort(-rows_c, axis=1, kind="stable")[:, :k]
             self.topk += int(np.sum(np.any(top == best[:, None], axis=1)))
 
-    def snr_db(self) -> float | None:
+    def snr_db(self) -> float:
+        """inf when identical, -inf for a zero reference with a non-zero error, nan when a value was NaN."""
+        if self.nan:
+            return math.nan
         if self.err_energy == 0.0:
-            return None
+            return math.inf
         if self.ref_energy == 0.0:
             return -math.inf
         return 10.0 * math.log10(self.ref_energy / self.err_energy)
 
     def result(self, output: str, runner: str) -> OutputMetrics:
+        if self.nan:
+            return OutputMetrics(output, runner, math.nan, math.nan, math.nan, math.nan, math.nan, self.count)
         norm = math.sqrt(self.ref_energy * self.cand_energy)
         cosine = self.dot / norm if norm > 0 else (1.0 if self.err_energy == 0 else 0.0)
         metrics = OutputMetrics(
