@@ -33,3 +33,18 @@ def import_tensorrt(prefer: str | None = None) -> ModuleType:
 
 def is_rtx(trt: ModuleType) -> bool:
     return trt.__name__.startswith("tensorrt_rtx")
+
+
+def gpu_present() -> bool:
+    """Whether an NVIDIA GPU can run engines here (cuda-python's runtime, else the driver's device node)."""
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        try:
+            from cuda import cudart  # cuda-python < 12.6
+        except ImportError:
+            from pathlib import Path
+
+            return Path("/dev/nvidiactl").exists()
+    err, count = cudart.cudaGetDeviceCount()
+    return int(err) == 0 and count > 0

@@ -274,7 +274,7 @@ class _polygraphy_logging:
 
 def _engine_runner(engine: str):
     """Polygraphy's TrtRunner over the serialized engine; running needs an NVIDIA GPU."""
-    from trt_bridge.tensorrt import import_tensorrt, is_rtx
+    from trt_bridge.tensorrt import gpu_present, import_tensorrt, is_rtx
 
     path = Path(engine)
     if not path.is_file():
@@ -282,7 +282,7 @@ def _engine_runner(engine: str):
     trt = import_tensorrt()
     if is_rtx(trt):
         os.environ.setdefault("POLYGRAPHY_USE_TENSORRT_RTX", "1")  # Polygraphy's switch to tensorrt_rtx
-    if not _gpu_present():
+    if not gpu_present():
         raise TrtBridgeError(f"running the engine {engine} needs an NVIDIA GPU, and this machine has none. Compare "
                              "here without --engine and --save-outputs/--save-inputs, then run verify --engine "
                              "--load-outputs/--load-inputs on a GPU machine.")
@@ -290,18 +290,6 @@ def _engine_runner(engine: str):
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
     return TrtRunner(EngineFromBytes(BytesFromPath(str(path))), name=ENGINE)
-
-
-def _gpu_present() -> bool:
-    try:
-        from cuda.bindings import runtime as cudart
-    except ImportError:
-        try:
-            from cuda import cudart  # cuda-python < 12.6
-        except ImportError:
-            return Path("/dev/nvidiactl").exists()
-    err, count = cudart.cudaGetDeviceCount()
-    return int(err) == 0 and count > 0
 
 
 def _compare(reference_iterations, candidate_iterations, runner: str, k: int) -> list[OutputMetrics]:
