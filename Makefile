@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test lint bench pipeline-example clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,5 +26,11 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) scripts/bench_convert.py
 
+# The example manifest: every shared zoo model and the built-in fixtures, converted, checked, verified,
+# benchmarked (onnxruntime) and built ahead of time for SM 8.9; engine runs are skipped without a GPU.
+pipeline-example: $(STAMP)
+	$(PY) scripts/pipeline/make_fixtures.py
+	$(VENV)/bin/trt-bridge pipeline scripts/pipeline/example.yaml
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) build *.egg-info .pytest_cache demo-output pipeline-example pipeline-output

@@ -1,0 +1,128 @@
+"""``trt-bridge bench``: latency of TensorRT engines and ONNX models, side by side.
+
+* Engines (``.engine``/``.plan``/``.trt``) run with TensorRT and cuda-python
+  (:mod:`.engine_runner`): CUDA events around each ``execute_async_v3`` (a CUDA graph
+  launch when the engine can be captured), host↔device copies timed or not.
+* ONNX models run in onnxruntime with the chosen execution provider (:mod:`.ort_runner`),
+  timed with ``time.perf_counter`` per run: the baseline.
+
+Each model gets warm-up runs, then at least ``iterations`` timed runs and at least
+``duration`` seconds; the statistics are trtexec's (:mod:`.stats`). Rows keep the
+order given; ``ratio`` is the speed-up versus the first row.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from trt_bridge.bench.report import BenchReport, BenchRow, Machine
+from trt_bridge.bench.stats import LatencyStats
+from trt_bridge.errors import TrtBridgeError
+
+__all__ = ["BenchOptions", "BenchReport", "BenchRow", "LatencyStats", "Machine", "bench", "kind_of"]
+
+log = logging.getLogger("trt_bridge.bench")
+
+TRANSFERS = ("include", "exclude")
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    """Every option of ``trt-bridge bench`` (one field per CLI flag)."""
+
+    iterations: int = 100  # at least this many timed runs
+    warmup: int = 10  # untimed runs first
+    duration: float | None = None  # seconds: time at least this long
+    shapes: dict[str, tuple[int, ...]] | None = None  # dynamic inputs (engines: set_input_shape; onnx: feed shapes)
+    data: str | None = None  # feeds as calibration takes them (the first feed is used); else random, seeded
+    seed: int = 0
+    transfers: str = "exclude"  # engines (and GPU onnxruntime providers): time host<->device copies or not
+    cuda_graph: bool = True  # engines: capture a CUDA graph when possible, else fall back with a logged reason
+    provider: str = "cpu"  # onnx: cpu | cuda | tensorrt (onnxruntime execution provider)
+    threads: int | None = None  # onnxruntime intra-op threads
+
+    def check(self) -> None:
+        if self.iterations < 1:
+            raise TrtBridgeError(f"--iterations must be at least 1, got {self.iterations}.")
+        if self.warmup < 0:
+            raise TrtBridgeError(f"--warmup must be 0 or more, got {self.warmup}.")
+        if self.duration is not None and not self.duration >= 0:
+            raise TrtBridgeError(f"--duration must be 0 or more seconds, got {self.duration}.")
+        if self.transfers not in TRANSFERS:
+            raise TrtBridgeError(f"--transfers must be include or exclude, got '{self.transfers}'.")
+        if self.threads is not None and self.threads < 1:
+            raise TrtBridgeError(f"--threads must be at least 1, got {self.threads}.")
+
+
+def kind_of(path: Path) -> str:
+    """``"onnx"`` or ``"engine"``, from the file name."""
+    from trt_bridge.bench.engine_runner import ENGINE_SUFFIXES
+
+    suffix = path.suffix.lower()
+    if suffix == ".onnx":
+        return "onnx"
+    if suffix in ENGINE_SUFFIXES:
+        return "engine"
+    raise TrtBridgeError(f"{path}: bench takes ONNX models (.onnx) and serialized TensorRT engines "
+                         f"({', '.join(ENGINE_SUFFIXES)}); rename the file to say which it is.")
+
+
+def bench(paths: list[str | Path], options: BenchOptions = BenchOptions()) -> BenchReport:
+    """Time every model in ``paths`` (engines and ONNX models) and report them side by side.
+
+    Everything that can be checked without running (files, kinds, the GPU for engines, the
+    onnxruntime provider, the options) is checked before the first model runs.
+    """
+    from trt_bridge.bench.cuda import gpu_name, gpu_problem
+    from trt_bridge.bench.engine_runner import no_gpu_error
+    from trt_bridge.bench.ort_runner import check_provider
+
+    options.check()
+    if not paths:
+        raise TrtBridgeError("bench needs at least one engine or ONNX model.")
+    models = [(Path(p), kind_of(Path(p))) for p in paths]
+    for path, _ in models:
+        if not path.is_file():
+            raise TrtBridgeError(f"{path}: no such file.")
+    engines = [path for path, kind in models if kind == "engine"]
+    if engines:
+        problem = gpu_problem()
+        if problem:
+            raise no_gpu_error(engines[0], problem)
+    if any(kind == "onnx" for _, kind in models):
+        check_provider(options.provider)
+
+    rows, tensorrt = [], None
+    for path, kind in models:
+        row, label = _run(path, kind, options)
+        tensorrt = tensorrt or label
+        rows.append(row)
+        log.info("%s: median %.3f ms, %.1f inferences/s (%s)", path, row.stats.median, row.stats.throughput,
+                 row.backend)
+    first = rows[0].stats.median
+    for row in rows:
+        row.ratio = first / row.stats.median if row.stats.median > 0 else None
+    gpu = gpu_name() if engines or options.provider != "cpu" else None
+    return BenchReport(rows, options, Machine.here(gpu=gpu, tensorrt=tensorrt))
+
+
+def _run(path: Path, kind: str, options: BenchOptions) -> tuple[BenchRow, str | None]:
+    if kind == "onnx":
+        from trt_bridge.bench.ort_runner import OrtRunner
+
+        runner = OrtRunner(path, options)
+        times, seconds = runner.measure()
+        row = BenchRow(str(path), kind, runner.backend, LatencyStats.from_times(times, seconds),
+                       inputs=runner.input_shapes, feed=runner.feed_source)
+        return row, None
+    from trt_bridge.bench.engine_runner import EngineRunner
+
+    with EngineRunner(path, options) as runner:
+        times, seconds = runner.measure()
+        row = BenchRow(str(path), kind, runner.backend, LatencyStats.from_times(times, seconds),
+                       inputs=runner.input_shapes, feed=runner.feed_source, cuda_graph=runner.cuda_graph,
+                       note=None if runner.cuda_graph or not options.cuda_graph else
+                       f"no CUDA graph: {runner.graph_note}")
+        return row, runner.label

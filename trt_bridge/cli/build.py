@@ -1,0 +1,150 @@
+"""``trt-bridge build``: a TensorRT engine and its sidecar JSON from a TensorRT-ready ONNX model."""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from pathlib import Path
+
+DESCRIPTION = """\
+Build a TensorRT engine from MODEL (e.g. the output of `trt-bridge convert`) with TensorRT's Python API:
+datacenter TensorRT 10.x/11.x (`tensorrt`) builds for the GPU of this machine; TensorRT-RTX (`tensorrt_rtx`)
+also builds ahead of time, without a GPU, for the compute capabilities given with --compute-capability.
+Networks are strongly typed (the only mode of TensorRT 11 and TensorRT-RTX): each layer runs in the type
+the ONNX model gives it, so Q/DQ layers run in INT8.
+
+Beside ENGINE goes ENGINE.json, the sidecar: TensorRT module and version, the target (compute capabilities,
+or this machine's GPU), profiles, inputs and outputs, the model's SHA-256, flags, build time, trt-bridge
+version, and `created` (UTC time of the build, so two builds' sidecars differ in that field). Check it
+before running the engine elsewhere: an engine runs only with the TensorRT it was built with, on its target.
+
+shapes (trtexec/Polygraphy syntax): NAME:DIMS, e.g. x:1x3x224x224 or x:[1,3,224,224]; several inputs as
+separate arguments or comma-separated. --shapes fixes shapes (min = opt = max). A range is
+--min-shapes/--opt-shapes/--max-shapes; repeating the trio adds optimization profiles (the i-th
+--min-shapes, --opt-shapes and --max-shapes form profile i); --shapes entries then join every profile for
+the inputs it does not name. Without any, dynamic dimensions become 1; with them, every dynamic input
+must be named.
+
+exit status: 0 engine written; 1 TensorRT rejects the model (its parser's findings, in `check`'s format,
+or its builder's errors are printed); 2 usage or environment error (a bad flag or shape, no TensorRT,
+datacenter TensorRT without a GPU, a flag the installed TensorRT lacks).
+
+examples:
+  trt-bridge build model.int8.onnx -o model.engine --compute-capability 8.9 --compute-capability 12.0
+  trt-bridge build model.int8.onnx -o model.engine --min-shapes x:1x3x224x224 --opt-shapes x:8x3x224x224 \\
+      --max-shapes x:32x3x224x224 --timing-cache ci/timing.cache
+  trt-bridge build bert.int8.onnx -o bert.engine --shapes input_ids:1x128,attention_mask:1x128 --json
+"""
+
+SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
+
+
+def add_parser(sub) -> None:
+    from trt_bridge.cli.common import add_output_flags
+
+    p = sub.add_parser("build", help="build a TensorRT engine (and its sidecar JSON) from an ONNX model",
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", type=Path, help="the ONNX model (TensorRT-ready: see `trt-bridge check`)")
+    p.add_argument("-o", "--output", type=Path, metavar="ENGINE",
+                   help="the engine file (default: MODEL with the suffix .engine, beside the model)")
+    shapes = p.add_argument_group("shapes")
+    shapes.add_argument("--shapes", nargs="+", action="append", metavar="NAME:DIMS",
+                        help="fixed input shapes (min = opt = max)")
+    for which in ("min", "opt", "max"):
+        shapes.add_argument(f"--{which}-shapes", nargs="+", action="append", metavar="NAME:DIMS",
+                            help=f"{which} shapes of a profile (repeat the trio for several profiles)")
+    target = p.add_argument_group("target and builder")
+    target.add_argument("--compute-capability", action="append", metavar="X.Y",
+                        help="TensorRT-RTX: build ahead of time for this compute capability (8.9, 12.0, ...; "
+                             "repeatable, or comma-separated); without it, TensorRT-RTX's portable default")
+    target.add_argument("--timing-cache", metavar="FILE",
+                        help="load TensorRT's timing cache from FILE when it exists, save it after the build "
+                             "(TensorRT-RTX: its timing cache is a no-op, the file is kept)")
+    target.add_argument("--workspace", type=_size, metavar="SIZE", help="workspace memory limit: 1G, 512M, bytes")
+    target.add_argument("--builder-optimization-level", type=int, metavar="N", dest="optimization_level",
+                        help="0..5 (TensorRT's default 3): higher builds longer and may find faster kernels")
+    target.add_argument("--version-compatible", action="store_true",
+                        help="an engine that later TensorRT versions run (datacenter TensorRT)")
+    target.add_argument("--hardware-compatibility", metavar="LEVEL",
+                        help="none, ampere+ or same-compute-capability (datacenter TensorRT 8.6+)")
+    target.add_argument("--weakly-typed", action="store_true",
+                        help="TensorRT 8.6/10.x only: no strong typing; sets the INT8 and FP16 builder flags")
+    target.add_argument("--trt-module", choices=["tensorrt", "tensorrt_rtx"],
+                        help="build with this module when both are installed (default: tensorrt_rtx for "
+                             "--compute-capability or without a GPU, else tensorrt)")
+    add_output_flags(p)
+    p.set_defaults(run=run)
+
+
+def _size(text: str) -> int:
+    match = SIZE.fullmatch(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"'{text}' is not a size such as 1G, 512M or 1073741824")
+    number, unit = match.groups()
+    return int(float(number) * 1024 ** "bkmgt".index((unit or "b").lower()))
+
+
+def profiles_from_args(shapes, mins, opts, maxs) -> tuple:
+    """The profiles of ``--shapes`` and the ``--min/--opt/--max-shapes`` trios (each a list of argument lists)."""
+    from trt_bridge.errors import TrtBridgeError
+    from trt_bridge.tensorrt.build import Profile, parse_shapes
+
+    fixed = parse_shapes([s for group in shapes or [] for s in group])
+    counts = {"--min-shapes": len(mins or []), "--opt-shapes": len(opts or []), "--max-shapes": len(maxs or [])}
+    if len(set(counts.values())) > 1:
+        given = ", ".join(f"{flag} {n} time(s)" for flag, n in counts.items())
+        raise TrtBridgeError(f"{given}: each profile needs all three (the i-th of each form profile i).")
+    profiles = []
+    for number, trio in enumerate(zip(mins or [], opts or [], maxs or []), 1):
+        mn, opt, mx = (parse_shapes(group) for group in trio)
+        if not set(mn) == set(opt) == set(mx):
+            raise TrtBridgeError(f"profile {number}: --min-shapes names {sorted(mn)}, --opt-shapes {sorted(opt)}, "
+                                 f"--max-shapes {sorted(mx)}; name the same inputs in all three.")
+        both = sorted(set(mn) & set(fixed))
+        if both:
+            raise TrtBridgeError(f"profile {number}: {', '.join(both)} given by --shapes and by --min/--opt/"
+                                 "--max-shapes; give each input once.")
+        ranges = {name: (mn[name], opt[name], mx[name]) for name in mn}
+        profiles.append(Profile({**Profile.fixed(fixed).shapes, **ranges}))
+    if not profiles and fixed:
+        profiles.append(Profile.fixed(fixed))
+    return tuple(profiles)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trt_bridge.cli import EXIT_FAIL, EXIT_OK
+    from trt_bridge.cli.common import refuse_overwrite
+    from trt_bridge.model import check_writable, write_text_atomic
+    from trt_bridge.tensorrt.build import BuildOptions, EngineBuildError, ModelRejectedError, build, findings_json
+
+    output = args.output or args.model.with_suffix(".engine")
+    if args.json not in (None, "-"):
+        refuse_overwrite(args.json, [args.model, output], "report")
+        check_writable(args.json, "report")
+    ccs = tuple(c.strip() for group in args.compute_capability or [] for c in group.split(",") if c.strip())
+    options = BuildOptions(
+        profiles=profiles_from_args(args.shapes, args.min_shapes, args.opt_shapes, args.max_shapes),
+        compute_capabilities=ccs, timing_cache=args.timing_cache, workspace=args.workspace,
+        optimization_level=args.optimization_level, version_compatible=args.version_compatible,
+        hardware_compatibility=args.hardware_compatibility, weakly_typed=args.weakly_typed,
+        progress=not args.quiet, module=args.trt_module)
+    try:
+        result = build(args.model, output, options)
+    except EngineBuildError as exc:
+        print(f"trt-bridge build: error: {exc}", file=sys.stderr)
+        if args.json:
+            import json
+
+            findings = findings_json(exc.findings) if isinstance(exc, ModelRejectedError) else []
+            text = json.dumps({"engine": None, "error": str(exc), "findings": findings}, indent=2)
+            print(text) if args.json == "-" else write_text_atomic(args.json, text + "\n")
+        return EXIT_FAIL
+    if args.json == "-":
+        print(result.to_json())
+        return EXIT_OK
+    if args.json:
+        write_text_atomic(args.json, result.to_json() + "\n")
+    if not args.quiet:
+        print(result.summary())
+    return EXIT_OK

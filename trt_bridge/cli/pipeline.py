@@ -1,0 +1,50 @@
+"""``trt-bridge pipeline``: convert → check → build → verify → bench for every model × target of a manifest."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+DESCRIPTION = """\
+Run the engine-build stage of a GPU CI runner from a YAML manifest (models, how to convert them,
+gates, and targets: compute capabilities built ahead of time with TensorRT-RTX, or this
+machine's GPU). Steps this machine cannot do are skipped with the reason. Writes
+OUTPUT/pipeline.junit.xml (for the CI system), pipeline.json and pipeline.md (for the job
+summary), and per model the converted model, engines with their sidecars, and the step reports.
+Exit status: 0 when every step that ran passed, 1 when a gate or a step failed, 2 on a bad manifest.
+
+examples:
+  trt-bridge pipeline scripts/pipeline/example.yaml
+  trt-bridge pipeline models.yaml --model resnet8 --json
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("pipeline", help="convert, check, build, verify and bench every model of a manifest",
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("manifest", type=Path, help="the YAML manifest (see trt_bridge/pipeline/manifest.py)")
+    p.add_argument("--model", action="append", default=[], metavar="NAME", help="run only this model (repeatable)")
+    p.add_argument("--json", nargs="?", const="-", metavar="FILE",
+                   help="write the summary as JSON to FILE, or to stdout without FILE")
+    p.add_argument("-q", "--quiet", action="store_true", help="no progress lines; the verdict only")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trt_bridge.cli import EXIT_FAIL, EXIT_OK
+    from trt_bridge.model import write_text_atomic
+    from trt_bridge.pipeline import PipelineOptions, run_pipeline
+
+    def progress(step) -> None:
+        print(f"[{step.status.value:>7}] {step.model} {step.label}: {step.message}", file=sys.stderr, flush=True)
+
+    report = run_pipeline(args.manifest, PipelineOptions(tuple(args.model), None if args.quiet else progress))
+    if args.json == "-":
+        print(report.to_json())
+    else:
+        if args.json:
+            write_text_atomic(args.json, report.to_json() + "\n")
+        print(report.summary().splitlines()[0] if args.quiet else report.summary())
+    return EXIT_OK if report.passed else EXIT_FAIL

@@ -1,0 +1,171 @@
+"""The pipeline manifest: which models, converted how, built for which targets, gated how.
+
+```yaml
+output: pipeline-output            # artifacts (relative to this file); default: <manifest name>-output
+defaults:                          # merged into every model (a model's own keys win)
+  calib_random: 8                  # or calib_data: data/calib.npz
+  eval_random: 8                   # or eval_data: data/eval.npz
+  gates: {min_snr: 25, min_cosine: 0.99}
+  bench: {iterations: 50, warmup: 5}
+models:
+  - name: resnet8                  # unique; names the artifacts
+    source: models/resnet8-int8.onnx
+    reference: models/resnet8.onnx # what verify compares against (default: the source)
+    convert: {scales: data, exclude_nodes: "head"}   # ConvertOptions fields
+    shapes: {input: [1, 3, 32, 32]}                  # fixed shapes for dynamic inputs (build and bench)
+targets:
+  - name: ada                      # TensorRT-RTX ahead of time: runs on a machine without a GPU
+    compute_capabilities: ["8.9"]
+  - name: this-gpu                 # this machine's GPU: build, then verify and bench the engine
+    gpu: true
+```
+Every key is checked; an unknown or ill-typed one is an error that names it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trt_bridge.errors import TrtBridgeError
+
+CONVERT_KEYS = {"calib_method", "percentile", "placement", "include_ops", "exclude_ops", "exclude_nodes", "scales",
+                "recenter", "smooth", "bf16"}
+GATE_KEYS = {"min_snr", "min_cosine", "max_abs"}
+BENCH_KEYS = {"iterations", "warmup", "duration", "provider", "threads"}
+MODEL_KEYS = {"name", "source", "reference", "calib_data", "calib_random", "eval_data", "eval_random", "convert",
+              "shapes", "gates", "bench"}
+TARGET_KEYS = {"name", "compute_capabilities", "gpu"}
+
+
+class ManifestError(TrtBridgeError):
+    """The manifest is missing, not YAML, or has a key of the wrong name or type."""
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str
+    compute_capabilities: tuple[str, ...] = ()  # ahead of time with TensorRT-RTX
+    gpu: bool = False  # this machine's GPU: the engine is also verified and benchmarked
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    source: Path
+    reference: Path
+    calib_data: Path | None = None
+    calib_random: int | None = None
+    eval_data: Path | None = None
+    eval_random: int | None = None
+    convert: dict = field(default_factory=dict)
+    shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    gates: dict[str, float | dict[str, float]] = field(default_factory=dict)
+    bench: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    path: Path
+    output: Path
+    models: tuple[ModelEntry, ...]
+    targets: tuple[Target, ...]
+
+
+def load_manifest(path: str | Path) -> Manifest:
+    import yaml
+
+    path = Path(path)
+    if not path.is_file():
+        raise ManifestError(f"{path}: no such manifest file.")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ManifestError(f"{path}: not valid YAML: {exc}") from exc
+    where = str(path)
+    data = _mapping(data, where, {"output", "defaults", "models", "targets"})
+    base = path.parent
+    defaults = _mapping(data.get("defaults") or {}, f"{where}: defaults", MODEL_KEYS - {"name", "source", "reference"})
+    models_data = data.get("models")
+    if not isinstance(models_data, list) or not models_data:
+        raise ManifestError(f"{where}: 'models' must be a non-empty list of models (each with a name and a source).")
+    models, names = [], set()
+    for i, raw in enumerate(models_data):
+        entry = {**defaults, **_mapping(raw, f"{where}: models[{i}]", MODEL_KEYS)}
+        for nested in ("convert", "gates", "bench"):  # nested tables merge too
+            if nested in defaults and nested in raw:
+                entry[nested] = {**defaults[nested], **raw[nested]}
+        model = _model(entry, f"{where}: models[{i}]", base)
+        if model.name in names:
+            raise ManifestError(f"{where}: models[{i}]: the name '{model.name}' is used twice; names must be unique.")
+        names.add(model.name)
+        models.append(model)
+    targets_data = data.get("targets") or []
+    if not isinstance(targets_data, list):
+        raise ManifestError(f"{where}: 'targets' must be a list (each with a name, and compute_capabilities or gpu).")
+    targets = [_target(_mapping(raw, f"{where}: targets[{i}]", TARGET_KEYS), f"{where}: targets[{i}]")
+               for i, raw in enumerate(targets_data)]
+    if len({t.name for t in targets}) != len(targets):
+        raise ManifestError(f"{where}: target names must be unique.")
+    output = base / str(data.get("output") or f"{path.stem}-output")
+    return Manifest(path, output, tuple(models), tuple(targets))
+
+
+def _mapping(value, where: str, allowed: set[str]) -> dict:
+    if not isinstance(value, dict):
+        raise ManifestError(f"{where}: expected a mapping of keys, got {type(value).__name__}.")
+    unknown = sorted(set(value) - allowed)
+    if unknown:
+        raise ManifestError(f"{where}: unknown key '{unknown[0]}'; the keys here are: {', '.join(sorted(allowed))}.")
+    return value
+
+
+def _model(entry: dict, where: str, base: Path) -> ModelEntry:
+    for key in ("name", "source"):
+        if not isinstance(entry.get(key), str) or not entry[key]:
+            raise ManifestError(f"{where}: '{key}' is required (a string).")
+    if not all(c.isalnum() or c in "-_." for c in entry["name"]):
+        raise ManifestError(f"{where}: name '{entry['name']}' may hold letters, digits, '-', '_' and '.' only "
+                            "(it names files).")
+    source = base / entry["source"]
+    reference = base / entry["reference"] if entry.get("reference") else source
+    for label, p in (("source", source), ("reference", reference)):
+        if not p.is_file():
+            raise ManifestError(f"{where}: {label} {p} does not exist.")
+    calib_data = base / entry["calib_data"] if entry.get("calib_data") else None
+    eval_data = base / entry["eval_data"] if entry.get("eval_data") else None
+    for label, key in (("calib_random", "calib_random"), ("eval_random", "eval_random")):
+        if key in entry and (not isinstance(entry[key], int) or entry[key] < 1):
+            raise ManifestError(f"{where}: '{label}' must be a positive integer.")
+    if calib_data is not None and entry.get("calib_random") is not None:
+        raise ManifestError(f"{where}: give calib_data or calib_random, not both.")
+    convert = _mapping(entry.get("convert") or {}, f"{where}: convert", CONVERT_KEYS)
+    gates = _mapping(entry.get("gates") or {}, f"{where}: gates", GATE_KEYS)
+    for key, value in gates.items():
+        values = value.values() if isinstance(value, dict) else [value]
+        if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+            raise ManifestError(f"{where}: gates.{key} must be a number or a mapping of output name → number.")
+    bench = _mapping(entry.get("bench") or {}, f"{where}: bench", BENCH_KEYS)
+    shapes_raw = _mapping(entry.get("shapes") or {}, f"{where}: shapes", set(entry.get("shapes") or {}))
+    shapes = {}
+    for name, dims in shapes_raw.items():
+        if not isinstance(dims, list) or not all(isinstance(d, int) and d > 0 for d in dims):
+            raise ManifestError(f"{where}: shapes.{name} must be a list of positive integers, e.g. [1, 3, 224, 224].")
+        shapes[name] = tuple(dims)
+    return ModelEntry(entry["name"], source, reference, calib_data, entry.get("calib_random"), eval_data,
+                      entry.get("eval_random"), dict(convert), shapes, dict(gates), dict(bench))
+
+
+def _target(raw: dict, where: str) -> Target:
+    if not isinstance(raw.get("name"), str) or not raw["name"]:
+        raise ManifestError(f"{where}: 'name' is required (a string).")
+    ccs = raw.get("compute_capabilities") or []
+    if not isinstance(ccs, list) or not all(isinstance(c, (str, int, float)) for c in ccs):
+        raise ManifestError(f"{where}: compute_capabilities must be a list such as ['8.9', '12.0'].")
+    gpu = bool(raw.get("gpu", False))
+    if not ccs and not gpu:
+        raise ManifestError(f"{where}: give compute_capabilities (ahead of time) or gpu: true (this machine's GPU).")
+    if ccs and gpu:
+        raise ManifestError(f"{where}: a target is either ahead of time (compute_capabilities) or this machine's GPU "
+                            "(gpu: true), not both.")
+    return Target(raw["name"], tuple(str(c) for c in ccs), gpu)
