@@ -58,6 +58,9 @@ def test_readme_example_runs(workdir, command):
     if argv[1] == "verify":
         _verify_example(workdir, argv)
         return
+    if argv[1] in ("build", "bench"):
+        _engine_example(workdir, argv)
+        return
     result = subprocess.run([sys.executable, "-m", "trt_bridge", *argv[1:]], cwd=workdir, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -98,3 +101,19 @@ def _verify_example(workdir: Path, argv: list[str]) -> None:
         assert "<svg" in (workdir / argv[argv.index("--html") + 1]).read_text()
     if "--json" in argv:
         assert json.loads((workdir / argv[argv.index("--json") + 1]).read_text())["passed"] is True
+
+
+def _engine_example(workdir: Path, argv: list[str]) -> None:
+    """build (ahead of time with TensorRT-RTX) and bench (onnxruntime rows) on the converted sample."""
+    if "model.trt.onnx" in argv:
+        subprocess.run([sys.executable, "-m", "trt_bridge", "convert", "float.onnx", "-o", "model.trt.onnx",
+                        "--calib-data", "calib.npz", "-q"], cwd=workdir, check=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "trt_bridge", *argv[1:]], cwd=workdir, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    if argv[1] == "build":
+        engine = workdir / argv[argv.index("-o") + 1]
+        assert engine.stat().st_size > 0 and json.loads(Path(f"{engine}.json").read_text())["tensorrt"]
+        assert (workdir / "timing.cache").is_file()
+    else:
+        assert "| model |" in (workdir / "latency.md").read_text() and "onnxruntime CPU" in result.stdout
