@@ -100,6 +100,10 @@ def test_a_failing_gate_fails_the_run(workdir):
      "targets[0]: give compute_capabilities (ahead of time) or gpu: true"),
     ("models:\n  - {name: a, source: float.onnx, gates: {min_snr: high}}\n", "gates.min_snr must be a number"),
     ("models: [\n", "not valid YAML"),
+    ("models:\n  - {name: '..', source: float.onnx}\n", "name '..' may hold letters, digits"),
+    ("models:\n  - {name: a, source: float.onnx}\ntargets:\n  - {name: ../x, gpu: true}\n", "name '../x' may hold"),
+    ("defaults: {bench: {iterations: 5}}\nmodels:\n  - {name: a, source: float.onnx, bench: 5}\n",
+     "models[0].bench: expected a mapping"),
 ])
 def test_manifest_errors_name_the_key(workdir, text, message):
     manifest = workdir / "bad.yaml"
@@ -120,3 +124,15 @@ def test_the_example_manifest_is_valid():
             "mlperf-tiny-resnet8-int8.onnx", "mlperf-tiny-dscnn-kws-int8.onnx",
             "mlperf-tiny-autoencoder-int8.onnx"} <= sources
     assert [t["name"] for t in data["targets"]] == ["ada", "this-gpu"]
+
+
+def test_junit_xml_holds_any_message():
+    """Tool output can carry control characters, which XML 1.0 cannot: the report stays well-formed."""
+    from trt_bridge.pipeline import PipelineReport, Status, StepResult
+
+    step = StepResult("a", "t", "build", Status.ERROR, 1.0, "bad \x1b[31mred\x00 <&>", {"error": "trace \x01"})
+    report = PipelineReport("m.yaml", "out", [step])
+    root = ET.fromstring(report.junit_xml())
+    error = root.find("./testsuite/testcase/error")
+    assert error.get("message") == "bad [31mred <&>" and error.text == "trace "
+    assert "&lt;&amp;&gt;" in report.markdown()

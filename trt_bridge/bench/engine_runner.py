@@ -53,6 +53,16 @@ def no_gpu_error(path: Path, problem: str) -> TrtBridgeError:
                           "model with onnxruntime here (bench MODEL.onnx), or run this on a machine with a GPU.")
 
 
+def _built_with(engine: Path) -> str | None:
+    """The TensorRT module the engine's sidecar names (an engine runs only with the TensorRT that built it)."""
+    from trt_bridge.tensorrt.build import read_sidecar
+
+    try:
+        return read_sidecar(engine)["tensorrt"]["module"]
+    except Exception:  # noqa: BLE001 - no sidecar (built elsewhere): the default module
+        return None
+
+
 class EngineRunner:
     """A deserialized engine with its buffers, stream and (when capturable) CUDA graph."""
 
@@ -93,7 +103,7 @@ class EngineRunner:
         from trt_bridge.tensorrt.build import _Logger
 
         self._cudart = cudart = runtime()
-        trt = self._trt = import_tensorrt()
+        trt = self._trt = import_tensorrt(_built_with(self.path))
         self.label = f"{'TensorRT-RTX' if is_rtx(trt) else 'TensorRT'} {getattr(trt, '__version__', '?')}"
         self._logger = _Logger(trt)
         self._runtime = trt.Runtime(self._logger)
@@ -275,8 +285,10 @@ class EngineRunner:
                     "or plugins that synchronize)")
         mode = cudart.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
         call(cudart, "cudaStreamBeginCapture", self._stream, mode, what=f"{self.path}: starting CUDA graph capture")
-        enqueued = context.execute_async_v3(handle)
-        err, graph = cudart.cudaStreamEndCapture(self._stream)
+        try:
+            enqueued = context.execute_async_v3(handle)
+        finally:  # end the capture whatever happened, or the stream stays in capture mode
+            err, graph = cudart.cudaStreamEndCapture(self._stream)
         if int(err) != 0 or not enqueued:
             if int(err) == 0:
                 cudart.cudaGraphDestroy(graph)

@@ -120,7 +120,9 @@ def run(args: argparse.Namespace) -> int:
 
     output = args.output or args.model.with_suffix(".engine")
     if args.json not in (None, "-"):
-        refuse_overwrite(args.json, [args.model, output], "report")
+        from trt_bridge.tensorrt.build import sidecar_path
+
+        refuse_overwrite(args.json, [args.model, output, sidecar_path(output), args.timing_cache], "report")
         check_writable(args.json, "report")
     ccs = tuple(c.strip() for group in args.compute_capability or [] for c in group.split(",") if c.strip())
     options = BuildOptions(

@@ -40,6 +40,12 @@ def run(args: argparse.Namespace) -> int:
     def progress(step) -> None:
         print(f"[{step.status.value:>7}] {step.model} {step.label}: {step.message}", file=sys.stderr, flush=True)
 
+    from trt_bridge.cli.common import refuse_overwrite
+    from trt_bridge.model import check_writable
+
+    if args.json not in (None, "-"):
+        refuse_overwrite(args.json, [args.manifest], "summary")
+        check_writable(args.json, "summary")
     report = run_pipeline(args.manifest, PipelineOptions(tuple(args.model), None if args.quiet else progress))
     if args.json == "-":
         print(report.to_json())

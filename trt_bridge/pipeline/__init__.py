@@ -131,12 +131,15 @@ def _machine() -> dict:
 
     info = {"trt_bridge": __version__, "python": platform.python_version(), "platform": platform.platform(),
             "onnxruntime": onnxruntime.__version__, "providers": onnxruntime.get_available_providers(),
-            "gpu": gpu_present(), "tensorrt": None}
-    try:
-        trt = import_tensorrt()
-        info["tensorrt"] = {"module": trt.__name__, "version": getattr(trt, "__version__", "?"), "rtx": is_rtx(trt)}
-    except MissingDependencyError:
-        pass
+            "gpu": gpu_present(), "tensorrt": None, "tensorrt_rtx": None}
+    for name in ("tensorrt", "tensorrt_rtx"):  # both may be installed: RTX builds ahead of time, tensorrt locally
+        try:
+            trt = import_tensorrt(name)
+        except MissingDependencyError:
+            continue
+        info[name] = {"module": trt.__name__, "version": getattr(trt, "__version__", "?"), "rtx": is_rtx(trt)}
+    if info["tensorrt"] is None and info["tensorrt_rtx"] is not None:
+        info["tensorrt"] = info["tensorrt_rtx"]
     return info
 
 
@@ -246,7 +249,8 @@ class _ModelRun:
                 gates.append(Gate(metric[key], float(value)))
         data = str(self.model.eval_data) if self.model.eval_data else None
         random = None if data else (self.model.eval_random or 8)
-        return VerifyOptions(data=data, random=random, gates=tuple(gates), progress=False, **extra)
+        return VerifyOptions(data=data, random=random, gates=tuple(gates), progress=False,
+                             shapes=dict(self.model.shapes) or None, **extra)
 
     def _verify(self):
         from trt_bridge.model import write_text_atomic
@@ -310,7 +314,7 @@ class _ModelRun:
         trt = self.machine.get("tensorrt")
         if trt is None:
             return "no TensorRT here (pip install 'trt-bridge[rtx]' to build ahead of time, or '[trt]' on a GPU)"
-        if target.compute_capabilities and not trt["rtx"]:
+        if target.compute_capabilities and self.machine.get("tensorrt_rtx") is None:
             return (f"ahead-of-time builds for compute capability {', '.join(target.compute_capabilities)} need "
                     f"TensorRT-RTX; this machine has {trt['module']} {trt['version']}")
         if target.gpu and not self.machine.get("gpu"):

@@ -94,7 +94,9 @@ def load_manifest(path: str | Path) -> Manifest:
         entry = {**defaults, **_mapping(raw, f"{where}: models[{i}]", MODEL_KEYS)}
         for nested in ("convert", "gates", "bench"):  # nested tables merge too
             if nested in defaults and nested in raw:
-                entry[nested] = {**defaults[nested], **raw[nested]}
+                low = _table(defaults[nested], f"{where}: defaults.{nested}")
+                high = _table(raw[nested], f"{where}: models[{i}].{nested}")
+                entry[nested] = {**low, **high}
         model = _model(entry, f"{where}: models[{i}]", base)
         if model.name in names:
             raise ManifestError(f"{where}: models[{i}]: the name '{model.name}' is used twice; names must be unique.")
@@ -111,6 +113,15 @@ def load_manifest(path: str | Path) -> Manifest:
     return Manifest(path, output, tuple(models), tuple(targets))
 
 
+def _table(value, where: str) -> dict:
+    """A nested table (convert, gates, bench): a mapping, or null for none."""
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ManifestError(f"{where}: expected a mapping of keys, got {type(value).__name__}.")
+    return value
+
+
 def _mapping(value, where: str, allowed: set[str]) -> dict:
     if not isinstance(value, dict):
         raise ManifestError(f"{where}: expected a mapping of keys, got {type(value).__name__}.")
@@ -124,9 +135,7 @@ def _model(entry: dict, where: str, base: Path) -> ModelEntry:
     for key in ("name", "source"):
         if not isinstance(entry.get(key), str) or not entry[key]:
             raise ManifestError(f"{where}: '{key}' is required (a string).")
-    if not all(c.isalnum() or c in "-_." for c in entry["name"]):
-        raise ManifestError(f"{where}: name '{entry['name']}' may hold letters, digits, '-', '_' and '.' only "
-                            "(it names files).")
+    _check_name(entry["name"], where)
     source = base / entry["source"]
     reference = base / entry["reference"] if entry.get("reference") else source
     for label, p in (("source", source), ("reference", reference)):
@@ -135,7 +144,7 @@ def _model(entry: dict, where: str, base: Path) -> ModelEntry:
     calib_data = base / entry["calib_data"] if entry.get("calib_data") else None
     eval_data = base / entry["eval_data"] if entry.get("eval_data") else None
     for label, key in (("calib_random", "calib_random"), ("eval_random", "eval_random")):
-        if key in entry and (not isinstance(entry[key], int) or entry[key] < 1):
+        if key in entry and (isinstance(entry[key], bool) or not isinstance(entry[key], int) or entry[key] < 1):
             raise ManifestError(f"{where}: '{label}' must be a positive integer.")
     if calib_data is not None and entry.get("calib_random") is not None:
         raise ManifestError(f"{where}: give calib_data or calib_random, not both.")
@@ -149,16 +158,26 @@ def _model(entry: dict, where: str, base: Path) -> ModelEntry:
     shapes_raw = _mapping(entry.get("shapes") or {}, f"{where}: shapes", set(entry.get("shapes") or {}))
     shapes = {}
     for name, dims in shapes_raw.items():
-        if not isinstance(dims, list) or not all(isinstance(d, int) and d > 0 for d in dims):
+        if not isinstance(dims, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d > 0
+                                                 for d in dims):
             raise ManifestError(f"{where}: shapes.{name} must be a list of positive integers, e.g. [1, 3, 224, 224].")
         shapes[name] = tuple(dims)
     return ModelEntry(entry["name"], source, reference, calib_data, entry.get("calib_random"), eval_data,
                       entry.get("eval_random"), dict(convert), shapes, dict(gates), dict(bench))
 
 
+def _check_name(name: str, where: str) -> None:
+    """Names become file names under the output folder: letters, digits, '-', '_' and inner dots only."""
+    if not all(c.isascii() and (c.isalnum() or c in "-_.") for c in name) or name.startswith(".") \
+            or name.endswith("."):
+        raise ManifestError(f"{where}: name '{name}' may hold letters, digits, '-', '_' and inner '.' only "
+                            "(it names files under the output folder).")
+
+
 def _target(raw: dict, where: str) -> Target:
     if not isinstance(raw.get("name"), str) or not raw["name"]:
         raise ManifestError(f"{where}: 'name' is required (a string).")
+    _check_name(raw["name"], where)
     ccs = raw.get("compute_capabilities") or []
     if not isinstance(ccs, list) or not all(isinstance(c, (str, int, float)) for c in ccs):
         raise ManifestError(f"{where}: compute_capabilities must be a list such as ['8.9', '12.0'].")

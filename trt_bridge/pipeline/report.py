@@ -8,6 +8,12 @@ import xml.etree.ElementTree as ET
 from trt_bridge.pipeline import PipelineReport, Status
 
 
+def _xml_text(text: str) -> str:
+    """``text`` without the characters XML 1.0 cannot hold (control characters from tool output)."""
+    return "".join(c for c in str(text) if c in "\t\n\r" or (" " <= c <= "\ud7ff") or ("\ue000" <= c <= "\ufffd")
+                   or c >= "\U00010000")
+
+
 def junit_xml(report: PipelineReport) -> str:
     """JUnit XML as CI systems read it: a testsuite per model, a testcase per step (and target)."""
     counts = report.counts()
@@ -18,23 +24,24 @@ def junit_xml(report: PipelineReport) -> str:
     for step in report.steps:
         models.setdefault(step.model, []).append(step)
     for model, steps in models.items():
-        suite = ET.SubElement(root, "testsuite", name=model, tests=str(len(steps)),
+        suite = ET.SubElement(root, "testsuite", name=_xml_text(model), tests=str(len(steps)),
                               failures=str(sum(s.status is Status.FAILED for s in steps)),
                               errors=str(sum(s.status is Status.ERROR for s in steps)),
                               skipped=str(sum(s.status is Status.SKIPPED for s in steps)),
                               time=f"{sum(s.seconds for s in steps):.3f}")
         for step in steps:
-            case = ET.SubElement(suite, "testcase", classname=f"trt-bridge.{model}", name=step.label,
-                                 time=f"{step.seconds:.3f}")
+            case = ET.SubElement(suite, "testcase", classname=_xml_text(f"trt-bridge.{model}"),
+                                 name=_xml_text(step.label), time=f"{step.seconds:.3f}")
+            message = _xml_text(step.message)
             if step.status is Status.FAILED:
-                ET.SubElement(case, "failure", message=step.message, type="gate").text = step.message
+                ET.SubElement(case, "failure", message=message, type="gate").text = message
             elif step.status is Status.ERROR:
-                ET.SubElement(case, "error", message=step.message,
-                              type="error").text = str(step.details.get("error", step.message))
+                ET.SubElement(case, "error", message=message,
+                              type="error").text = _xml_text(step.details.get("error", step.message))
             elif step.status is Status.SKIPPED:
-                ET.SubElement(case, "skipped", message=step.message)
+                ET.SubElement(case, "skipped", message=message)
             if step.artifacts:
-                ET.SubElement(case, "system-out").text = "\n".join(step.artifacts)
+                ET.SubElement(case, "system-out").text = _xml_text("\n".join(step.artifacts))
     ET.indent(root)
     return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
 
@@ -43,7 +50,9 @@ ICONS = {Status.PASSED: "✅ passed", Status.FAILED: "❌ failed", Status.ERROR:
 
 
 def _cell(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """Text for a markdown table cell: pipes escaped, on one line, no raw HTML."""
+    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+            .replace("\r", " ").replace("\n", " "))
 
 
 def _num(value, fmt: str) -> str:
@@ -74,8 +83,8 @@ def markdown(report: PipelineReport) -> str:
             for m in s.details["outputs"]:
                 top1 = "" if m.get("top1") is None else f"{100 * m['top1']:.1f}%"
                 gates = "pass" if not m["failures"] else "FAIL: " + "; ".join(m["failures"])
-                lines.append(f"| {_cell(s.model)} | {m['runner']} | {_cell(m['output'])} | {_num(m['snr_db'], '.2f')} "
-                             f"| {_num(m['cosine'], '.5f')} | {top1} | {_cell(gates)} |")
+                lines.append(f"| {_cell(s.model)} | {_cell(m['runner'])} | {_cell(m['output'])} | "
+                             f"{_num(m['snr_db'], '.2f')} | {_num(m['cosine'], '.5f')} | {top1} | {_cell(gates)} |")
     latency = [s for s in report.steps if s.step in ("bench", "bench-engine") and s.details.get("rows")]
     if latency:
         lines += ["", "### Latency", "", "| model | file | backend | median (ms) | p99 (ms) | throughput (/s) | "

@@ -37,6 +37,7 @@ class VerifyOptions:
     data: str | None = None  # feeds, as calibration takes them (npz, folder, loader script)
     random: int | None = None  # N seeded random feeds (the default, 8, when no data is given)
     seed: int = 0
+    shapes: dict[str, tuple[int, ...]] | None = None  # shapes of dynamic inputs for --random feeds
     engine: str | None = None  # a serialized TensorRT engine of the candidate (needs a GPU)
     gates: tuple[Gate, ...] = ()
     top_k: int = 5
@@ -187,7 +188,16 @@ def _feeds(reference: Path, candidate: Path, options: VerifyOptions) -> list[dic
         if options.random is None:
             log.warning("no --data: comparing on %d random feeds (seed %d); real inputs give meaningful numbers",
                         count, options.seed)
-        feeds = list(RandomFeeds(count, inputs, options.seed).check_broadcasts(cand))
+        shaped = inputs
+        if options.shapes:
+            from dataclasses import replace
+
+            unknown = sorted(set(options.shapes) - {i.name for i in inputs})
+            if unknown:
+                raise TrtBridgeError(f"--shapes names '{unknown[0]}', which is not an input of {candidate}.")
+            shaped = [replace(i, shape=tuple(options.shapes[i.name])) if i.name in options.shapes else i
+                      for i in inputs]
+        feeds = list(RandomFeeds(count, shaped, options.seed).check_broadcasts(cand))
     del cand
     if not feeds:
         raise CalibrationDataError(f"{options.data or options.load_inputs}: no feeds found.")
