@@ -21,6 +21,8 @@ class ScaleSource(str, enum.Enum):
     MODEL = "model"  # taken from a static scale in the source model
     EXACT_WEIGHTS = "exact-int8-weights"  # the source's own symmetric int8 weights, kept bit-exact
     REQUANTIZED = "requantized-weights"  # float (dequantized) weights quantized symmetric per channel
+    FILE = "file"  # an explicit scale table (--scales FILE: TensorRT cache, JSON, onnxruntime table)
+    QAT = "qat"  # quantization-aware training: a QAT ONNX export or a ModelOpt state dict (--qat)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,8 @@ class ConvertOptions:
     recenter: bool = True
     smooth: float | None = 0.65  # SmoothQuant alpha for MatMul inputs; None: off
     bf16: Bf16Policy = Bf16Policy.FP32  # what bfloat16 tensors become (onnxruntime's CPU runs no bfloat16)
+    scale_files: tuple[str, ...] = ()  # explicit scale tables (--scales FILE): they win over everything else
+    qat: str | None = None  # a QAT ONNX export or ModelOpt state dict (--qat): wins over the model and calibration
     check: bool = True  # run `trt-bridge check` on the output (with TensorRT's parser when installed)
     progress: bool = True
 
@@ -84,6 +86,9 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     if options.calib_data is not None or options.calib_random is not None:
         feeds = open_feeds(options.calib_data, options.calib_random, inputs, model=model)
         feeds.check()
+    from trt_bridge.scales.apply import load_sources
+
+    imported = load_sources(options.scale_files, options.qat, model)  # matched against the source as loaded
     seconds["load"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -100,6 +105,10 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     placement = place(graph, ctx.annotations, PlacementOptions(
         options.placement, options.include_ops, options.exclude_ops, options.exclude_nodes), feeds is not None)
     left = placement.left_in_float
+    if imported is not None:
+        from trt_bridge.scales.apply import apply
+
+        apply(graph, ctx.annotations, imported)
     check_quantizable(graph, ctx.annotations)
     seconds["lift"] = time.perf_counter() - t0
 
@@ -122,6 +131,12 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
                        "ranges": {k: {"min": o.lo, "max": o.hi, "amax": result.amax(k)}
                                   for k, o in sorted(result.observers.items())}}
         seconds["calibrate"] = time.perf_counter() - t0
+    if imported is not None and feeds is not None:
+        from trt_bridge.scales.apply import check_against_data
+
+        t0 = time.perf_counter()
+        check_against_data(lifted, ctx.annotations, imported, feeds, options.progress)
+        seconds["calibrate"] = seconds.get("calibrate", 0.0) + time.perf_counter() - t0
     if options.recenter:
         shared = {t for group in placement.shared_scales for t in group}
         recentered = recenter(graph, ctx.annotations, result if needed else None, skip=shared)
@@ -149,6 +164,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         calibration=calibration, seconds=seconds, recentered=[asdict(r) for r in recentered],
         smoothed=[asdict(x) for x in smoothed], placement=options.placement.value, scales=scales.value,
         sanitized=[asdict(c) for c in ctx.prepared],
+        imported_scales=None if imported is None else imported.to_dict(),
     )
     if options.check:
         from trt_bridge.checks import CheckOptions, check_model

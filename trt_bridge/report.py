@@ -37,6 +37,7 @@ class ConversionReport:
     scales: str = "model"  # where the source model's activation scales were taken from (model | data)
     sanitized: list[dict] = field(default_factory=list)  # sanitize.Change as dicts: casts, Dropout, Identity, ...
     check: dict | None = None  # checks.CheckReport of the output model, as a dict (None: not run)
+    imported_scales: dict | None = None  # --scales FILE / --qat: files, matching, applied, unused, warnings
 
     def __bool__(self) -> bool:
         return not self.remaining_blockers
@@ -70,6 +71,12 @@ class ConversionReport:
         if self.recentered:
             lines.append(f"  re-centred {len(self.recentered)} one-sided activation(s) "
                          "so symmetric int8 keeps all 8 bits")
+        if self.imported_scales:
+            imp = self.imported_scales
+            lines.append(f"  imported scales: {imp['applied']} tensor(s) from "
+                         + ", ".join([*imp["files"], *([imp["qat"]] if imp["qat"] else [])])
+                         + (f"; {len(imp['unused'])} entr(ies) unused" if imp["unused"] else "")
+                         + (f"; {len(imp['warnings'])} disagree with the calibration data" if imp["warnings"] else ""))
         if self.sanitized:
             kinds: dict[str, int] = {}
             for change in self.sanitized:

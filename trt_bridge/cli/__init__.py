@@ -13,7 +13,7 @@ EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trt_bridge.cli import bench, build, check, convert, pipeline, verify
+    from trt_bridge.cli import bench, build, check, convert, pipeline, scales, verify
 
     parser = argparse.ArgumentParser(
         prog="trt-bridge",
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"trt-bridge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (convert, check, verify, build, bench, pipeline):
+    for module in (convert, check, verify, build, bench, pipeline, scales):
         module.add_parser(sub)
     return parser
 

@@ -43,10 +43,17 @@ def add_parser(sub) -> None:
                        help="how an activation's range is chosen from its histogram (default: max)")
     calib.add_argument("--percentile", type=float, default=99.99,
                        help="percentile for --calib-method percentile (default: 99.99)")
-    calib.add_argument("--scales", choices=["model", "data"],
+    calib.add_argument("--scales", action="append", metavar="model|data|FILE",
                        help="activation scales of a statically quantized source: 'model' keeps the model's "
                             "(as symmetric int8 covering each range), 'data' re-derives them from the "
-                            "calibration data (default: data with --calib-data, else model)")
+                            "calibration data (default: data with --calib-data, else model). A FILE (repeatable; "
+                            "a later one wins) is an explicit scale table that wins over everything else: a "
+                            "TensorRT calibration cache, a trt-bridge JSON table or an onnxruntime calibration "
+                            "table")
+    calib.add_argument("--qat", metavar="FILE",
+                       help="take scales from quantization-aware training: the QAT model's ONNX export (matched "
+                            "by tensor names, then by structure) or a ModelOpt state dict of _amax buffers "
+                            "(.npz/.safetensors); they win over the model's own scales and over calibration")
     place = p.add_argument_group("placement")
     place.add_argument("--placement", choices=["tensorrt", "preserve"], default="tensorrt",
                        help="'tensorrt' (default) places Q/DQ where TensorRT fuses best; 'preserve' keeps "
@@ -101,6 +108,15 @@ def run(args: argparse.Namespace) -> int:
                     from exc
     from trt_bridge.cli.common import refuse_overwrite
 
+    policies = [v for v in args.scales or [] if v in ("model", "data")]
+    files = tuple(v for v in args.scales or [] if v not in ("model", "data"))
+    if len(set(policies)) > 1:
+        raise TrtBridgeError("--scales model and --scales data contradict each other; give one.")
+    policy = ScalePolicy(policies[0]) if policies else None
+    for path in files:
+        if not Path(path).is_file():
+            raise TrtBridgeError(f"--scales {path}: no such file (and not 'model' or 'data'). Give a scale table: "
+                                 "a TensorRT calibration cache, a trt-bridge JSON table or an onnxruntime table.")
     report_path = args.report or (Path(args.json) if args.json not in (None, "-") else None)
     if report_path:
         refuse_overwrite(report_path, [args.model, output], "report")
@@ -111,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         smooth=None if args.no_smooth else args.smooth, recenter=not args.no_recenter,
         progress=not args.quiet, placement=PlacementPolicy(args.placement), include_ops=args.include_ops,
         exclude_ops=args.exclude_ops, exclude_nodes=args.exclude_nodes,
-        scales=None if args.scales is None else ScalePolicy(args.scales), bf16=Bf16Policy(args.bf16),
+        scales=policy, scale_files=files, qat=args.qat, bf16=Bf16Policy(args.bf16),
         check=not args.skip_check,
     )
     report = convert(args.model, output, options)

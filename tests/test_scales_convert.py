@@ -1,0 +1,138 @@
+"""Imported scales in `convert`: QAT scales beat scarce calibration, precedence of --scales over --qat over the
+model over calibration, imported ranges flagged against data, and `trt-bridge scales export` round trips."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+from helpers import assert_qdq_contract, assert_tensorrt_ready, quantize_dynamic, save, snr_db
+from onnx import TensorProto, helper
+from test_cli import cli
+from test_scales_qat import make_qat, renamed
+
+from trt_bridge import samples
+from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.runtime import session
+from trt_bridge.scales.formats import read_json, read_trt_cache, scales_of_model, write_trt_cache
+from trt_bridge.scales.table import ScaleEntry, ScaleTable
+
+
+def _amax(model: onnx.ModelProto, tensors: list[str], feeds: np.ndarray) -> dict[str, float]:
+    """max |t| of each tensor over ``feeds`` (what a long QAT run settles on, in this fixture)."""
+    exposed = onnx.ModelProto()
+    exposed.CopyFrom(model)
+    exposed.graph.output.extend(helper.make_tensor_value_info(t, TensorProto.FLOAT, None) for t in tensors)
+    sess = session(exposed)
+    names = [o.name for o in sess.get_outputs()]
+    amax = dict.fromkeys(tensors, 0.0)
+    for feed in feeds:
+        outs = dict(zip(names, sess.run(None, {"x": feed})))
+        for t in tensors:
+            amax[t] = max(amax[t], float(np.abs(outs[t]).max()))
+    return amax
+
+
+@pytest.fixture(scope="module")
+def qat_setup(tmp_path_factory):
+    """A float conv net, its QAT-style export (scales settled over 256 inputs), and the same network exported
+    again under other names and quantized dynamically: the model a user has when the QAT scales are lost."""
+    root = tmp_path_factory.mktemp("qat")
+    model = samples.conv_net()
+    fpath = save(model, root / "float.onnx")
+    inits = {i.name for i in model.graph.initializer}
+    acts = sorted({n.input[0] for n in model.graph.node if n.op_type in ("Conv", "MatMul") and n.input[1] in inits})
+    qat = save(make_qat(model, _amax(model, acts, samples.image_feeds(256, 7))), root / "qat.onnx")
+    other = save(renamed(model), root / "other_float.onnx")
+    dyn = quantize_dynamic(other, root / "dynamic.onnx")
+    np.savez(root / "scarce.npz", **{"exported/x": samples.image_feeds(1, 1)})  # one calibration input
+    held_out = [{"x": f} for f in samples.image_feeds(32, 2)]
+    return {"root": root, "float": fpath, "qat": qat, "dynamic": dyn, "held_out": held_out}
+
+
+def _snr(setup, path) -> float:
+    reference = [session(setup["float"]).run(None, f)[0] for f in setup["held_out"]]
+    return snr_db(reference, [session(path).run(None, {"exported/x": f["x"]})[0] for f in setup["held_out"]])
+
+
+def test_qat_scales_beat_scarce_calibration(qat_setup, tmp_path):
+    scarce = tmp_path / "scarce.onnx"
+    convert(qat_setup["dynamic"], scarce, ConvertOptions(calib_data=str(qat_setup["root"] / "scarce.npz"),
+                                                         progress=False))
+    imported = tmp_path / "qat.onnx"
+    report = convert(qat_setup["dynamic"], imported, ConvertOptions(
+        qat=str(qat_setup["qat"]), calib_data=str(qat_setup["root"] / "scarce.npz"), progress=False))
+    assert_qdq_contract(imported)
+    sources = {q["tensor"]: q["source"] for q in report.quantized}
+    activations = {t: s for t, s in sources.items() if not t.endswith(("weight", "_quantized"))}
+    assert report.imported_scales["match"]["matched"] == 8 and not report.imported_scales["match"]["unmatched"]
+    assert sum(1 for s in sources.values() if s == "qat") >= 8  # 4 activations and 4 weights
+    assert set(activations.values()) >= {"qat"}
+    snr_scarce, snr_qat = _snr(qat_setup, scarce), _snr(qat_setup, imported)
+    print(f"held-out SNR: one-input calibration {snr_scarce:.2f} dB, QAT scales {snr_qat:.2f} dB")
+    assert snr_qat > snr_scarce + 3, (snr_scarce, snr_qat)
+    # one calibration input under-estimates the ranges the QAT scales cover: the data check says so
+    assert report.imported_scales["warnings"] == [] or all("imported amax" in w["message"]
+                                                          for w in report.imported_scales["warnings"])
+    assert_tensorrt_ready(imported)
+
+
+def test_explicit_scales_win_over_qat_and_disagreement_is_flagged(qat_setup, tmp_path):
+    """An explicit table (a TensorRT calibration cache) wins over the QAT scales for its tensors; an amax that
+    clips most calibration values is flagged."""
+    first = tmp_path / "first.onnx"
+    convert(qat_setup["dynamic"], first, ConvertOptions(qat=str(qat_setup["qat"]), progress=False, recenter=False))
+    qat_scales = scales_of_model(onnx.load(str(first)))
+    name = "exported/r1"
+    assert name in qat_scales
+    cache = tmp_path / "override.cache"
+    write_trt_cache(ScaleTable.of([ScaleEntry(name, qat_scales[name].amax / 50, source="test")]), cache)
+    np.savez(tmp_path / "calib.npz", **{"exported/x": samples.image_feeds(8, 3)})
+    out = tmp_path / "override.onnx"
+    report = convert(qat_setup["dynamic"], out, ConvertOptions(
+        scale_files=(str(cache),), qat=str(qat_setup["qat"]), calib_data=str(tmp_path / "calib.npz"),
+        progress=False, recenter=False))
+    sources = {q["tensor"]: (q["source"], q["scale"]) for q in report.quantized}
+    assert sources[name][0] == "file"
+    assert sources[name][1] == pytest.approx(qat_scales[name].amax / 50 / 127, rel=1e-6)
+    assert all(s == "qat" for t, (s, _) in sources.items() if t != name)
+    [warning] = [w for w in report.imported_scales["warnings"] if w["tensor"] == name]
+    assert "clips" in warning["message"] and warning["clipped_fraction"] > 0.2  # half of a ReLU output is 0
+
+
+def test_scales_export_round_trip(qat_setup, tmp_path):
+    """export → import gives identical scales: a TensorRT cache bit for bit, and convert given the exported
+    JSON table writes the same scales again."""
+    np.savez(tmp_path / "calib.npz", **{"exported/x": samples.image_feeds(8, 3)})
+    first = tmp_path / "first.onnx"
+    options = dict(calib_data=str(tmp_path / "calib.npz"), progress=False, recenter=False)
+    convert(qat_setup["dynamic"], first, ConvertOptions(**options))
+    for fmt, name in (("trt-cache", "scales.cache"), ("json", "scales.json"), ("fixed-point", "fixed.json")):
+        result = cli("scales", "export", first, "--format", fmt, "-o", tmp_path / name)
+        assert result.returncode == 0, result.stderr
+    original = scales_of_model(onnx.load(str(first)))
+    cache = read_trt_cache(tmp_path / "scales.cache")
+    for tensor in cache:
+        assert np.float32(cache[tensor].scale) == np.float32(original[tensor].scale)
+    again = tmp_path / "again.onnx"
+    report = convert(qat_setup["dynamic"], again, ConvertOptions(scale_files=(str(tmp_path / "scales.json"),),
+                                                                 **options))
+    assert {q["source"] for q in report.quantized if q["kind"] == "activation"} == {"file"}
+    assert scales_of_model(onnx.load(str(again))).entries.keys() == original.entries.keys()
+    for tensor, entry in scales_of_model(onnx.load(str(again))).entries.items():
+        np.testing.assert_array_equal(np.float32(entry.scale), np.float32(original[tensor].scale))
+    table = read_json(tmp_path / "scales.json")
+    assert len(table.weights()) == 4  # the dynamic source's exact per-tensor int8 weights, kept
+    rows = json.loads((tmp_path / "fixed.json").read_text())["layers"]
+    assert rows and all(2**30 <= r["multiplier"] < 2**31 for r in rows if isinstance(r["multiplier"], int))
+
+
+def test_scales_cli_errors(qat_setup, tmp_path):
+    result = cli("convert", qat_setup["dynamic"], "--scales", tmp_path / "missing.cache", "--calib-random", "1")
+    assert result.returncode == 2 and "--scales" in result.stderr and "no such file" in result.stderr
+    result = cli("convert", qat_setup["dynamic"], "--qat", tmp_path / "missing.onnx", "--calib-random", "1")
+    assert result.returncode == 2 and "--qat" in result.stderr
+    result = cli("scales", "export", qat_setup["float"], "--format", "json", "-o", tmp_path / "s.json")
+    assert result.returncode == 2 and "is it a converted model?" in result.stderr

@@ -1,0 +1,72 @@
+"""``trt-bridge scales``: export a converted model's scales (TensorRT calibration cache, JSON, fixed point)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+DESCRIPTION = """\
+Export the scales of a converted (TensorRT-ready Q/DQ) model:
+  trt-cache    TensorRT's calibration cache text (TRT-<version>-<algorithm>, then one line per activation:
+               the big-endian hex of its float32 scale), as TensorRT <=10, onnxruntime's TensorRT EP and
+               ModelOpt read it
+  json         trt-bridge's scale table (activations and per-channel weights, amax and axis); convert
+               takes it back with --scales FILE
+  fixed-point  for every quantized layer, the requantization factor s_in*s_w/s_out as an int32 multiplier
+               M0 in [2^30, 2^31) and a right shift n (M = M0*2^-n), with the error of that approximation,
+               for integer-only accelerators
+
+examples:
+  trt-bridge scales export model.int8.onnx --format trt-cache -o calib.cache
+  trt-bridge scales export model.int8.onnx --format json -o scales.json
+  trt-bridge scales export model.int8.onnx --format fixed-point -o requant.json
+"""
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("scales", help="export a converted model's scales (TensorRT cache, JSON, fixed point)",
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    export = actions.add_parser("export", help="write the scales of a converted model",
+                                description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    export.add_argument("model", type=Path, help="a converted model (trt-bridge convert's output)")
+    export.add_argument("--format", choices=["trt-cache", "json", "fixed-point"], required=True)
+    export.add_argument("-o", "--output", type=Path, required=True, help="the file to write")
+    export.add_argument("-q", "--quiet", action="store_true", help="no summary line")
+    export.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    export.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from trt_bridge.cli import EXIT_OK
+    from trt_bridge.cli.common import refuse_overwrite
+    from trt_bridge.errors import TrtBridgeError
+    from trt_bridge.model import check_writable, load_model
+
+    refuse_overwrite(args.output, [args.model], "output")
+    check_writable(args.output, "output")
+    model = load_model(args.model)
+    if args.format == "fixed-point":
+        from trt_bridge.scales.fixed_point import requantization_table, write_fixed_point
+
+        rows = requantization_table(model)
+        if not rows:
+            raise TrtBridgeError(f"{args.model}: no quantized layer whose output is requantized (a weighted op with "
+                                 "Q/DQ inputs and a QuantizeLinear after it); is it a converted model?")
+        write_fixed_point(rows, args.output)
+        what = f"{len(rows)} requantization(s)"
+    else:
+        from trt_bridge.scales.formats import scales_of_model, write_json, write_trt_cache
+
+        table = scales_of_model(model, source=f"model:{args.model.name}")
+        if not len(table):
+            raise TrtBridgeError(f"{args.model}: no QuantizeLinear/DequantizeLinear scales; is it a converted model?")
+        if args.format == "trt-cache":
+            write_trt_cache(table, args.output)
+            what = f"{len(table.activations())} activation scale(s)"
+        else:
+            write_json(table, args.output)
+            what = f"{len(table.activations())} activation and {len(table.weights())} weight scale(s)"
+    if not args.quiet:
+        print(f"wrote {what} of {args.model} to {args.output} ({args.format})")
+    return EXIT_OK

@@ -1,0 +1,170 @@
+"""Imported scales in a conversion: read them, lay them over the model's own, and check them against data.
+
+Precedence (highest first): ``--scales FILE`` (explicit tables: TensorRT calibration caches, trt-bridge
+JSON, onnxruntime calibration tables; a later file wins over an earlier one) > ``--qat`` (a QAT Q/DQ ONNX
+export, or a ModelOpt state dict of ``_amax`` buffers) > the source model's own scales > calibration.
+An imported activation scale replaces the annotation's, so that tensor needs no calibration; an imported
+weight amax re-quantizes the weight with it (per channel on the weighted op's axis, or per tensor).
+The report records the source of every tensor's scale, what was imported but found no use, and, when
+calibration data is given too, imported ranges that disagree with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from trt_bridge.annotations import Annotations, ScaleSource
+from trt_bridge.calibration.observers import QMAX
+from trt_bridge.errors import TrtBridgeError
+from trt_bridge.scales.table import ScaleEntry, ScaleTable
+
+log = logging.getLogger("trt_bridge.scales")
+
+#: an imported amax that clips more than this fraction of the calibration values is flagged
+CLIP_WARNING = 1e-3
+#: an imported amax larger than this many times the largest calibration value is flagged
+WIDE_WARNING = 4.0
+
+
+@dataclass
+class ImportedScales:
+    table: ScaleTable
+    files: list[str] = field(default_factory=list)
+    qat: str | None = None
+    match: dict | None = None  # the QAT / ModelOpt matching report
+    applied: list[str] = field(default_factory=list)  # tensors whose scale came from the table
+    unused: list[str] = field(default_factory=list)  # entries nothing in the converted model quantizes
+    warnings: list[dict] = field(default_factory=list)  # imported ranges that disagree with calibration data
+
+    def to_dict(self) -> dict:
+        return {"files": self.files, "qat": self.qat, "match": self.match, "applied": len(self.applied),
+                "unused": self.unused, "warnings": self.warnings}
+
+
+def load_sources(files: tuple[str, ...], qat: str | None, model) -> ImportedScales | None:
+    """Read ``files`` and ``qat`` (matched against ``model``, the source as loaded); None when neither is given."""
+    if not files and not qat:
+        return None
+    from trt_bridge.scales.formats import read_scales
+
+    explicit = ScaleTable()
+    for path in files:
+        explicit = read_scales(path).merged_over(explicit)  # a later file wins
+    qat_table, match = ScaleTable(), None
+    if qat:
+        path = Path(qat)
+        if not path.is_file():
+            raise TrtBridgeError(f"--qat {qat}: no such file. Give the QAT model's ONNX export, or a ModelOpt "
+                                 "state dict saved as .npz or .safetensors.")
+        if path.suffix == ".onnx":
+            from trt_bridge.scales.qat import import_qat
+
+            qat_table, report = import_qat(path, model)
+            match = {"matched": len(report.matched), "unmatched": report.unmatched,
+                     "ambiguous": [list(a) for a in report.ambiguous], "summary": report.summary()}
+        else:
+            from trt_bridge.scales.modelopt import read_modelopt_amax
+
+            qat_table, match = read_modelopt_amax(path, model)
+    return ImportedScales(explicit.merged_over(qat_table), list(files), qat, match)
+
+
+def _source(entry: ScaleEntry) -> ScaleSource:
+    return ScaleSource.QAT if entry.source.split(":", 1)[0] in ("qat", "modelopt") else ScaleSource.FILE
+
+
+def apply(graph, annotations: Annotations, imported: ImportedScales) -> None:
+    """Lay the imported scales over the annotations (in place); record what was applied and what not."""
+    import onnx_graphsurgeon as gs
+
+    used: set[str] = set()
+    for name, spec in annotations.activations.items():
+        entry = imported.table.get(name)
+        if entry is not None and entry.kind == "activation":
+            spec.scale = (entry.amax if entry.amax > 0 else 1.0) / QMAX
+            spec.source, spec.model_range = _source(entry), None
+            used.add(name)
+            imported.applied.append(name)
+    tensors = graph.tensors()
+    for name, spec in annotations.weights.items():
+        entry = _weight_entry(imported.table, spec)
+        if entry is None:
+            continue
+        const = tensors.get(name)
+        if not isinstance(const, gs.Constant):
+            continue
+        values = np.asarray(const.values, np.float64)
+        amax = np.asarray(entry.amax, np.float64)
+        if amax.ndim == 1 and (entry.axis is None or entry.axis % values.ndim != spec.axis % values.ndim
+                               or amax.size != values.shape[spec.axis]):
+            log.warning("imported weight scales of '%s' (%d values on axis %s) do not fit the weight %s on axis %d; "
+                        "kept its own", entry.tensor, amax.size, entry.axis, list(values.shape), spec.axis)
+            continue
+        scale = np.where(amax > 0, amax, 1.0) / QMAX
+        shaped = scale
+        if scale.ndim == 1:
+            shape = [1] * values.ndim
+            shape[spec.axis] = -1
+            shaped = scale.reshape(shape)
+        spec.int8 = np.clip(np.rint(values / shaped), -QMAX, QMAX).astype(np.int8)
+        spec.scale = scale.astype(np.float32)
+        spec.source = _source(entry)
+        used.add(entry.tensor)
+        imported.applied.append(name)
+    imported.unused = sorted(set(imported.table) - used)
+
+
+def _weight_entry(table: ScaleTable, spec) -> ScaleEntry | None:
+    """The imported entry of a weight: by the weight's name, or by the source node that reads it (QAT matching
+    keys weights '<node>:weight'; ``spec.origin`` is the source node a lifted weight came from)."""
+    candidates = [spec.tensor, f"{spec.origin}:weight", spec.origin]
+    for site in spec.sites:
+        candidates += [f"{site.node}:weight", site.node]
+    for key in candidates:
+        entry = table.get(key)
+        if entry is not None and entry.kind == "weight":
+            return entry
+    return None
+
+
+class _ClipObserver:
+    """How many values fall outside ±amax, and the largest magnitude seen."""
+
+    def __init__(self, amax: float):
+        self.amax, self.count, self.clipped, self.max = amax, 0, 0, 0.0
+
+    def update(self, values) -> None:
+        v = np.abs(np.asarray(values, np.float32)).ravel()
+        if v.size:
+            self.count += v.size
+            self.clipped += int(np.sum(v > self.amax))
+            self.max = max(self.max, float(v.max()))
+
+
+def check_against_data(lifted, annotations: Annotations, imported: ImportedScales, feeds, progress: bool) -> None:
+    """Run the calibration feeds once and flag imported activation ranges that clip much or waste resolution."""
+    from trt_bridge.calibration.runner import CalibrationSession
+
+    names = [n for n in imported.applied if n in annotations.activations]
+    if not names:
+        return
+    observers = {n: _ClipObserver(annotations.activations[n].scale * QMAX) for n in names}
+    with CalibrationSession(lifted, names) as session:
+        session.run(observers, feeds, progress, desc="checking imported scales")
+    for name, obs in observers.items():
+        fraction = obs.clipped / max(obs.count, 1)
+        if fraction > CLIP_WARNING:
+            message = (f"the imported amax {obs.amax:.4g} clips {100 * fraction:.2f}% of the calibration values "
+                       f"(largest {obs.max:.4g})")
+        elif obs.max > 0 and obs.amax > WIDE_WARNING * obs.max:
+            message = (f"the imported amax {obs.amax:.4g} is {obs.amax / obs.max:.1f}× the largest calibration value "
+                       f"({obs.max:.4g}): most of the int8 codes go unused")
+        else:
+            continue
+        imported.warnings.append({"tensor": name, "amax": obs.amax, "observed_max": obs.max,
+                                  "clipped_fraction": fraction, "message": message})
+        log.warning("'%s': %s", name, message)

@@ -1,0 +1,168 @@
+"""A scale table: tensor → amax (per tensor or per channel), axis, kind and provenance.
+
+Every source of scales (an explicit ``--scales`` file, a QAT model, the source model's own
+Q/DQ, calibration) is read into a :class:`ScaleTable`; convert layers them with
+:meth:`ScaleTable.merged_over` (or :func:`merge_by_precedence`), highest precedence first::
+
+    explicit.merged_over(qat).merged_over(model).merged_over(calibration)
+
+Entries hold ``amax`` (the float range ±amax that maps to ±127), not the scale: it is what
+calibration produces and what ModelOpt stores; :attr:`ScaleEntry.scale` is ``amax / 127``.
+Readers of scale-based formats store ``scale * 127`` computed in float64, which is exact for
+a float32 (or float16) scale, so writing the table back gives the same float32 scale bits.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+
+from trt_bridge.errors import TrtBridgeError
+
+#: symmetric int8: amax maps to ±QMAX (same constant as trt_bridge.calibration.observers.QMAX)
+QMAX = 127
+KINDS = ("activation", "weight")
+
+
+def _as_amax(tensor: str, amax) -> float | tuple[float, ...]:
+    """``amax`` as a float or a tuple of floats, each finite and ≥ 0."""
+    if hasattr(amax, "tolist"):  # numpy scalars and arrays
+        amax = amax.tolist()
+    values = tuple(amax) if isinstance(amax, (list, tuple)) else (amax,)
+    out = []
+    for v in values:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise TrtBridgeError(f"tensor '{tensor}': amax {v!r} is not a number. Give a positive float "
+                                 "(or a list of floats for per-channel weights).")
+        v = float(v)
+        if not math.isfinite(v) or v < 0:
+            raise TrtBridgeError(f"tensor '{tensor}': amax {v!r} is not a finite non-negative number; "
+                                 "a scale table needs amax ≥ 0 (scale = amax / 127).")
+        out.append(v)
+    if isinstance(amax, (list, tuple)):
+        if not out:
+            raise TrtBridgeError(f"tensor '{tensor}': the per-channel amax list is empty.")
+        return tuple(out)
+    return out[0]
+
+
+@dataclass(frozen=True)
+class ScaleEntry:
+    """One tensor's quantization range.
+
+    ``amax``: a float (per tensor) or a tuple (per channel along ``axis``; weights only:
+    TensorRT quantizes activations per tensor). ``amax == 0`` is allowed (a tensor that was
+    all zeros during calibration); consumers choose the smallest positive scale for it.
+    ``source``: provenance, ``"<format>:<file name>"`` for files (``"trt-cache:calib.cache"``,
+    ``"json:scales.json"``, ``"ort-table:calibration.json"``, ``"modelopt:ckpt.npz"``,
+    ``"qat:qat.onnx"``), ``"model"`` for a converted model's own scales.
+    """
+
+    tensor: str
+    amax: float | tuple[float, ...]
+    axis: int | None = None
+    kind: str = "activation"
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.tensor, str) or not self.tensor:
+            raise TrtBridgeError(f"a scale entry needs a tensor name, got {self.tensor!r}.")
+        if self.kind not in KINDS:
+            raise TrtBridgeError(f"tensor '{self.tensor}': kind {self.kind!r} is not one of {', '.join(KINDS)}.")
+        amax = _as_amax(self.tensor, self.amax)
+        object.__setattr__(self, "amax", amax)
+        if self.axis is not None and (isinstance(self.axis, bool) or not isinstance(self.axis, int)):
+            raise TrtBridgeError(f"tensor '{self.tensor}': axis {self.axis!r} is not an integer (or null).")
+        if isinstance(amax, tuple):
+            if self.kind != "weight":
+                raise TrtBridgeError(f"activation '{self.tensor}' has {len(amax)} per-channel amax values; "
+                                     "TensorRT quantizes activations per tensor. Give one amax.")
+            if self.axis is None:
+                raise TrtBridgeError(f"weight '{self.tensor}' has per-channel amax values but no axis; "
+                                     "give the output-channel axis (Conv: 0, MatMul: last).")
+        elif self.axis is not None:
+            object.__setattr__(self, "axis", None)  # a per-tensor value has no axis
+
+    @property
+    def per_channel(self) -> bool:
+        return isinstance(self.amax, tuple)
+
+    @property
+    def scale(self) -> float | tuple[float, ...]:
+        """``amax / 127`` (float64; the Q/DQ and the TensorRT cache store it as float32)."""
+        if isinstance(self.amax, tuple):
+            return tuple(a / QMAX for a in self.amax)
+        return self.amax / QMAX
+
+    def to_dict(self) -> dict:
+        amax = list(self.amax) if isinstance(self.amax, tuple) else self.amax
+        return {"amax": amax, "axis": self.axis, "kind": self.kind, "source": self.source}
+
+
+@dataclass
+class ScaleTable:
+    """Scale entries by tensor name (insertion order kept: files are written in it)."""
+
+    entries: dict[str, ScaleEntry] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name, entry in self.entries.items():
+            if name != entry.tensor:
+                raise TrtBridgeError(f"scale table key '{name}' holds the entry of tensor '{entry.tensor}'.")
+
+    @classmethod
+    def of(cls, entries: Iterable[ScaleEntry]) -> ScaleTable:
+        """A table of ``entries``; a tensor listed twice is an error."""
+        table = cls()
+        for entry in entries:
+            table.add(entry)
+        return table
+
+    def add(self, entry: ScaleEntry) -> None:
+        if entry.tensor in self.entries:
+            raise TrtBridgeError(f"tensor '{entry.tensor}' has two scale entries "
+                                 f"({self.entries[entry.tensor].source or 'unknown source'} and "
+                                 f"{entry.source or 'unknown source'}); keep one.")
+        self.entries[entry.tensor] = entry
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __contains__(self, tensor: object) -> bool:
+        return tensor in self.entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.entries)
+
+    def __getitem__(self, tensor: str) -> ScaleEntry:
+        return self.entries[tensor]
+
+    def get(self, tensor: str, default: ScaleEntry | None = None) -> ScaleEntry | None:
+        return self.entries.get(tensor, default)
+
+    def merged_over(self, lower: ScaleTable) -> ScaleTable:
+        """A new table with every entry of ``self`` and those of ``lower`` that ``self`` lacks
+        (``self`` wins where both have a tensor). Neither table changes."""
+        merged = dict(lower.entries)
+        merged.update(self.entries)
+        return ScaleTable(merged)
+
+    def activations(self) -> ScaleTable:
+        return ScaleTable({k: e for k, e in self.entries.items() if e.kind == "activation"})
+
+    def weights(self) -> ScaleTable:
+        return ScaleTable({k: e for k, e in self.entries.items() if e.kind == "weight"})
+
+    def sources(self) -> dict[str, str]:
+        """tensor → provenance (what the conversion report records per tensor)."""
+        return {k: e.source for k, e in self.entries.items()}
+
+
+def merge_by_precedence(*tables: ScaleTable | None) -> ScaleTable:
+    """Merge tables given highest precedence first (``None`` entries are skipped): the issue's
+    order is explicit ``--scales`` file > QAT > the model's own > calibration."""
+    merged = ScaleTable()
+    for table in reversed([t for t in tables if t is not None]):
+        merged = table.merged_over(merged)
+    return merged
