@@ -61,6 +61,9 @@ def test_readme_example_runs(workdir, command):
     if argv[1] in ("build", "bench"):
         _engine_example(workdir, argv)
         return
+    if argv[1] == "scales" or "--scales" in argv and argv[argv.index("--scales") + 1] not in ("model", "data"):
+        _scales_example(workdir, argv)
+        return
     result = subprocess.run([sys.executable, "-m", "trt_bridge", *argv[1:]], cwd=workdir, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
@@ -117,3 +120,19 @@ def _engine_example(workdir: Path, argv: list[str]) -> None:
         assert (workdir / "timing.cache").is_file()
     else:
         assert "| model |" in (workdir / "latency.md").read_text() and "onnxruntime CPU" in result.stdout
+
+
+def _scales_example(workdir: Path, argv: list[str]) -> None:
+    """Export a converted model's scales as a TensorRT cache, and convert again with that cache."""
+    subprocess.run([sys.executable, "-m", "trt_bridge", "convert", "model.onnx", "-o", "model.trt.onnx",
+                    "--calib-data", "calib.npz", "-q"], cwd=workdir, check=True, timeout=120)
+    if argv[1] != "scales":
+        subprocess.run([sys.executable, "-m", "trt_bridge", "scales", "export", "model.trt.onnx", "--format",
+                        "trt-cache", "-o", "calib.cache", "-q"], cwd=workdir, check=True, timeout=120)
+    result = subprocess.run([sys.executable, "-m", "trt_bridge", *argv[1:]], cwd=workdir, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    if argv[1] == "scales":
+        assert (workdir / "calib.cache").read_text().startswith("TRT-")
+    else:
+        assert "imported scales:" in result.stdout
