@@ -327,16 +327,28 @@ def default_opset(model: onnx.ModelProto) -> int:
     raise ModelLoadError("the model imports no default ONNX opset; it is not a valid ONNX model.")
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write a text file (a report) atomically."""
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, what: str = "file") -> Path:
+    """Write ``data`` to ``path`` atomically: a temporary file beside it, then a rename. The file gets the
+    usual mode (0666 less the umask), not the temporary file's private 0600."""
     path = Path(path)
+    tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=".trt-bridge-", delete=False) as f:
-            f.write(text)
+        with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=".trt-bridge-", delete=False) as f:
+            tmp = f.name
+            f.write(data)
         umask = os.umask(0)
         os.umask(umask)
-        os.chmod(f.name, 0o666 & ~umask)  # a report is an ordinary file, not a private temporary one
-        os.replace(f.name, path)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
     except OSError as exc:
-        raise TrtBridgeError(f"cannot write {path}: {exc.strerror or exc}. Choose a writable location.") from exc
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise TrtBridgeError(f"cannot write the {what} {path}: {exc.strerror or exc}. Choose a writable "
+                             "location.") from exc
+    return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, what: str = "file") -> Path:
+    """Write a text file (a report) atomically, UTF-8 with Unix newlines."""
+    return write_bytes_atomic(path, text.encode("utf-8"), what)

@@ -44,7 +44,6 @@ import math
 import os
 import re
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -114,27 +113,10 @@ def _read_text(path: Path, what: str) -> str:
 
 def write_text_file(path: str | os.PathLike, text: str, what: str) -> Path:
     """Write ``text`` to ``path`` atomically (a temporary file beside it, then a rename)."""
-    from trt_bridge.model import check_writable
+    from trt_bridge.model import check_writable, write_text_atomic
 
-    path = Path(path)
     check_writable(path, what)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    return write_text_atomic(path, text, what)
 
 
 # ---------------------------------------------------------------- TensorRT calibration cache

@@ -20,9 +20,7 @@ import enum
 import hashlib
 import json
 import logging
-import os
 import re
-import tempfile
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -754,18 +752,9 @@ def _save_timing_cache(trt, config, path: str, cache: dict) -> dict:
 
 
 def _write_atomic(path: Path, data: bytes, what: str) -> None:
-    """Write ``data`` to a temporary file beside ``path``, then rename it into place."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=".trt-bridge-", delete=False) as f:
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(f.name, 0o666 & ~umask)
-        os.replace(f.name, path)
-    except OSError as exc:
-        raise TrtBridgeError(f"cannot write the {what} {path}: {exc.strerror or exc}. Choose a writable "
-                             "location.") from exc
+    from trt_bridge.model import write_bytes_atomic
+
+    write_bytes_atomic(path, data, what)
 
 
 def _file_digest(path: Path) -> dict:
