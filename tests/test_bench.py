@@ -75,7 +75,7 @@ def test_parse_shapes():
     for bad in ("x", "x:", ":1x2", "x:1xa", "x:-1x3"):
         with pytest.raises(TrtBridgeError, match="is not NAME:DIMS"):
             parse_shapes([bad])
-    with pytest.raises(TrtBridgeError, match="gives input 'x' twice"):
+    with pytest.raises(TrtBridgeError, match="input 'x' is given two shapes"):
         parse_shapes(["x:1x2", "x:2x2"])
 
 

@@ -20,30 +20,13 @@ Shapes = dict[str, tuple[int, ...]]
 
 
 def parse_shapes(items: list[str] | None) -> Shapes | None:
-    """``["x:1x3x224x224", "mask:1x128,ids:1x128"]`` → ``{"x": (1, 3, 224, 224), ...}``.
-
-    A private parser: :mod:`trt_bridge.tensorrt.build` has none yet (trtexec's syntax:
-    NAME:DIMS, dimensions joined by ``x``, several separated by commas or given apart;
-    the name may itself hold colons: the last one splits).
-    """
+    """``["x:1x3x224x224", "mask:1x128,ids:1x128"]`` → ``{"x": (1, 3, 224, 224), ...}``, None without
+    items: the syntax of ``trt-bridge build`` (trtexec's and Polygraphy's), parsed by the same code."""
     if not items:
         return None
-    shapes: Shapes = {}
-    for item in items:
-        for part in filter(None, (p.strip() for p in item.split(","))):
-            name, sep, dims = part.rpartition(":")
-            try:
-                shape = tuple(int(d) for d in dims.lower().split("x")) if dims else ()
-            except ValueError:
-                shape = ()
-            if not sep or not name or not shape or any(d < 0 for d in shape):
-                raise TrtBridgeError(f"--shapes: '{part}' is not NAME:DIMS (e.g. x:1x3x224x224; several as "
-                                     "x:1x3x224x224,mask:1x128). Give the input paths before --shapes.")
-            if name in shapes and shapes[name] != shape:
-                raise TrtBridgeError(f"--shapes gives input '{name}' twice ({_text(shapes[name])} and "
-                                     f"{_text(shape)}); give it once.")
-            shapes[name] = shape
-    return shapes
+    from trt_bridge.tensorrt.build import parse_shapes as parse
+
+    return parse(list(items))
 
 
 def _text(shape) -> str:

@@ -57,7 +57,7 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trt_bridge.bench import BenchOptions, bench
-    from trt_bridge.bench.inputs import parse_shapes  # private: trt_bridge.tensorrt.build has none yet
+    from trt_bridge.bench.inputs import parse_shapes
     from trt_bridge.cli import EXIT_OK
     from trt_bridge.cli.common import refuse_overwrite
     from trt_bridge.model import check_writable, write_text_atomic
