@@ -136,3 +136,56 @@ def test_scales_cli_errors(qat_setup, tmp_path):
     assert result.returncode == 2 and "--qat" in result.stderr
     result = cli("scales", "export", qat_setup["float"], "--format", "json", "-o", tmp_path / "s.json")
     assert result.returncode == 2 and "is it a converted model?" in result.stderr
+
+
+def test_imported_scales_survive_the_later_passes(qat_setup, tmp_path):
+    """A float source with --qat and no calibration data is quantized from the QAT scales alone; smoothing
+    leaves weights with imported scales alone; an explicit file's weight keyed by the float name wins over QAT."""
+    out = tmp_path / "float_qat.onnx"
+    report = convert(qat_setup["float"], out, ConvertOptions(qat=str(qat_setup["qat"]), progress=False))
+    # the 32→10 classifier stays float on a float source (too small for int8 kernels): its entries are unused
+    assert report.imported_scales["applied"] == 6 and report.imported_scales["unused"] == ["fc:weight", "flat"]
+    assert {q["source"] for q in report.quantized} == {"qat"}
+    assert_tensorrt_ready(out)
+    # explicit weight scale (by the float weight's name) on the dynamic source, beside the QAT scales
+    table = tmp_path / "w.json"
+    table.write_text(json.dumps({"format": "trt-bridge-scales", "version": 1, "tensors": {
+        "exported/conv2.weight": {"amax": 1.5, "axis": None, "kind": "weight"}}}))
+    np.savez(tmp_path / "calib.npz", **{"exported/x": samples.image_feeds(4, 3)})
+    report = convert(qat_setup["dynamic"], tmp_path / "w.onnx", ConvertOptions(
+        scale_files=(str(table),), qat=str(qat_setup["qat"]), calib_data=str(tmp_path / "calib.npz"),
+        progress=False))
+    weights = {q["tensor"]: q for q in report.quantized if q["kind"] == "weight"}
+    [conv2] = [q for t, q in weights.items() if "conv2" in t]
+    assert conv2["source"] == "file" and conv2["scale"] == pytest.approx(1.5 / 127, rel=1e-6)
+    assert all(q["source"] == "qat" for t, q in weights.items() if "conv2" not in t)
+
+
+def test_smoothing_keeps_an_imported_weight_scale(tmp_path):
+    model = samples.transformer_block()
+    src = save(model, tmp_path / "tb.onnx")
+    weight = "layer0.attn.q.weight"
+    values = next(onnx.numpy_helper.to_array(i) for i in model.graph.initializer if i.name == weight)
+    amax = float(np.abs(values).max() * 2)
+    table = tmp_path / "w.json"
+    table.write_text(json.dumps({"format": "trt-bridge-scales", "version": 1, "tensors": {
+        weight: {"amax": amax, "axis": None, "kind": "weight"}}}))
+    report = convert(src, tmp_path / "tb.int8.onnx", ConvertOptions(scale_files=(str(table),), calib_random=4,
+                                                                   progress=False))
+    [q] = [q for q in report.quantized if q["tensor"] == weight]
+    assert q["source"] == "file" and q["scale"] == pytest.approx(amax / 127, rel=1e-6)
+    assert report.smoothed  # the other LayerNorm outputs are still smoothed
+
+
+def test_qat_wins_over_a_uint8_qdq_sources_own_scales(qat_setup, tmp_path):
+    """onnxruntime's uint8 QDQ output: its ReLU-folding quantizers lift to '<x>_clipped' activations, which the
+    QAT scales of '<x>' still reach; the QAT scale wins over the model's own."""
+    from helpers import quantize_static
+    from onnxruntime.quantization import QuantFormat, QuantType
+
+    src = quantize_static(qat_setup["float"], tmp_path / "qdq.onnx", [{"x": f} for f in samples.image_feeds(8, 1)],
+                          quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, per_channel=True)
+    report = convert(src, tmp_path / "out.onnx", ConvertOptions(qat=str(qat_setup["qat"]), progress=False))
+    sources = {q["tensor"]: q["source"] for q in report.quantized if q["kind"] == "activation"}
+    assert sources and set(sources.values()) == {"qat"}, sources
+    assert not [u for u in report.imported_scales["unused"] if not u.startswith("fc") and u != "flat"]

@@ -103,7 +103,8 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         for spec in ctx.annotations.activations.values():
             spec.scale, spec.source = None, None
     placement = place(graph, ctx.annotations, PlacementOptions(
-        options.placement, options.include_ops, options.exclude_ops, options.exclude_nodes), feeds is not None)
+        options.placement, options.include_ops, options.exclude_ops, options.exclude_nodes),
+        feeds is not None or imported is not None)  # imported scales stand in for calibration
     left = placement.left_in_float
     if imported is not None:
         from trt_bridge.scales.apply import apply
@@ -131,16 +132,16 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
                        "ranges": {k: {"min": o.lo, "max": o.hi, "amax": result.amax(k)}
                                   for k, o in sorted(result.observers.items())}}
         seconds["calibrate"] = time.perf_counter() - t0
-    if imported is not None and feeds is not None:
+    if options.recenter:
+        shared = {t for group in placement.shared_scales for t in group}
+        recentered = recenter(graph, ctx.annotations, result if needed else None, skip=shared)
+    _share_scales(ctx.annotations, placement.shared_scales)
+    if imported is not None and feeds is not None:  # after sharing: the scales the output will have
         from trt_bridge.scales.apply import check_against_data
 
         t0 = time.perf_counter()
         check_against_data(lifted, ctx.annotations, imported, feeds, options.progress)
         seconds["calibrate"] = seconds.get("calibrate", 0.0) + time.perf_counter() - t0
-    if options.recenter:
-        shared = {t for group in placement.shared_scales for t in group}
-        recentered = recenter(graph, ctx.annotations, result if needed else None, skip=shared)
-    _share_scales(ctx.annotations, placement.shared_scales)
 
     t0 = time.perf_counter()
     quantized = lower(graph, ctx.annotations)
@@ -280,13 +281,16 @@ def feed_types(inputs, bf16: Bf16Policy):
 
 
 def _share_scales(annotations, groups: list[list[str]]) -> None:
-    """Give each group (a Concat's inputs and output) one scale, the largest, so none clips."""
+    """Give each group (a Concat's inputs and output) one scale, the largest, so none clips. An imported
+    scale (--scales FILE, --qat) outranks calibrated and model scales: the largest imported one is shared,
+    with its source."""
     for group in groups:
         specs = [annotations.activations[t] for t in group if t in annotations.activations]
         if specs and all(s.scale is not None for s in specs):
-            largest = max(s.scale for s in specs)
+            imported = [s for s in specs if s.source in (ScaleSource.FILE, ScaleSource.QAT)]
+            chosen = max(imported or specs, key=lambda s: s.scale)
             for spec in specs:
-                spec.scale = largest
+                spec.scale, spec.source = chosen.scale, chosen.source
 
 
 def _name_nodes(model: onnx.ModelProto) -> None:

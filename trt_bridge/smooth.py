@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trt_bridge.annotations import Annotations, Site, WeightSpec
+from trt_bridge.annotations import Annotations, ScaleSource, Site, WeightSpec
 from trt_bridge.lift.base import NameAllocator
 from trt_bridge.lower import effective_weight
 
@@ -81,7 +81,8 @@ def candidates(graph: gs.Graph, annotations: Annotations) -> list[str]:
             node = nodes[site.node]
             weight = node.inputs[1] if len(node.inputs) > 1 else None
             if not (node.op == "MatMul" and site.index == 0 and isinstance(weight, gs.Constant)
-                    and weight.name in annotations.weights and weight.values.ndim == 2):
+                    and weight.name in annotations.weights and weight.values.ndim == 2
+                    and annotations.weights[weight.name].source not in (ScaleSource.FILE, ScaleSource.QAT)):
                 ok = False
                 break
         if ok and _foldable_layer_norm(tensors[name], [nodes[s.node] for s in spec.sites], graph_outputs):

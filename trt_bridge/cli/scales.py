@@ -65,8 +65,32 @@ def run(args: argparse.Namespace) -> int:
             write_trt_cache(table, args.output)
             what = f"{len(table.activations())} activation scale(s)"
         else:
+            table, left_out = _portable(table, model)
             write_json(table, args.output)
             what = f"{len(table.activations())} activation and {len(table.weights())} weight scale(s)"
+            if left_out:
+                what += (f"; {len(left_out)} scale(s) of tensors convert re-centred or smoothed left out, since they "
+                         f"describe the converted model's own transformed tensors ({', '.join(left_out[:3])}"
+                         f"{', ...' if len(left_out) > 3 else ''})")
     if not args.quiet:
         print(f"wrote {what} of {args.model} to {args.output} ({args.format})")
     return EXIT_OK
+
+
+def _portable(table, model):
+    """The entries `convert --scales` can take back: activations convert re-centred ('<x>_centered',
+    '<x>_padded') or smoothed (a LayerNormalization output whose gamma convert divided) hold the range of
+    the transformed tensor, not of the network's own, and smoothed weights likewise."""
+    from trt_bridge.scales.table import ScaleTable
+
+    producers = {o: n for n in model.graph.node for o in n.output}
+    keep, left_out = {}, []
+    for name, entry in table.entries.items():
+        node = producers.get(name)
+        smoothed = node is not None and node.op_type == "LayerNormalization" and any(
+            i.endswith("_smoothed") for i in node.input[1:])
+        if name.endswith(("_centered", "_padded", "_smoothed")) or smoothed:
+            left_out.append(name)
+        else:
+            keep[name] = entry
+    return ScaleTable(keep), left_out

@@ -83,11 +83,13 @@ def apply(graph, annotations: Annotations, imported: ImportedScales) -> None:
 
     used: set[str] = set()
     for name, spec in annotations.activations.items():
-        entry = imported.table.get(name)
+        # the Q/DQ-pair lift annotates '<x>_clipped' where a source's zero point made its Q also a ReLU
+        key = next((k for k in (name, name.removesuffix("_clipped")) if k in imported.table), None)
+        entry = imported.table.get(key) if key else None
         if entry is not None and entry.kind == "activation":
-            spec.scale = (entry.amax if entry.amax > 0 else 1.0) / QMAX
+            spec.scale = max(entry.amax / QMAX, float(np.finfo(np.float32).tiny))  # amax 0: the smallest scale
             spec.source, spec.model_range = _source(entry), None
-            used.add(name)
+            used.add(key)
             imported.applied.append(name)
     tensors = graph.tensors()
     for name, spec in annotations.weights.items():
@@ -104,7 +106,7 @@ def apply(graph, annotations: Annotations, imported: ImportedScales) -> None:
             log.warning("imported weight scales of '%s' (%d values on axis %s) do not fit the weight %s on axis %d; "
                         "kept its own", entry.tensor, amax.size, entry.axis, list(values.shape), spec.axis)
             continue
-        scale = np.where(amax > 0, amax, 1.0) / QMAX
+        scale = np.maximum(amax / QMAX, np.finfo(np.float32).tiny)  # an all-zero channel: the smallest scale
         shaped = scale
         if scale.ndim == 1:
             shape = [1] * values.ndim
@@ -119,16 +121,20 @@ def apply(graph, annotations: Annotations, imported: ImportedScales) -> None:
 
 
 def _weight_entry(table: ScaleTable, spec) -> ScaleEntry | None:
-    """The imported entry of a weight: by the weight's name, or by the source node that reads it (QAT matching
-    keys weights '<node>:weight'; ``spec.origin`` is the source node a lifted weight came from)."""
-    candidates = [spec.tensor, f"{spec.origin}:weight", spec.origin]
+    """The imported entry of a weight. Keys tried: the lifted weight's name and its source names (lifting
+    writes '<w>_float' for a source's '<w>' or '<w>_quantized'; onnxruntime names int8 weights
+    '<w>_quantized'), and the source node that reads it (QAT matching keys weights '<node>:weight';
+    ``spec.origin`` is that node). Several matches: an explicit file wins over QAT."""
+    stem = spec.tensor.removesuffix("_float")
+    names = [spec.tensor, stem, stem.removesuffix("_quantized"), f"{stem}_quantized", f"{spec.origin}:weight",
+             spec.origin]
     for site in spec.sites:
-        candidates += [f"{site.node}:weight", site.node]
-    for key in candidates:
-        entry = table.get(key)
-        if entry is not None and entry.kind == "weight":
-            return entry
-    return None
+        names += [f"{site.node}:weight", site.node]
+    found = [table.get(k) for k in dict.fromkeys(names)]
+    found = [e for e in found if e is not None and e.kind == "weight"]
+    if not found:
+        return None
+    return min(found, key=lambda e: 0 if _source(e) is ScaleSource.FILE else 1)
 
 
 class _ClipObserver:

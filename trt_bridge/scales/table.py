@@ -23,6 +23,7 @@ from trt_bridge.errors import TrtBridgeError
 #: symmetric int8: amax maps to ±QMAX (same constant as trt_bridge.calibration.observers.QMAX)
 QMAX = 127
 KINDS = ("activation", "weight")
+FLOAT32_MAX = 3.4028234663852886e38
 
 
 def _as_amax(tensor: str, amax) -> float | tuple[float, ...]:
@@ -39,6 +40,9 @@ def _as_amax(tensor: str, amax) -> float | tuple[float, ...]:
         if not math.isfinite(v) or v < 0:
             raise TrtBridgeError(f"tensor '{tensor}': amax {v!r} is not a finite non-negative number; "
                                  "a scale table needs amax ≥ 0 (scale = amax / 127).")
+        if v / QMAX > FLOAT32_MAX:
+            raise TrtBridgeError(f"tensor '{tensor}': amax {v!r} gives a scale beyond float32's range; "
+                                 "Q/DQ scales are float32.")
         out.append(v)
     if isinstance(amax, (list, tuple)):
         if not out:
