@@ -189,3 +189,24 @@ def test_qat_wins_over_a_uint8_qdq_sources_own_scales(qat_setup, tmp_path):
     sources = {q["tensor"]: q["source"] for q in report.quantized if q["kind"] == "activation"}
     assert sources and set(sources.values()) == {"qat"}, sources
     assert not [u for u in report.imported_scales["unused"] if not u.startswith("fc") and u != "flat"]
+
+
+def test_modelopt_state_dict_onto_a_dynamic_model(tmp_path):
+    """ModelOpt `_amax` buffers (saved with numpy: no torch needed) mapped through module names onto
+    onnxruntime's quantize_dynamic output of the same network: the integer ops are found by their names."""
+    model = samples.transformer_block()
+    dyn = quantize_dynamic(save(model, tmp_path / "tb.onnx"), tmp_path / "dyn.onnx")
+    state = {}
+    for node in model.graph.node:
+        if node.op_type == "MatMul" and node.name.count("/") == 1 and "attn" in node.name:
+            module = node.name.split("/")[0]  # 'layer0.attn.q/MatMul' → module 'layer0.attn.q'
+            state[f"{module}.input_quantizer._amax"] = np.array(4.0, np.float32)
+            state[f"{module}.weight_quantizer._amax"] = np.array(0.5, np.float32)
+    assert len(state) >= 6
+    np.savez(tmp_path / "modelopt.npz", **state)
+    report = convert(dyn, tmp_path / "out.onnx", ConvertOptions(qat=str(tmp_path / "modelopt.npz"), calib_random=4,
+                                                                progress=False))
+    qat = {q["tensor"]: q for q in report.quantized if q["source"] == "qat"}
+    assert any(q["kind"] == "activation" and q["scale"] == pytest.approx(4.0 / 127) for q in qat.values())
+    assert sum(1 for q in qat.values() if q["kind"] == "weight" and q["scale"] == pytest.approx(0.5 / 127)) >= 3
+    assert_tensorrt_ready(tmp_path / "out.onnx")

@@ -41,7 +41,9 @@ from trt_bridge.errors import MissingDependencyError, TrtBridgeError
 from trt_bridge.scales.formats import Constants, weight_name
 from trt_bridge.scales.table import ScaleEntry, ScaleTable
 
-WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul")
+#: a dynamically quantized target's integer ops, as the float op whose weight layout they share
+FLOAT_OP = {"MatMulInteger": "MatMul", "ConvInteger": "Conv", "DynamicQuantizeMatMul": "MatMul"}
 MAPPED = ("input_quantizer", "weight_quantizer")
 _TORCH_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin")
 
@@ -143,8 +145,11 @@ class _Graph:
         return _unique([n for scope, nodes in self.scopes.items() if _suffix_match(scope, module) for n in nodes])
 
     def activation(self, tensor: str) -> str:
-        """The float tensor a data input quantizes: through DequantizeLinear ← QuantizeLinear."""
+        """The float tensor a data input quantizes: through DequantizeLinear ← QuantizeLinear, or the input of
+        the DynamicQuantizeLinear that feeds a dynamically quantized op."""
         dq = self.producers.get(tensor)
+        if dq is not None and dq.op_type == "DynamicQuantizeLinear":
+            return dq.input[0]
         if dq is not None and dq.op_type == "DequantizeLinear":
             q = self.producers.get(dq.input[0])
             if q is not None and q.op_type == "QuantizeLinear":
@@ -234,7 +239,8 @@ def amax_table(state: Mapping[str, np.ndarray], model: onnx.ModelProto, source: 
         if kind == "weight" and amax.size != 1:
             stored = graph.weight_tensor(nodes[0])
             shape = graph.constants.shape(stored)
-            axis = weight_axis(gs.Node(nodes[0].op_type, attrs=_attrs(nodes[0])), len(shape))
+            op = FLOAT_OP.get(nodes[0].op_type, nodes[0].op_type)
+            axis = weight_axis(gs.Node(op, attrs=_attrs(nodes[0])), len(shape))
             if not 0 <= axis < len(shape) or shape[axis] != amax.size:
                 report["unmatched"].append({"key": key, "reason": f"{amax.size} amax values (shape "
                                             f"{list(amax.shape)}) do not fit weight '{tensor}' {list(shape)} "
