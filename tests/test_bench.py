@@ -170,7 +170,7 @@ def test_provider_and_option_errors(models):
             bench([models["float"]], BenchOptions(provider="cuda"))
     for options, message in ((BenchOptions(iterations=0), "--iterations must be at least 1"),
                              (BenchOptions(warmup=-1), "--warmup must be 0 or more"),
-                             (BenchOptions(duration=-1.0), "--duration must be 0 or more"),
+                             (BenchOptions(duration=-1.0), "--duration must be a finite number of seconds"),
                              (BenchOptions(transfers="some"), "--transfers must be include or exclude"),
                              (BenchOptions(threads=0), "--threads must be at least 1")):
         with pytest.raises(TrtBridgeError, match=message):

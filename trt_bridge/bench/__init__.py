@@ -48,8 +48,8 @@ class BenchOptions:
             raise TrtBridgeError(f"--iterations must be at least 1, got {self.iterations}.")
         if self.warmup < 0:
             raise TrtBridgeError(f"--warmup must be 0 or more, got {self.warmup}.")
-        if self.duration is not None and not self.duration >= 0:
-            raise TrtBridgeError(f"--duration must be 0 or more seconds, got {self.duration}.")
+        if self.duration is not None and not 0 <= self.duration < float("inf"):
+            raise TrtBridgeError(f"--duration must be a finite number of seconds (0 or more), got {self.duration}.")
         if self.transfers not in TRANSFERS:
             raise TrtBridgeError(f"--transfers must be include or exclude, got '{self.transfers}'.")
         if self.threads is not None and self.threads < 1:

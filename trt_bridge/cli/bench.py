@@ -16,7 +16,8 @@ examples:
   trt-bridge bench float.onnx model.int8.onnx
   trt-bridge bench model.int8.engine float.engine model.int8.onnx --iterations 500 --transfers include
   trt-bridge bench model.onnx --shapes x:8x3x224x224 --duration 5 --threads 4
-  trt-bridge bench a.engine b.engine --markdown "$GITHUB_STEP_SUMMARY" --json bench.json
+  trt-bridge bench a.engine b.engine --markdown latency.md --json bench.json
+  cat latency.md >> "$GITHUB_STEP_SUMMARY"        # a CI job summary (--markdown replaces its file)
 """
 
 
@@ -49,7 +50,8 @@ def add_parser(sub) -> None:
     out = p.add_argument_group("output")
     out.add_argument("--json", nargs="?", const="-", metavar="FILE",
                      help="write the report as JSON to FILE, or to stdout without FILE")
-    out.add_argument("--markdown", metavar="FILE", help="write the table as markdown (e.g. $GITHUB_STEP_SUMMARY)")
+    out.add_argument("--markdown", metavar="FILE",
+                     help="write the table as markdown (the file is replaced; append it to a CI summary)")
     out.add_argument("-q", "--quiet", action="store_true", help="only the table; only errors in the log")
     out.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     p.set_defaults(run=run)
