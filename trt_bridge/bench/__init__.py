@@ -93,10 +93,11 @@ def bench(paths: list[str | Path], options: BenchOptions = BenchOptions()) -> Be
             raise no_gpu_error(engines[0], problem)
     if any(kind == "onnx" for _, kind in models):
         check_provider(options.provider)
+    per_model = _shapes_per_model(models, options)  # checked for every model before any runs
 
     rows, tensorrt = [], None
     for path, kind in models:
-        row, label = _run(path, kind, options)
+        row, label = _run(path, kind, per_model[path])
         tensorrt = tensorrt or label
         rows.append(row)
         log.info("%s: median %.3f ms, %.1f inferences/s (%s)", path, row.stats.median, row.stats.throughput,
@@ -106,6 +107,57 @@ def bench(paths: list[str | Path], options: BenchOptions = BenchOptions()) -> Be
         row.ratio = first / row.stats.median if row.stats.median > 0 else None
     gpu = gpu_name() if engines or options.provider != "cpu" else None
     return BenchReport(rows, options, Machine.here(gpu=gpu, tensorrt=tensorrt))
+
+
+def _input_names(path: Path, kind: str) -> list[str] | None:
+    """A model's input names without running it: the ONNX graph's, or an engine's sidecar (None: unknown)."""
+    if kind == "onnx":
+        import onnx
+
+        from trt_bridge.calibration.feeds import model_inputs
+
+        try:
+            return [i.name for i in model_inputs(onnx.load(str(path), load_external_data=False))]
+        except Exception as exc:  # noqa: BLE001 - not ONNX: the runner says so, with the file
+            raise TrtBridgeError(f"{path}: not a readable ONNX model ({type(exc).__name__}).") from exc
+    try:
+        from trt_bridge.tensorrt.build import read_sidecar
+
+        return [i["name"] for i in read_sidecar(path)["inputs"]]
+    except Exception:  # noqa: BLE001 - an engine without a sidecar: its inputs are known once deserialized
+        return None
+
+
+def _shapes_per_model(models, options: BenchOptions) -> dict:
+    """Each model's options with the --shapes of its own inputs (models with other inputs can be benched
+    side by side), every ONNX model's shapes checked against its inputs before the first run."""
+    from dataclasses import replace
+
+    from trt_bridge.bench.inputs import concrete_specs
+
+    if not options.shapes:
+        return {path: options for path, _ in models}
+    known: set[str] = set()
+    out = {}
+    for path, kind in models:
+        names = _input_names(path, kind)
+        if names is None:
+            out[path] = options
+            known |= set(options.shapes)
+            continue
+        known |= set(names)
+        out[path] = replace(options, shapes={k: v for k, v in options.shapes.items() if k in names} or None)
+        if kind == "onnx" and out[path].shapes:
+            import onnx
+
+            from trt_bridge.calibration.feeds import model_inputs
+
+            concrete_specs(model_inputs(onnx.load(str(path), load_external_data=False)), out[path].shapes,
+                           str(path))
+    unknown = sorted(set(options.shapes) - known)
+    if unknown:
+        raise TrtBridgeError(f"--shapes names '{unknown[0]}', which is an input of none of the models.")
+    return out
 
 
 def _run(path: Path, kind: str, options: BenchOptions) -> tuple[BenchRow, str | None]:
