@@ -1,0 +1,53 @@
+"""The conv-bias lift rule: onnxruntime's quantize_dynamic adds a Conv's bias after the float epilogue; lifting
+folds it back into the Conv, exactly, so placement sees the Conv beside a residual Add."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from helpers import assert_lift_is_exact, assert_qdq_contract, assert_tensorrt_ready, quantize_dynamic, save
+from test_multi_output import _feeds, residual_net
+
+from trt_bridge.convert import ConvertOptions, convert, lift_model
+from trt_bridge.model import load_model
+
+
+#  x ─ ConvInteger ─ Cast ─ Mul(scales) ─ Add(bias [C]) ─ Relu ─ ConvInteger ... ─ Add(bias) ─┐
+#                                                                └──────────────────────────── Add(residual) ─ Relu
+def test_bias_add_folds_into_the_lifted_conv(tmp_path):
+    fpath = save(residual_net(), tmp_path / "float.onnx")
+    dyn = quantize_dynamic(fpath, tmp_path / "dynamic.onnx")
+    source_ops = [n.op_type for n in onnx.load(str(dyn)).graph.node]
+    assert source_ops.count("Add") == 3  # two bias Adds and the residual
+    lifted, ctx = lift_model(load_model(dyn), dyn)
+    assert len(ctx.fired["conv-bias"]) == 2
+    convs = [n for n in lifted.graph.node if n.op_type == "Conv"]
+    assert [len(n.input) for n in convs] == [3, 3]
+    assert [n.op_type for n in lifted.graph.node].count("Add") == 1  # the residual only
+    # exact: the float model computed with the source's dequantized weights
+    assert_lift_is_exact(residual_net(), dyn, _feeds(4, 3))
+
+    np.savez(tmp_path / "calib.npz", x=np.stack([f["x"] for f in _feeds(8, 1)]))
+    out = tmp_path / "converted.onnx"
+    report = convert(dyn, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    assert_qdq_contract(out)
+    # the residual Add now sits right after conv2, so its skip input is quantized for the epilogue fusion
+    assert any("residual" in q["consumers"] for q in report.quantized if q["kind"] == "activation")
+    assert_tensorrt_ready(out)
+
+
+def test_bias_that_is_not_per_channel_stays_an_add(tmp_path):
+    """A constant varying along the spatial axes is not a bias: the Add stays."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("Conv", ["x", "W"], ["c"], "conv", kernel_shape=[1, 1]),
+         helper.make_node("Add", ["c", "k"], ["y"], "add")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 4, 4])],
+        [numpy_helper.from_array(rng.standard_normal((16, 16, 1, 1)).astype(np.float32), "W"),
+         numpy_helper.from_array(rng.standard_normal((1, 1, 4, 4)).astype(np.float32), "k")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    lifted, ctx = lift_model(load_model(save(model, tmp_path / "m.onnx")))
+    assert "conv-bias" not in ctx.fired and [n.op_type for n in lifted.graph.node] == ["Conv", "Add"]
