@@ -69,10 +69,8 @@ def read_scales(path: str | os.PathLike) -> ScaleTable:
     """Read a scale file, recognized by its content: a TensorRT calibration cache, trt-bridge JSON,
     or an onnxruntime calibration table (JSON, text cache or flatbuffers)."""
     path = Path(path)
-    data = _read_bytes(path)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
+    text, data = _decoded(path)
+    if text is None:
         return _ort_flatbuffers(data, path)
     head = text.lstrip("\ufeff \t\r\n")
     if head.startswith("TRT-"):
@@ -89,6 +87,15 @@ def read_scales(path: str | os.PathLike) -> ScaleTable:
         f"{path}: not a scale file trt-bridge knows. Expected a TensorRT calibration cache "
         "(first line TRT-<version>-<algorithm>), trt-bridge JSON ({\"format\": \"trt-bridge-scales\", ...}) "
         "or an onnxruntime calibration table (calibration.json, calibration.cache or calibration.flatbuffers).")
+
+
+def _decoded(path: Path) -> tuple[str | None, bytes]:
+    """The file's text (None when it is not UTF-8: a binary format) and its bytes."""
+    data = _read_bytes(path)
+    try:
+        return data.decode("utf-8"), data
+    except UnicodeDecodeError:
+        return None, data
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -248,10 +255,8 @@ def read_ort_table(path: str | os.PathLike) -> ScaleTable:
     """Read an onnxruntime calibration table (``calibration.json``, ``calibration.cache`` or
     ``calibration.flatbuffers`` from ``write_calibration_table``, or ``save_tensors_data`` JSON)."""
     path = Path(path)
-    data = _read_bytes(path)
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError:
+    text, data = _decoded(path)
+    if text is None:
         return _ort_flatbuffers(data, path)
     if text.lstrip("\ufeff \t\r\n").startswith(("{", "[")):
         return _ort_json(_json(text, path), path)
