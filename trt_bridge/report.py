@@ -38,6 +38,7 @@ class ConversionReport:
     sanitized: list[dict] = field(default_factory=list)  # sanitize.Change as dicts: casts, Dropout, Identity, ...
     check: dict | None = None  # checks.CheckReport of the output model, as a dict (None: not run)
     imported_scales: dict | None = None  # --scales FILE / --qat: files, matching, applied, unused, warnings
+    accuracy: dict | None = None  # --accuracy-target: the ranking, every probe, the chosen tradeoff
 
     def __bool__(self) -> bool:
         return not self.remaining_blockers
@@ -46,7 +47,9 @@ class ConversionReport:
         return asdict(self)
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+        from trt_bridge.verify.metrics import json_safe  # strict JSON: inf/nan as strings
+
+        return json.dumps(json_safe(self.to_dict()), indent=2, sort_keys=False, allow_nan=False)
 
     def summary(self) -> str:
         acts = [q for q in self.quantized if q["kind"] == "activation"]
@@ -84,6 +87,12 @@ class ConversionReport:
             lines.append("  sanitized: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
         if self.left_in_float:
             lines.append(f"  left in float: {len(self.left_in_float)} edge(s) (see the JSON report)")
+        if self.accuracy is not None:
+            lines.append(f"  {self.accuracy['summary']}")
+            for probe in self.accuracy["probes"]:
+                kept = ", ".join(probe["excluded"]) or "none"
+                lines.append(f"    probe: {probe['snr_db']:.2f} dB with {len(probe['excluded'])} layer(s) in higher "
+                             f"precision ({kept})")
         if self.check is not None:
             lines.append(f"  check: {self.check['headline']}")
             for finding in self.check["findings"]:

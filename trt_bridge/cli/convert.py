@@ -68,6 +68,13 @@ def add_parser(sub) -> None:
                      help="SmoothQuant strength for MatMul inputs: move activation outlier channels into the "
                           "per-channel weights (0 < ALPHA < 1; default 0.65)")
     acc.add_argument("--no-smooth", action="store_true", help="do not smooth MatMul inputs")
+    acc.add_argument("--accuracy-target", type=float, metavar="DB",
+                     help="give the quantized layers that cost the most accuracy back to higher precision (fewest "
+                          "first, by bisection) until the worst output's SNR against MODEL reaches DB")
+    acc.add_argument("--eval-data", metavar="DATA",
+                     help="feeds --accuracy-target measures on (as --calib-data takes them; use held-out data)")
+    acc.add_argument("--eval-random", type=int, metavar="N",
+                     help="measure --accuracy-target on N random feeds instead (default 8 when no --eval-data)")
     acc.add_argument("--no-recenter", action="store_true",
                      help="do not re-centre one-sided activations (keeps the graph free of the extra Sub/Add)")
     types = p.add_argument_group("types")
@@ -130,13 +137,31 @@ def run(args: argparse.Namespace) -> int:
         scales=policy, scale_files=files, qat=args.qat, bf16=Bf16Policy(args.bf16),
         check=not args.skip_check,
     )
-    report = convert(args.model, output, options)
+    if args.accuracy_target is not None:
+        import math
+        from dataclasses import asdict
+
+        from trt_bridge.accuracy import convert_to_target
+
+        if not math.isfinite(args.accuracy_target):
+            raise TrtBridgeError(f"--accuracy-target must be a finite number of dB, got {args.accuracy_target}")
+        report, target = convert_to_target(args.model, output, options, args.accuracy_target, args.eval_data,
+                                           args.eval_random)
+        report.accuracy = {**asdict(target), "summary": target.summary()}
+    elif args.eval_data or args.eval_random:
+        raise TrtBridgeError("--eval-data and --eval-random are for --accuracy-target; give that too.")
+    else:
+        report = convert(args.model, output, options)
     if report_path:
         write_text_atomic(report_path, report.to_json() + "\n")
     if args.json == "-":
         print(report.to_json())
     elif not args.quiet:
         print(report.summary())
+    if report.accuracy is not None and not report.accuracy["met"]:
+        print(f"trt-bridge convert: {output} is written, but it misses the accuracy target: "
+              f"{report.accuracy['summary']}", file=sys.stderr)
+        return EXIT_FAIL
     if report.remaining_blockers:
         print(f"trt-bridge convert: {output} is written, but TensorRT would not build it as INT8: "
               + "; ".join(report.remaining_blockers[:3]), file=sys.stderr)
