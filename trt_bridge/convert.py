@@ -58,6 +58,8 @@ class ConvertOptions:
     smooth: float | None = 0.65  # SmoothQuant alpha for MatMul inputs; None: off
     bf16: Bf16Policy = Bf16Policy.FP32  # what bfloat16 tensors become (onnxruntime's CPU runs no bfloat16)
     scale_files: tuple[str, ...] = ()  # explicit scale tables (--scales FILE): they win over everything else
+    high_precision: str = "fp32"  # the non-quantized part of the graph: fp32, or fp16 (sensitive ops stay fp32)
+    io_types: str = "keep"  # with --high-precision fp16: keep the inputs/outputs' types, or make them fp16 too
     qat: str | None = None  # a QAT ONNX export or ModelOpt state dict (--qat): wins over the model and calibration
     check: bool = True  # run `trt-bridge check` on the output (with TensorRT's parser when installed)
     progress: bool = True
@@ -143,10 +145,23 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         check_against_data(lifted, ctx.annotations, imported, feeds, options.progress)
         seconds["calibrate"] = seconds.get("calibrate", 0.0) + time.perf_counter() - t0
 
+    ranges = None
+    if options.high_precision == "fp16" and feeds is not None:
+        from trt_bridge.precision import observed_ranges
+
+        t0 = time.perf_counter()
+        ranges = observed_ranges(lifted, feeds, options.progress)
+        seconds["calibrate"] = seconds.get("calibrate", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
     quantized = lower(graph, ctx.annotations)
     out_model = _finalize(gs.export_onnx(graph), default_opset(lifted), check=True, min_opset=needs_opset(quantized))
     del graph, lifted
+    kept_fp32 = None
+    if options.high_precision == "fp16":
+        from trt_bridge.precision import to_float16
+
+        out_model, kept_fp32 = to_float16(out_model, ranges, keep_io_types=options.io_types == "keep")
+        out_model = _finalize(out_model, default_opset(out_model), check=True, min_opset=19)
     seconds["lower"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
@@ -166,6 +181,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         smoothed=[asdict(x) for x in smoothed], placement=options.placement.value, scales=scales.value,
         sanitized=[asdict(c) for c in ctx.prepared],
         imported_scales=None if imported is None else imported.to_dict(),
+        precision=_precision_report(out_model, options, kept_fp32),
     )
     if options.check:
         from trt_bridge.checks import CheckOptions, check_model
@@ -268,6 +284,17 @@ def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, op
             session.run({t: Rescaled(observers[t], 1.0 / f) for t, f in factors.items()}, feeds, options.progress,
                         desc="calibrating (2/2)")
     return finish(observers, count, time.perf_counter() - start, options.calib_method), smoothed
+
+
+def _precision_report(model: onnx.ModelProto, options: ConvertOptions, kept) -> dict | None:
+    from trt_bridge.precision import layer_precisions
+
+    if is_large(model):
+        return None
+    report = {"high_precision": options.high_precision, **layer_precisions(model)}
+    if kept is not None:
+        report["kept_in_float32"] = [asdict(k) for k in kept]
+    return report
 
 
 def feed_types(inputs, bf16: Bf16Policy):

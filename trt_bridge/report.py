@@ -39,6 +39,7 @@ class ConversionReport:
     check: dict | None = None  # checks.CheckReport of the output model, as a dict (None: not run)
     imported_scales: dict | None = None  # --scales FILE / --qat: files, matching, applied, unused, warnings
     accuracy: dict | None = None  # --accuracy-target: the ranking, every probe, the chosen tradeoff
+    precision: dict | None = None  # layers by the precision TensorRT runs them in; --high-precision's fp32 keeps
 
     def __bool__(self) -> bool:
         return not self.remaining_blockers
@@ -87,6 +88,14 @@ class ConversionReport:
             lines.append("  sanitized: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
         if self.left_in_float:
             lines.append(f"  left in float: {len(self.left_in_float)} edge(s) (see the JSON report)")
+        if self.precision is not None:
+            from trt_bridge.precision import precision_line
+
+            lines.append("  " + precision_line(self.precision))
+            kept = self.precision.get("kept_in_float32")
+            if kept:
+                lines.append(f"  kept in float32 under --high-precision {self.precision['high_precision']}: "
+                             f"{len(kept)} node(s) (see the JSON report for why)")
         if self.accuracy is not None:
             lines.append(f"  {self.accuracy['summary']}")
             for probe in self.accuracy["probes"]:

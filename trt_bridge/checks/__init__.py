@@ -77,6 +77,10 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
             if found is not None:
                 findings.append(found)
     int8 = is_int8(graph)
+    from trt_bridge.model import is_large
+    from trt_bridge.precision import layer_precisions
+
+    precisions = None if is_large(model) else layer_precisions(model)
     findings += _broadcasts(model)
     if options.data is not None:
         findings += _feeds(model, options.data)
@@ -88,7 +92,7 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
         findings.append(Finding("not-int8", Severity.BLOCKER, "", "", [], "nothing is quantized: TensorRT builds the "
                                 "model in floating point", "quantizes it with --int8 --calib-data DATA (TensorRT "
                                 "placement, calibrated activation scales, per-channel weights)", True))
-    report = CheckReport(str(path), opset, int8, findings)
+    report = CheckReport(str(path), opset, int8, findings, precisions=precisions)
     if options.trt is TrtProbe.AUTO:
         report.parser = _probe(path, report, node_names, ops)
     report.seconds = time.perf_counter() - start

@@ -65,6 +65,7 @@ class CheckReport:
     findings: list[Finding] = field(default_factory=list)
     parser: ParserRun | None = None  # None: no TensorRT parser ran (--trt off, or none installed)
     seconds: float = 0.0
+    precisions: dict | None = None  # layers by the precision TensorRT runs them in (precision.layer_precisions)
 
     @property
     def blockers(self) -> list[Finding]:
@@ -108,4 +109,8 @@ class CheckReport:
             lines.append("  every blocker is fixed by `trt-bridge convert`")
         elif unfixable:
             lines.append(f"  {len(unfixable)} blocker(s) `trt-bridge convert` cannot fix (see above)")
+        if self.precisions is not None:
+            from trt_bridge.precision import precision_line
+
+            lines.append("  " + precision_line(self.precisions))
         return "\n".join(lines)

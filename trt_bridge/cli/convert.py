@@ -78,6 +78,13 @@ def add_parser(sub) -> None:
     acc.add_argument("--no-recenter", action="store_true",
                      help="do not re-centre one-sided activations (keeps the graph free of the extra Sub/Add)")
     types = p.add_argument_group("types")
+    types.add_argument("--high-precision", choices=["fp32", "fp16"], default="fp32",
+                       help="the type of the layers INT8 leaves alone (TensorRT 11 runs each layer in the type the "
+                            "model gives it): fp32 (default) or fp16, with normalizations, Softmax, Pow, Exp, "
+                            "reductions and tensors whose calibrated range exceeds float16's kept in fp32")
+    types.add_argument("--io-types", choices=["keep", "fp16"], default="keep",
+                       help="with --high-precision fp16: keep the model's input/output types (default) or make "
+                            "them fp16 too")
     types.add_argument("--bf16", choices=["fp32", "fp16", "keep"], default="fp32",
                        help="what bfloat16 tensors become: fp32 (default; exact, and what onnxruntime's CPU "
                             "calibration and every TensorRT GPU run), fp16 (faster; values must fit), keep")
@@ -135,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
         progress=not args.quiet, placement=PlacementPolicy(args.placement), include_ops=args.include_ops,
         exclude_ops=args.exclude_ops, exclude_nodes=args.exclude_nodes,
         scales=policy, scale_files=files, qat=args.qat, bf16=Bf16Policy(args.bf16),
-        check=not args.skip_check,
+        check=not args.skip_check, high_precision=args.high_precision, io_types=args.io_types,
     )
     if args.accuracy_target is not None:
         import math
