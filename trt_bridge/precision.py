@@ -64,8 +64,13 @@ def to_float16(model: onnx.ModelProto, ranges: dict[str, float] | None = None, k
     ranges = ranges or {}
     kept: list[KeptInFloat32] = []
     block_nodes = []
+    shape_nodes = _shape_computation(model)
     for node in model.graph.node:
         if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        if node.name in shape_nodes:
+            kept.append(KeptInFloat32(node.name, node.op_type, "it computes a shape (float16 would round it)"))
+            block_nodes.append(node.name)
             continue
         if node.op_type in SENSITIVE:
             kept.append(KeptInFloat32(node.name, node.op_type, f"{node.op_type} is numerically sensitive"))
@@ -93,6 +98,39 @@ def to_float16(model: onnx.ModelProto, ranges: dict[str, float] | None = None, k
         _restore_output_types(converted, {o.name: o.type.tensor_type.elem_type for o in model.graph.output})
     _qdq_in_float16(converted)
     return converted, kept
+
+
+#: op → the inputs that are shapes, sizes or indices rather than data
+SHAPE_INPUTS = {"Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3, 4), "ConstantOfShape": (0,),
+                "Range": (0, 1, 2), "Resize": (1, 2, 3), "Upsample": (1,), "Pad": (1,), "TopK": (1,),
+                "Unsqueeze": (1,), "Squeeze": (1,), "ReduceMean": (1,), "ReduceSum": (1,), "OneHot": (1,),
+                "NonMaxSuppression": (2,), "Split": (1,)}
+
+
+def _shape_computation(model: onnx.ModelProto) -> set[str]:
+    """The nodes whose values end up as a shape, size or index (walking back from those inputs): shape
+    arithmetic exporters route through float ops, which float16 would round (a 0 where a dimension was)."""
+    from onnx import shape_inference
+
+    from trt_bridge.model import _skeleton
+
+    inferred = shape_inference.infer_shapes(_skeleton(model), strict_mode=False)
+    floats = {v.name for v in (*inferred.graph.value_info, *inferred.graph.output)
+              if v.type.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    todo = [n.input[i] for n in model.graph.node for i in SHAPE_INPUTS.get(n.op_type, ()) if i < len(n.input)]
+    seen: set[str] = set()
+    found: set[str] = set()
+    while todo:
+        node = producer.get(todo.pop())
+        if node is None or node.name in seen or node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        seen.add(node.name)
+        if any(o in floats for o in node.output):  # integer shape arithmetic is not converted anyway
+            found.add(node.name)
+        if node.op_type != "Shape":  # a Shape reads data only for its dimensions
+            todo.extend(i for i in node.input if i)
+    return found
 
 
 def _restore_output_types(model: onnx.ModelProto, types: dict[str, int]) -> None:
