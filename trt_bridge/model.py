@@ -121,6 +121,18 @@ def infer_shapes(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelProt
     return model
 
 
+def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """The types of the model's tensors: its own value_info when it has some (a loaded or finalized model
+    carries inferred ones), else best-effort shape inference on a weight-free skeleton."""
+    source = model.graph
+    if not source.value_info and source.node:
+        try:
+            source = onnx.shape_inference.infer_shapes(_skeleton(model), check_type=False, strict_mode=False).graph
+        except Exception:  # noqa: BLE001 - best effort: the declared inputs and outputs only
+            source = model.graph
+    return {v.name: v.type for v in (*source.value_info, *source.output, *source.input)}
+
+
 def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool = False,
                    declared: dict[str, int] | None = None) -> onnx.ModelProto:
     """Run ``onnx.checker`` and shape inference on ``model`` (in place); raise ModelLoadError.

@@ -110,13 +110,10 @@ SHAPE_INPUTS = {"Reshape": (1,), "Expand": (1,), "Tile": (1,), "Slice": (1, 2, 3
 def _shape_computation(model: onnx.ModelProto) -> set[str]:
     """The nodes whose values end up as a shape, size or index (walking back from those inputs): shape
     arithmetic exporters route through float ops, which float16 would round (a 0 where a dimension was)."""
-    from onnx import shape_inference
+    from trt_bridge.model import value_types
 
-    from trt_bridge.model import _skeleton
-
-    inferred = shape_inference.infer_shapes(_skeleton(model), strict_mode=False)
-    floats = {v.name for v in (*inferred.graph.value_info, *inferred.graph.output)
-              if v.type.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)}
+    floats = {name for name, t in value_types(model).items()
+              if t.tensor_type.elem_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE)}
     producer = {o: n for n in model.graph.node for o in n.output}
     todo = [n.input[i] for n in model.graph.node for i in SHAPE_INPUTS.get(n.op_type, ()) if i < len(n.input)]
     seen: set[str] = set()
@@ -267,13 +264,9 @@ def layer_precisions(model: onnx.ModelProto) -> dict:
     """Which compute layers TensorRT runs in INT8, FP16, BF16 or FP32, as the model's types dictate (strong
     typing): a weighted op whose data input is dequantized from int8 runs INT8, any other layer in its output's
     type. Data movement (reshapes, casts, Q/DQ themselves) is not counted."""
-    from onnx import shape_inference
+    from trt_bridge.model import value_types
 
-    from trt_bridge.model import _skeleton
-
-    inferred = shape_inference.infer_shapes(_skeleton(model), strict_mode=False)
-    types = {v.name: v.type.tensor_type.elem_type for v in (*inferred.graph.value_info, *inferred.graph.output,
-                                                           *inferred.graph.input)}
+    types = {name: t.tensor_type.elem_type for name, t in value_types(model).items()}
     producer = {o: n for n in model.graph.node for o in n.output}
     names = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16",
              onnx.TensorProto.DOUBLE: "fp64"}

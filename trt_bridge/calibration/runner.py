@@ -60,13 +60,15 @@ def finish(observers: dict[str, RangeObserver], count: int, seconds: float, meth
 
 
 class CalibrationSession:
-    """One onnxruntime session over ``model`` that can fetch any of ``tensors``, feed by feed.
+    """One onnxruntime session over ``model`` that can fetch any of ``tensors``, feed by feed (``.session``
+    for direct runs; ``simulate_qdq`` for a model with Q/DQ).
 
     The model is not copied: the tensors are appended to its outputs while the session
     is created and removed again. Memory holds one feed's activations at a time.
     """
 
-    def __init__(self, model: onnx.ModelProto, tensors: list[str]):
+    def __init__(self, model: onnx.ModelProto, tensors: list[str], simulate_qdq: bool = False,
+                 what: str = "the lifted float model"):
         ort = _import_ort()
         self.graph_inputs = {i.name for i in model.graph.input}
         present = {o.name for o in model.graph.output}
@@ -78,13 +80,15 @@ class CalibrationSession:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.log_severity_level = 3
+        if simulate_qdq:  # a Q/DQ model: Q/DQ in float, as TensorRT computes them (trt_bridge.runtime)
+            options.add_session_config_entry("session.disable_quant_qdq", "1")
         self._workdir = tempfile.TemporaryDirectory(prefix="trt-bridge-calib-")
         try:
             self.session = ort.InferenceSession(serialize_for_session(model, self._workdir.name), options,
                                                 providers=["CPUExecutionProvider"])
         except Exception as exc:
             self.close()
-            raise CalibrationDataError(f"onnxruntime cannot run the lifted float model: {exc}") from exc
+            raise CalibrationDataError(f"onnxruntime cannot run {what}: {exc}") from exc
         finally:
             del model.graph.output[len(model.graph.output) - len(added):]
 

@@ -61,13 +61,12 @@ def run(args: argparse.Namespace) -> int:
     from trt_bridge.bench import BenchOptions, bench
     from trt_bridge.bench.inputs import parse_shapes
     from trt_bridge.cli import EXIT_OK
-    from trt_bridge.cli.common import refuse_overwrite
-    from trt_bridge.model import check_writable, write_text_atomic
+    from trt_bridge.cli.common import check_output_path
+    from trt_bridge.model import write_text_atomic
 
     for target, what in ((args.json if args.json != "-" else None, "JSON report"), (args.markdown, "markdown table")):
         if target:
-            refuse_overwrite(target, args.paths, what)
-            check_writable(target, what)
+            check_output_path(target, args.paths, what)
     options = BenchOptions(iterations=args.iterations, warmup=args.warmup, duration=args.duration,
                            shapes=parse_shapes(args.shapes), data=args.data, seed=args.seed, transfers=args.transfers,
                            cuda_graph=args.cuda_graph, provider=args.provider, threads=args.threads)

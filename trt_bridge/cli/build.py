@@ -114,16 +114,15 @@ def profiles_from_args(shapes, mins, opts, maxs) -> tuple:
 
 def run(args: argparse.Namespace) -> int:
     from trt_bridge.cli import EXIT_FAIL, EXIT_OK
-    from trt_bridge.cli.common import refuse_overwrite
-    from trt_bridge.model import check_writable, write_text_atomic
+    from trt_bridge.cli.common import check_output_path
+    from trt_bridge.model import write_text_atomic
     from trt_bridge.tensorrt.build import BuildOptions, EngineBuildError, ModelRejectedError, build, findings_json
 
     output = args.output or args.model.with_suffix(".engine")
     if args.json not in (None, "-"):
         from trt_bridge.tensorrt.build import sidecar_path
 
-        refuse_overwrite(args.json, [args.model, output, sidecar_path(output), args.timing_cache], "report")
-        check_writable(args.json, "report")
+        check_output_path(args.json, [args.model, output, sidecar_path(output), args.timing_cache], "report")
     ccs = tuple(c.strip() for group in args.compute_capability or [] for c in group.split(",") if c.strip())
     options = BuildOptions(
         profiles=profiles_from_args(args.shapes, args.min_shapes, args.opt_shapes, args.max_shapes),

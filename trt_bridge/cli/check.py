@@ -38,12 +38,11 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from trt_bridge.checks import CheckOptions, TrtProbe, check_model
     from trt_bridge.cli import EXIT_FAIL, EXIT_OK
-    from trt_bridge.cli.common import refuse_overwrite
-    from trt_bridge.model import check_writable, write_text_atomic
+    from trt_bridge.cli.common import check_output_path
+    from trt_bridge.model import write_text_atomic
 
     if args.json not in (None, "-"):
-        refuse_overwrite(args.json, [args.model], "report")
-        check_writable(args.json, "report")
+        check_output_path(args.json, [args.model], "report")
     report = check_model(args.model, CheckOptions(TrtProbe(args.trt), args.data))
     if args.json == "-":
         print(report.to_json())

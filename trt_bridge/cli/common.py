@@ -13,11 +13,13 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
                        help="write the report as JSON to FILE, or to stdout without FILE")
 
 
-def refuse_overwrite(path, protected, what: str) -> None:
-    """Fail before any work if the file ``path`` (a report) would overwrite one of ``protected`` (models)."""
+def check_output_path(path, protected, what: str) -> None:
+    """Fail before any work if the file ``path`` (a report, an export) would overwrite one of ``protected``
+    (the command's models and other files), or cannot be written."""
     from pathlib import Path
 
     from trt_bridge.errors import TrtBridgeError
+    from trt_bridge.model import check_writable
 
     if path is None or str(path) == "-":
         return
@@ -25,3 +27,4 @@ def refuse_overwrite(path, protected, what: str) -> None:
         if other is not None and Path(path).resolve() == Path(other).resolve():
             raise TrtBridgeError(f"the {what} {path} is also {other}, a model of this command; choose another file "
                                  "name for the report.")
+    check_writable(path, what)

@@ -103,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     from trt_bridge.cli import EXIT_FAIL, EXIT_OK
     from trt_bridge.convert import ConvertOptions, ScalePolicy, convert
     from trt_bridge.errors import TrtBridgeError
-    from trt_bridge.model import check_writable, write_text_atomic
+    from trt_bridge.model import write_text_atomic
     from trt_bridge.placement import PlacementPolicy
     from trt_bridge.sanitize.types import Bf16Policy
 
@@ -120,7 +120,7 @@ def run(args: argparse.Namespace) -> int:
             except re.error as exc:
                 raise TrtBridgeError(f"--{flag.replace('_', '-')} '{pattern}' is not a regular expression: {exc}") \
                     from exc
-    from trt_bridge.cli.common import refuse_overwrite
+    from trt_bridge.cli.common import check_output_path
 
     policies = [v for v in args.scales or [] if v in ("model", "data")]
     files = tuple(v for v in args.scales or [] if v not in ("model", "data"))
@@ -133,8 +133,7 @@ def run(args: argparse.Namespace) -> int:
                                  "a TensorRT calibration cache, a trt-bridge JSON table or an onnxruntime table.")
     report_path = args.report or (Path(args.json) if args.json not in (None, "-") else None)
     if report_path:
-        refuse_overwrite(report_path, [args.model, output], "report")
-        check_writable(report_path, "report")
+        check_output_path(report_path, [args.model, output], "report")
     options = ConvertOptions(
         calib_data=args.calib_data, calib_random=args.calib_random,
         calib_method=CalibMethod(args.calib_method), percentile=args.percentile,

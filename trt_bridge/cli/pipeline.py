@@ -40,12 +40,10 @@ def run(args: argparse.Namespace) -> int:
     def progress(step) -> None:
         print(f"[{step.status.value:>7}] {step.model} {step.label}: {step.message}", file=sys.stderr, flush=True)
 
-    from trt_bridge.cli.common import refuse_overwrite
-    from trt_bridge.model import check_writable
+    from trt_bridge.cli.common import check_output_path
 
     if args.json not in (None, "-"):
-        refuse_overwrite(args.json, [args.manifest], "summary")
-        check_writable(args.json, "summary")
+        check_output_path(args.json, [args.manifest], "summary")
     report = run_pipeline(args.manifest, PipelineOptions(tuple(args.model), None if args.quiet else progress))
     if args.json == "-":
         print(report.to_json())

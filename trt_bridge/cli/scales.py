@@ -39,12 +39,11 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trt_bridge.cli import EXIT_OK
-    from trt_bridge.cli.common import refuse_overwrite
+    from trt_bridge.cli.common import check_output_path
     from trt_bridge.errors import TrtBridgeError
-    from trt_bridge.model import check_writable, load_model
+    from trt_bridge.model import load_model
 
-    refuse_overwrite(args.output, [args.model], "output")
-    check_writable(args.output, "output")
+    check_output_path(args.output, [args.model], "output")
     model = load_model(args.model)
     if args.format == "fixed-point":
         from trt_bridge.scales.fixed_point import requantization_table, write_fixed_point

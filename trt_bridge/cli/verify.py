@@ -66,20 +66,19 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from trt_bridge.cli import EXIT_FAIL, EXIT_OK
     from trt_bridge.errors import TrtBridgeError
-    from trt_bridge.model import check_writable, write_text_atomic
+    from trt_bridge.model import write_text_atomic
     from trt_bridge.verify import VerifyOptions, verify
     from trt_bridge.verify.gates import parse_gates
 
     for flag in ("top_k", "layer_batch", "layer_feeds"):
         if getattr(args, flag) < 1:
             raise TrtBridgeError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    from trt_bridge.cli.common import refuse_overwrite
+    from trt_bridge.cli.common import check_output_path
 
     for target, what in ((args.json if args.json != "-" else None, "report"), (args.html, "HTML report"),
                          (args.save_outputs, "outputs file"), (args.save_inputs, "inputs file")):
         if target:
-            refuse_overwrite(target, [args.reference, args.candidate, args.engine], what)
-            check_writable(target, what)
+            check_output_path(target, [args.reference, args.candidate, args.engine], what)
     options = VerifyOptions(
         data=args.data, random=args.random, seed=args.seed, engine=args.engine,
         gates=tuple(parse_gates(args.min_snr, args.min_cosine, args.max_abs)), top_k=args.top_k,

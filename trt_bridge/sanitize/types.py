@@ -206,7 +206,9 @@ def agree_types(model: onnx.ModelProto, where: str = "model", declared: dict[str
                     if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
     declared = {**declared, **{v.name: v.type.tensor_type.elem_type for v in g.output
                                if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}}
-    fallback = _inferred_types(model)
+    from trt_bridge.model import value_types
+
+    fallback = value_types(model)  # for nodes the walk below cannot infer one by one (other domains, control flow)
     types: dict[str, onnx.TypeProto] = {}
     for v in g.input:
         types[v.name] = v.type
@@ -287,24 +289,6 @@ def agree_types(model: onnx.ModelProto, where: str = "model", declared: dict[str
         del g.value_info[:]
         g.value_info.extend(keep)
     return changes
-
-
-def _inferred_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """The types whole-model inference gives every tensor, for nodes the walk cannot infer one by one
-    (other domains, control flow). A loaded model already carries them; else infer on a skeleton
-    (weights as graph inputs), never on the model with its weights."""
-    from onnx import shape_inference
-
-    from trt_bridge.model import _skeleton
-
-    g = model.graph
-    if g.value_info or not g.node:
-        return {v.name: v.type for v in (*g.value_info, *g.output)}
-    try:
-        inferred = shape_inference.infer_shapes(_skeleton(model), check_type=False, strict_mode=False)
-    except Exception:  # noqa: BLE001 - a best-effort fallback only
-        return {v.name: v.type for v in g.output}
-    return {v.name: v.type for v in (*inferred.graph.value_info, *inferred.graph.output)}
 
 
 def _schema(node: onnx.NodeProto, opsets: dict[str, int]):

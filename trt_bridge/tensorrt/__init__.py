@@ -36,15 +36,15 @@ def is_rtx(trt: ModuleType) -> bool:
 
 
 def gpu_present() -> bool:
-    """Whether an NVIDIA GPU can run engines here (cuda-python's runtime, else the driver's device node)."""
-    try:
-        from cuda.bindings import runtime as cudart
-    except ImportError:
-        try:
-            from cuda import cudart  # cuda-python < 12.6
-        except ImportError:
-            from pathlib import Path
+    """Whether an NVIDIA GPU can run engines here: cuda-python's runtime sees one (without cuda-python,
+    whether the driver's device node exists)."""
+    from pathlib import Path
 
-            return Path("/dev/nvidiactl").exists()
+    from trt_bridge.bench.cuda import runtime
+
+    try:
+        cudart = runtime()
+    except MissingDependencyError:
+        return Path("/dev/nvidiactl").exists()
     err, count = cudart.cudaGetDeviceCount()
     return int(err) == 0 and count > 0

@@ -123,20 +123,21 @@ def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str,
     names = [name for name, _, _ in order] + sorted(inputs_needed & graph_inputs)
     accumulators = {name: Accumulator() for name in names}
     batches = [names[i:i + batch] for i in range(0, len(names), batch)]
+    from trt_bridge.calibration.runner import CalibrationSession
+
     for chunk in _progress(batches, progress):
-        ref_sess = _session_with_outputs(ref_model, chunk)
-        cand_sess = _session_with_outputs(cand_model, chunk)
         fetch = [n for n in chunk if n not in graph_inputs]
-        for feed in feeds:
-            ref_out = ref_sess.run(fetch, feed) if fetch else []
-            cand_out = cand_sess.run(fetch, feed) if fetch else []
-            for name, r, c in zip(fetch, ref_out, cand_out):
-                if np.asarray(r).dtype.kind == "f" and np.shape(r) == np.shape(c):
-                    accumulators[name].add(r, c)
-            for name in chunk:
-                if name in graph_inputs:
-                    accumulators[name].add(feed[name], feed[name])
-        del ref_sess, cand_sess
+        with CalibrationSession(ref_model, fetch, True, f"{reference} with its tensors exposed") as ref, \
+                CalibrationSession(cand_model, fetch, True, f"{candidate} with its tensors exposed") as cand:
+            for feed in feeds:
+                ref_out = ref.session.run(fetch, feed) if fetch else []
+                cand_out = cand.session.run(fetch, feed) if fetch else []
+                for name, r, c in zip(fetch, ref_out, cand_out):
+                    if np.asarray(r).dtype.kind == "f" and np.shape(r) == np.shape(c):
+                        accumulators[name].add(r, c)
+                for name in chunk:
+                    if name in graph_inputs:
+                        accumulators[name].add(feed[name], feed[name])
     # None: exact; a NaN tensor counts as the worst possible (-inf)
     snr = {name: _exact_or_worst(acc.snr_db()) for name, acc in accumulators.items() if acc.count}
     tensors = [TensorSnr(name, node.name, node.op_type, index, snr[name]) for name, node, index in order
@@ -244,27 +245,6 @@ def _aligned_output(name: str, aligned: dict, consumers: dict, constants: set[st
             return None
         name = readers[0].output[0]
     return None
-
-
-def _session_with_outputs(model: onnx.ModelProto, names: list[str]):
-    """An onnxruntime session of ``model`` (Q/DQ simulated as TensorRT computes them) that also outputs
-    ``names``. The outputs are appended for the session and removed again: the model is not copied."""
-    import tempfile
-
-    from trt_bridge.model import serialize_for_session
-    from trt_bridge.runtime import session
-
-    inputs = {i.name for i in model.graph.input}
-    present = {o.name for o in model.graph.output}
-    known = {v.name: v.type.tensor_type.elem_type for v in model.graph.value_info}
-    added = [n for n in names if n not in inputs and n not in present]
-    for name in added:
-        model.graph.output.append(onnx.helper.make_tensor_value_info(name, known.get(name, 0), None))
-    try:
-        with tempfile.TemporaryDirectory(prefix="trt-bridge-layers-") as tmp:  # models over 2 GB go by path
-            return session(serialize_for_session(model, tmp))
-    finally:
-        del model.graph.output[len(model.graph.output) - len(added):]
 
 
 def _progress(batches, enabled: bool):
