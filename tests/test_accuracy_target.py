@@ -59,5 +59,6 @@ def test_cli_target_already_met_and_report(tmp_path):
     assert result.returncode == 0, result.stderr
     accuracy = json.loads(result.stdout)["accuracy"]
     assert accuracy["met"] and len(accuracy["probes"]) == 1 and accuracy["chosen"]["excluded"] == []
+    assert_tensorrt_ready(tmp_path / "o.onnx")
     bad = cli("convert", src, "--calib-random", "1", "--eval-random", "4")
     assert bad.returncode == 2 and "are for --accuracy-target" in bad.stderr

@@ -131,6 +131,10 @@ def test_asymmetric_qdq_model(tmp_path):
     out = tmp_path / "qdq.int8.onnx"
     assert convert(qdq, out, ConvertOptions(progress=False)).check["ready"]
     assert check_model(out).ready
+    held_out = [{"x": f} for f in samples.image_feeds(8, 2)]
+    reference = [session(fpath).run(None, f)[0] for f in held_out]
+    assert snr_db(reference, [session(out).run(None, f)[0] for f in held_out]) > 25
+    assert_tensorrt_ready(out)
 
 
 def test_dynamic_model_findings(tmp_path):
@@ -219,6 +223,11 @@ def test_check_of_converted_models_has_no_findings(tmp_path, fmt):
     convert(src, out, ConvertOptions(progress=False, check=False))
     report = check_model(out)
     assert report.ready and report.findings == [] and report.parser.ok
+    held_out = [{"x": f} for f in samples.sequence_feeds(8, 2, 16, 64)]
+    reference = [session(fpath).run(None, f)[0] for f in held_out]
+    source = snr_db(reference, [session(src, simulate_qdq=False).run(None, f)[0] for f in held_out])
+    assert snr_db(reference, [session(out).run(None, f)[0] for f in held_out]) > source - 1.0
+    assert_tensorrt_ready(out)
 
 
 def test_parser_only_blocker_that_convert_fixes_is_fixable(tmp_path):

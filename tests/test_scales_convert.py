@@ -100,6 +100,7 @@ def test_explicit_scales_win_over_qat_and_disagreement_is_flagged(qat_setup, tmp
     assert all(s == "qat" for t, (s, _) in sources.items() if t != name)
     [warning] = [w for w in report.imported_scales["warnings"] if w["tensor"] == name]
     assert "clips" in warning["message"] and warning["clipped_fraction"] > 0.2  # half of a ReLU output is 0
+    assert_tensorrt_ready(out)
 
 
 def test_scales_export_round_trip(qat_setup, tmp_path):
@@ -123,6 +124,8 @@ def test_scales_export_round_trip(qat_setup, tmp_path):
     assert scales_of_model(onnx.load(str(again))).entries.keys() == original.entries.keys()
     for tensor, entry in scales_of_model(onnx.load(str(again))).entries.items():
         np.testing.assert_array_equal(np.float32(entry.scale), np.float32(original[tensor].scale))
+    assert _snr(qat_setup, again) == pytest.approx(_snr(qat_setup, first), abs=1e-6)  # the same model, numerically
+    assert_tensorrt_ready(again)
     table = read_json(tmp_path / "scales.json")
     assert len(table.weights()) == 4  # the dynamic source's exact per-tensor int8 weights, kept
     rows = json.loads((tmp_path / "fixed.json").read_text())["layers"]
@@ -175,6 +178,10 @@ def test_smoothing_keeps_an_imported_weight_scale(tmp_path):
     [q] = [q for q in report.quantized if q["tensor"] == weight]
     assert q["source"] == "file" and q["scale"] == pytest.approx(amax / 127, rel=1e-6)
     assert report.smoothed  # the other LayerNorm outputs are still smoothed
+    held_out = [{"x": f} for f in samples.sequence_feeds(8, 2, 16, 64)]
+    reference = [session(src).run(None, f)[0] for f in held_out]
+    assert snr_db(reference, [session(tmp_path / "tb.int8.onnx").run(None, f)[0] for f in held_out]) > 25
+    assert_tensorrt_ready(tmp_path / "tb.int8.onnx")
 
 
 def test_qat_wins_over_a_uint8_qdq_sources_own_scales(qat_setup, tmp_path):
@@ -189,6 +196,9 @@ def test_qat_wins_over_a_uint8_qdq_sources_own_scales(qat_setup, tmp_path):
     sources = {q["tensor"]: q["source"] for q in report.quantized if q["kind"] == "activation"}
     assert sources and set(sources.values()) == {"qat"}, sources
     assert not [u for u in report.imported_scales["unused"] if not u.startswith("fc") and u != "flat"]
+    reference = [session(qat_setup["float"]).run(None, f)[0] for f in qat_setup["held_out"]]
+    assert snr_db(reference, [session(tmp_path / "out.onnx").run(None, f)[0] for f in qat_setup["held_out"]]) > 25
+    assert_tensorrt_ready(tmp_path / "out.onnx")
 
 
 def test_modelopt_state_dict_onto_a_dynamic_model(tmp_path):

@@ -339,6 +339,17 @@ def test_bf16_inside_if_branches_is_rewritten(tmp_path):
     model = assert_qdq_contract(out)
     assert not any(v.type.tensor_type.elem_type == TensorProto.BFLOAT16 for v in (*model.graph.output,))
     x = rng.standard_normal((2, 16)).astype(np.float32)
+
+    def bf16_values(t):  # the bfloat16 constants as float32, the way the model stores them (truncated)
+        return (np.frombuffer(t.raw_data, np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(t.dims)
+
+    inits = {t.name: bf16_values(t) for t in graph.initializer}
+    prepared = onnx.load(str(src))
+    prepare(prepared, src, Bf16Policy.FP32)  # the rewrite itself: exact in float32
     for c in (True, False):
+        want = ((x if c else -x) + inits["b"]) @ inits["W"]  # the branches' Cast to bfloat16 became float32
+        np.testing.assert_allclose(session(prepared).run(None, {"c": np.array(c), "x": x})[0], want, rtol=1e-5,
+                                   atol=1e-4)
         got = session(out).run(None, {"c": np.array(c), "x": x})[0]
-        assert got.dtype == np.float32 and np.all(np.isfinite(got))
+        assert got.dtype == np.float32 and snr_db([want], [got]) > 12  # INT8 after 4 random calibration feeds
+    assert_tensorrt_ready(out)

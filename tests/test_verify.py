@@ -8,7 +8,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from helpers import quantize_dynamic, save, snr_db
+from helpers import assert_tensorrt_ready, quantize_dynamic, save, snr_db
 from onnx import numpy_helper
 from test_cli import cli
 
@@ -31,6 +31,7 @@ def pair(tmp_path_factory):
     np.savez(root / "eval.npz", x=samples.image_feeds(FEEDS, 2))
     out = root / "int8.onnx"
     convert(dyn, out, ConvertOptions(calib_data=str(root / "calib.npz"), progress=False, check=False))
+    assert_tensorrt_ready(out)
     return {"root": root, "float": fpath, "dynamic": dyn, "int8": out, "eval": root / "eval.npz"}
 
 
@@ -259,6 +260,7 @@ def test_per_layer_without_value_info_and_with_odd_names(tmp_path):
     src = save(model, tmp_path / "mlp.onnx")
     out = tmp_path / "mlp.int8.onnx"
     convert(src, out, ConvertOptions(calib_random=8, progress=False, check=False))
+    assert_tensorrt_ready(out)
     stripped = onnx.load(str(out))
     del stripped.graph.value_info[:]
     save(stripped, out)
