@@ -173,14 +173,17 @@ def test_smoothing_keeps_an_imported_weight_scale(tmp_path):
     table = tmp_path / "w.json"
     table.write_text(json.dumps({"format": "trt-bridge-scales", "version": 1, "tensors": {
         weight: {"amax": amax, "axis": None, "kind": "weight"}}}))
-    report = convert(src, tmp_path / "tb.int8.onnx", ConvertOptions(scale_files=(str(table),), calib_random=4,
+    np.savez(tmp_path / "calib.npz", x=samples.sequence_feeds(16, 1, 16, 64))
+    report = convert(src, tmp_path / "tb.int8.onnx", ConvertOptions(scale_files=(str(table),),
+                                                                   calib_data=str(tmp_path / "calib.npz"),
                                                                    progress=False))
     [q] = [q for q in report.quantized if q["tensor"] == weight]
     assert q["source"] == "file" and q["scale"] == pytest.approx(amax / 127, rel=1e-6)
     assert report.smoothed  # the other LayerNorm outputs are still smoothed
     held_out = [{"x": f} for f in samples.sequence_feeds(8, 2, 16, 64)]
     reference = [session(src).run(None, f)[0] for f in held_out]
-    assert snr_db(reference, [session(tmp_path / "tb.int8.onnx").run(None, f)[0] for f in held_out]) > 25
+    # one weight quantized per tensor over twice its range costs about 1 dB (measured 38.8 against 40.1)
+    assert snr_db(reference, [session(tmp_path / "tb.int8.onnx").run(None, f)[0] for f in held_out]) > 35
     assert_tensorrt_ready(tmp_path / "tb.int8.onnx")
 
 
