@@ -28,6 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
+from trt_bridge.model import write_bytes_atomic
 from trt_bridge.tensorrt import gpu_present, import_tensorrt, is_rtx
 
 log = logging.getLogger("trt_bridge.tensorrt")
@@ -277,8 +278,8 @@ def build(model: str | Path, output: str | Path, options: BuildOptions = BuildOp
         # UTC time of the build: the one field that differs between two builds of the same inputs
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
     }
-    _write_atomic(output, compiled.engine, "engine")
-    _write_atomic(sidecar, (json.dumps(info, indent=2) + "\n").encode(), "sidecar")
+    write_bytes_atomic(output, compiled.engine, "engine")
+    write_bytes_atomic(sidecar, (json.dumps(info, indent=2) + "\n").encode(), "sidecar")
     log.info("%s: engine written (%d bytes) in %.1f s", output, len(compiled.engine), seconds)
     return BuildResult(str(output), str(sidecar), info, seconds)
 
@@ -747,14 +748,10 @@ def _save_timing_cache(trt, config, path: str, cache: dict) -> dict:
             data = bytes(config.create_timing_cache(b"").serialize())
     else:
         data = bytes(config.get_timing_cache().serialize())
-    _write_atomic(Path(path), data, "timing cache")
+    write_bytes_atomic(Path(path), data, "timing cache")
     return {**cache, "saved_bytes": len(data)}
 
 
-def _write_atomic(path: Path, data: bytes, what: str) -> None:
-    from trt_bridge.model import write_bytes_atomic
-
-    write_bytes_atomic(path, data, what)
 
 
 def _file_digest(path: Path) -> dict:
