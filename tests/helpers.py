@@ -81,8 +81,8 @@ def assert_qdq_contract(path: Path) -> onnx.ModelProto:
     for node in model.graph.node:
         if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
             scale, zero = inits[node.input[1]], inits[node.input[2]]
-            assert scale.dtype in (np.float32, np.float16) and np.all(scale > 0), node.name
-            assert scale.dtype == np.float32 or opset >= 19, node.name  # float16 Q/DQ need opset 19
+            assert scale.dtype.name in ("float32", "float16", "bfloat16") and np.all(scale > 0), node.name
+            assert scale.dtype == np.float32 or opset >= 19, node.name  # float16/bfloat16 Q/DQ need opset 19
             assert zero.dtype == np.int8 and not np.any(zero), node.name
     return model
 

@@ -58,8 +58,8 @@ class ConvertOptions:
     smooth: float | None = 0.65  # SmoothQuant alpha for MatMul inputs; None: off
     bf16: Bf16Policy = Bf16Policy.FP32  # what bfloat16 tensors become (onnxruntime's CPU runs no bfloat16)
     scale_files: tuple[str, ...] = ()  # explicit scale tables (--scales FILE): they win over everything else
-    high_precision: str = "fp32"  # the non-quantized part of the graph: fp32, or fp16 (sensitive ops stay fp32)
-    io_types: str = "keep"  # with --high-precision fp16: keep the inputs/outputs' types, or make them fp16 too
+    high_precision: str = "fp32"  # the non-quantized part of the graph: fp32, fp16 or bf16 (sensitive ops stay fp32)
+    io_types: str = "keep"  # with --high-precision fp16/bf16: keep the inputs/outputs' types, or that type too
     qat: str | None = None  # a QAT ONNX export or ModelOpt state dict (--qat): wins over the model and calibration
     check: bool = True  # run `trt-bridge check` on the output (with TensorRT's parser when installed)
     progress: bool = True
@@ -76,6 +76,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     model_path, output_path = Path(model_path), Path(output_path)
     if output_path.resolve() == model_path.resolve():
         raise TrtBridgeError(f"the output path {output_path} is the input model; choose another with -o.")
+    _check_precision_options(options)
     check_writable(output_path, "output model")
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -136,7 +137,8 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         seconds["calibrate"] = time.perf_counter() - t0
     if options.recenter:
         shared = {t for group in placement.shared_scales for t in group}
-        recentered = recenter(graph, ctx.annotations, result if needed else None, skip=shared)
+        recentered = recenter(graph, ctx.annotations, result if needed else None, skip=shared,
+                              center_type=None if options.high_precision == "fp32" else options.high_precision)
     _share_scales(ctx.annotations, placement.shared_scales)
     if imported is not None and feeds is not None:  # after sharing: the scales the output will have
         from trt_bridge.scales.apply import check_against_data
@@ -157,10 +159,12 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     out_model = _finalize(gs.export_onnx(graph), default_opset(lifted), check=True, min_opset=needs_opset(quantized))
     del graph, lifted
     kept_fp32 = None
-    if options.high_precision == "fp16":
-        from trt_bridge.precision import to_float16
+    if options.high_precision != "fp32":
+        from trt_bridge.precision import to_low_precision
 
-        out_model, kept_fp32 = to_float16(out_model, ranges, keep_io_types=options.io_types == "keep")
+        exact = {layer: r.tensor for r in recentered for layer in r.compensated}
+        out_model, kept_fp32 = to_low_precision(out_model, options.high_precision, ranges,
+                                                keep_io_types=options.io_types == "keep", exact=exact)
         out_model = _finalize(out_model, default_opset(out_model), check=True, min_opset=19)
     seconds["lower"] = time.perf_counter() - t0
 
@@ -284,6 +288,20 @@ def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, op
             session.run({t: Rescaled(observers[t], 1.0 / f) for t, f in factors.items()}, feeds, options.progress,
                         desc="calibrating (2/2)")
     return finish(observers, count, time.perf_counter() - start, options.calib_method), smoothed
+
+
+def _check_precision_options(options: ConvertOptions) -> None:
+    from trt_bridge.precision import HighPrecision
+
+    choices = [h.value for h in HighPrecision]
+    if options.high_precision not in choices:
+        raise TrtBridgeError(f"--high-precision {options.high_precision}: choose one of {', '.join(choices)}.")
+    if options.io_types not in ("keep", "fp16", "bf16"):
+        raise TrtBridgeError(f"--io-types {options.io_types}: choose keep, fp16 or bf16.")
+    if options.io_types != "keep" and options.io_types != options.high_precision:
+        raise TrtBridgeError(f"--io-types {options.io_types} gives the model's inputs and outputs the type of "
+                             f"--high-precision, which is {options.high_precision}: pass --high-precision "
+                             f"{options.io_types}, or --io-types keep.")
 
 
 def _precision_report(model: onnx.ModelProto, options: ConvertOptions, kept) -> dict | None:

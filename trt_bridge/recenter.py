@@ -41,12 +41,15 @@ class Recentered:
     center: float
     amax_symmetric: float
     amax_centered: float
+    compensated: tuple[str, ...] = ()  # the quantized layers whose bias carries c·ΣW (and their added bias Adds)
 
 
 def recenter(graph: gs.Graph, annotations: Annotations, calibration: CalibrationResult | None,
-             skip: set[str] = frozenset()) -> list[Recentered]:
+             skip: set[str] = frozenset(), center_type: str | None = None) -> list[Recentered]:
     """Re-centre every one-sided or asymmetric activation that can be compensated exactly (not those in
-    ``skip``, which must keep a scale shared with other tensors).
+    ``skip``, which must keep a scale shared with other tensors). ``center_type`` ("fp16" or "bf16"): the
+    centre is rounded to that type first, so the Sub and Pad that carry it there are exact and the
+    compensation, computed from the same value, still cancels it.
 
     A calibrated tensor is centred on its observed range; a tensor whose scale is the source model's
     on the range [lo, hi] its (scale, zero point) covered: an asymmetric uint8 source then keeps its
@@ -65,6 +68,7 @@ def recenter(graph: gs.Graph, annotations: Annotations, calibration: Calibration
             a0 = calibration.amax(name)
             if a0 <= 0.0:
                 continue
+            lo = obs.lo
             center = (max(obs.lo, -a0) + min(obs.hi, a0)) / 2.0
             a1 = calibration.amax(name, center)
         elif spec.source is ScaleSource.MODEL and spec.model_range is not None and spec.scale:
@@ -72,6 +76,12 @@ def recenter(graph: gs.Graph, annotations: Annotations, calibration: Calibration
             a0, center, a1 = spec.scale * QMAX, (lo + hi) / 2.0, (hi - lo) / 2.0
         else:
             continue
+        if center_type is not None and lo >= 0.0 and a0 > 0.0:
+            # Non-negative (ReLU): 0, the most common value, must stay exactly on the grid once the scale and
+            # the centre are rounded to float16/bfloat16. With the scale s representable there and c = 128·s
+            # (exact in any binary float), 0 − c is code −128 and the range [0, 255·s] is covered.
+            step = _representable(a0 / 255.0, center_type, up=True)
+            center, a1 = 128.0 * step, 127.0 * step
         if abs(center) < 1e-6 * a0:
             continue
         if not a1 < MIN_GAIN * a0:
@@ -79,11 +89,29 @@ def recenter(graph: gs.Graph, annotations: Annotations, calibration: Calibration
         sites = [(nodes[s.node], s.index) for s in spec.sites]
         if not all(_compensable(node, index, annotations, tensors[name]) for node, index in sites):
             continue
-        _apply(graph, names, annotations, tensors, spec, sites, np.float32(center), a1)
-        done.append(Recentered(name, float(np.float32(center)), a0, a1))
+        else:
+            center = _representable(center, center_type)
+        compensated = _apply(graph, names, annotations, tensors, spec, sites, np.float32(center), a1)
+        done.append(Recentered(name, float(np.float32(center)), a0, a1, compensated))
     if done:
         graph.cleanup().toposort()
     return done
+
+
+def _representable(value: float, center_type: str | None, up: bool = False) -> float:
+    """``value`` rounded to float16 or bfloat16 (to nearest, or ``up`` to the next one at or above it)."""
+    if center_type is None:
+        return value
+    if center_type == "fp16":
+        dtype = np.float16
+    else:
+        import ml_dtypes
+
+        dtype = ml_dtypes.bfloat16
+    rounded = np.float32(value).astype(dtype)
+    if up and float(rounded) < value:
+        rounded = np.nextafter(rounded, np.array(np.inf, dtype))
+    return float(rounded)
 
 
 def _conv_pads(node: gs.Node, x: gs.Tensor) -> list[int] | None:
@@ -135,14 +163,17 @@ def _apply(graph, names, annotations, tensors, spec: ActivationSpec, sites, cent
     graph.nodes.append(gs.Node("Sub", names(f"{spec.tensor}_recenter"), {}, [x, center_const], [shifted]))
     del annotations.activations[spec.tensor]
     plain_sites = []
+    compensated = []
     for node, index in sites:
         weight = node.inputs[1]
         w = effective_weight(annotations.weights[weight.name], weight).astype(np.float64)
+        compensated.append(node.name)
         if node.op == "MatMul":
             plain_sites.append(Site(node.name, index))
             node.inputs[index] = shifted
             # batched weights [..., K, N] keep the row axis so the sum broadcasts over each batch's rows
-            _add_after(graph, names, node, (float(center) * w.sum(axis=-2, keepdims=w.ndim > 2)).astype(ftype))
+            compensated.append(_add_after(graph, names, node, (float(center) * w.sum(axis=-2, keepdims=w.ndim > 2)
+                                                                ).astype(ftype)))
             continue
         comp = float(center) * w.reshape(w.shape[0], -1).sum(axis=1)
         bias = np.asarray(node.inputs[2].values, np.float64) if len(node.inputs) > 2 else 0.0
@@ -167,18 +198,22 @@ def _apply(graph, names, annotations, tensors, spec: ActivationSpec, sites, cent
         node.attrs["pads"] = [0] * len(pads)
         node.attrs.pop("auto_pad", None)
         node.inputs[index] = padded
-        # The pad value −c must stay representable: never clip below it.
+        # The pad value −c must stay representable: never clip below it (−128 steps is the int8 minimum).
+        within = abs(float(center)) <= (QMAX + 1) * amax / QMAX * (1 + 1e-6)
+        pad_amax = amax if within else max(amax, abs(float(center)))
         annotations.activations[padded.name] = ActivationSpec(
-            padded.name, [Site(node.name, index)], spec.origin, max(amax, abs(float(center))) / QMAX,
-            spec.source)
+            padded.name, [Site(node.name, index)], spec.origin, pad_amax / QMAX, spec.source)
     if plain_sites:
         annotations.activations[shifted.name] = ActivationSpec(
             shifted.name, plain_sites, spec.origin, amax / QMAX, spec.source)
+    return tuple(compensated)
 
 
-def _add_after(graph, names, node: gs.Node, bias: np.ndarray) -> None:
+def _add_after(graph, names, node: gs.Node, bias: np.ndarray) -> str:
     out = node.outputs[0]
     raw = gs.Variable(names(f"{out.name}_before_recenter"), dtype=out.dtype, shape=out.shape)
     node.outputs[0] = raw
-    graph.nodes.append(gs.Node("Add", names(f"{node.name}_recenter_bias"), {},
-                               [raw, gs.Constant(names(f"{node.name}_recenter_bias"), bias)], [out]))
+    add = names(f"{node.name}_recenter_bias")
+    graph.nodes.append(gs.Node("Add", add, {}, [raw, gs.Constant(names(f"{node.name}_recenter_bias"), bias)],
+                               [out]))
+    return add

@@ -100,8 +100,9 @@ class ConversionReport:
             lines.append(f"  {self.accuracy['summary']}")
             for probe in self.accuracy["probes"]:
                 kept = ", ".join(probe["excluded"]) or "none"
-                lines.append(f"    probe: {probe['snr_db']:.2f} dB with {len(probe['excluded'])} layer(s) in higher "
-                             f"precision ({kept})")
+                by = f" [{probe['ranking']} ranking]" if probe.get("ranking") else ""
+                lines.append(f"    probe{by}: {probe['snr_db']:.2f} dB with {len(probe['excluded'])} layer(s) in "
+                             f"higher precision ({kept})")
         if self.check is not None:
             lines.append(f"  check: {self.check['headline']}")
             for finding in self.check["findings"]:

@@ -6,6 +6,10 @@ its own integer kernels. On x86 CPUs without VNNI those kernels multiply u8×s8 
 same model in TensorRT (which accumulates in int32). For accuracy measurements
 trt-bridge therefore keeps Q/DQ as float simulation (``session.disable_quant_qdq``):
 the values TensorRT's int8 kernels compute, up to accumulation order.
+
+A model with bfloat16 layers (``--high-precision bf16``) runs as its float32 emulation
+(:func:`trt_bridge.precision.emulate_bfloat16`: every bfloat16 result rounded as TensorRT
+stores it), since the CPU provider has no bfloat16 kernels.
 """
 
 from __future__ import annotations
@@ -22,8 +26,26 @@ def session(model: str | Path | onnx.ModelProto | bytes, simulate_qdq: bool = Tr
     options.log_severity_level = 3
     if simulate_qdq:
         options.add_session_config_entry("session.disable_quant_qdq", "1")
+    model = _bfloat16_emulated(model)
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     elif isinstance(model, Path):
         model = str(model)
     return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+
+
+def _bfloat16_emulated(model: str | Path | onnx.ModelProto | bytes):
+    """``model`` itself, or the float32 emulation of its bfloat16 layers (as a ModelProto)."""
+    from trt_bridge.precision import emulate_bfloat16, has_bfloat16
+
+    if isinstance(model, bytes):
+        proto = onnx.ModelProto.FromString(model)
+    elif isinstance(model, onnx.ModelProto):
+        proto = model
+    else:
+        proto = onnx.load(str(model), load_external_data=False)
+        if not has_bfloat16(proto):
+            return model
+        proto = onnx.load(str(model))
+    emulated = emulate_bfloat16(proto)
+    return model if emulated is None else emulated

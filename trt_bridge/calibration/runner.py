@@ -64,12 +64,18 @@ class CalibrationSession:
     for direct runs; ``simulate_qdq`` for a model with Q/DQ).
 
     The model is not copied: the tensors are appended to its outputs while the session
-    is created and removed again. Memory holds one feed's activations at a time.
+    is created and removed again. Memory holds one feed's activations at a time. (A model with
+    bfloat16 layers is, under ``simulate_qdq``: it runs as its float32 emulation, see
+    :func:`trt_bridge.precision.emulate_bfloat16`.)
     """
 
     def __init__(self, model: onnx.ModelProto, tensors: list[str], simulate_qdq: bool = False,
                  what: str = "the lifted float model"):
         ort = _import_ort()
+        if simulate_qdq:
+            from trt_bridge.precision import emulate_bfloat16
+
+            model = emulate_bfloat16(model) or model
         self.graph_inputs = {i.name for i in model.graph.input}
         present = {o.name for o in model.graph.output}
         added = [t for t in tensors if t not in self.graph_inputs and t not in present]

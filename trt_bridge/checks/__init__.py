@@ -84,10 +84,11 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
     findings += _broadcasts(model)
     if options.data is not None:
         findings += _feeds(model, options.data)
-    findings += _bf16(graph)
+    bf16 = _bf16_tensors(graph)
     ops = {n.name: n for n in graph.nodes}
     del graph
     findings = _dry_run(model, path, findings, ops, declared)
+    findings += _bf16(bf16, int8 and not any(f.severity is Severity.BLOCKER for f in findings))
     if not int8:
         findings.append(Finding("not-int8", Severity.BLOCKER, "", "", [], "nothing is quantized: TensorRT builds the "
                                 "model in floating point", "quantizes it with --int8 --calib-data DATA (TensorRT "
@@ -99,13 +100,22 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
     return report
 
 
-def _bf16(graph) -> list[Finding]:
+def _bf16_tensors(graph) -> list:
     from onnx import TensorProto
 
-    tensors = [t for t in graph.tensors().values() if t.dtype == TensorProto.BFLOAT16]
+    return [tensor_info(t) for t in graph.tensors().values() if t.dtype == TensorProto.BFLOAT16]
+
+
+def _bf16(tensors: list, ready: bool) -> list[Finding]:
     if not tensors:
         return []
-    return [Finding("bf16", Severity.WARNING, "", "", [tensor_info(t) for t in tensors[:5]],
+    if ready:  # bfloat16 chosen for the layers INT8 leaves alone (convert --high-precision bf16)
+        return [Finding("bf16", Severity.WARNING, "", "", tensors[:5],
+                        f"{len(tensors)} bfloat16 tensor(s): TensorRT runs bfloat16 layers on compute capability 8.0 "
+                        "and newer only; onnxruntime's CPU provider has none (verify runs them emulated in float32)",
+                        "keeps them (they are its --high-precision bf16); for GPUs older than compute capability "
+                        "8.0, convert the source with --high-precision fp16 or fp32 instead", True)]
+    return [Finding("bf16", Severity.WARNING, "", "", tensors[:5],
                     f"{len(tensors)} bfloat16 tensor(s): TensorRT runs bfloat16 on compute capability 8.0 and newer "
                     "only, and onnxruntime's CPU provider (calibration) has no bfloat16 kernels",
                     "--bf16 fp32 (the default) rewrites them to float32, exactly; --bf16 fp16 or keep", True)]

@@ -78,13 +78,14 @@ def add_parser(sub) -> None:
     acc.add_argument("--no-recenter", action="store_true",
                      help="do not re-centre one-sided activations (keeps the graph free of the extra Sub/Add)")
     types = p.add_argument_group("types")
-    types.add_argument("--high-precision", choices=["fp32", "fp16"], default="fp32",
+    types.add_argument("--high-precision", choices=["fp32", "fp16", "bf16"], default="fp32",
                        help="the type of the layers INT8 leaves alone (TensorRT 11 runs each layer in the type the "
-                            "model gives it): fp32 (default) or fp16, with normalizations, Softmax, Pow, Exp, "
-                            "reductions and tensors whose calibrated range exceeds float16's kept in fp32")
-    types.add_argument("--io-types", choices=["keep", "fp16"], default="keep",
-                       help="with --high-precision fp16: keep the model's input/output types (default) or make "
-                            "them fp16 too")
+                            "model gives it): fp32 (default), fp16 or bf16 (compute capability 8.0+), with "
+                            "normalizations, Softmax, Pow, Exp and reductions kept in fp32 (and, for fp16, tensors "
+                            "whose calibrated range exceeds float16's)")
+    types.add_argument("--io-types", choices=["keep", "fp16", "bf16"], default="keep",
+                       help="keep the model's input/output types (default), or give them the --high-precision type "
+                            "too")
     types.add_argument("--bf16", choices=["fp32", "fp16", "keep"], default="fp32",
                        help="what bfloat16 tensors become: fp32 (default; exact, and what onnxruntime's CPU "
                             "calibration and every TensorRT GPU run), fp16 (faster; values must fit), keep")

@@ -219,12 +219,12 @@ def _added(snr_in: float | None, snr_out: float | None) -> float | None:
 
 def _aligned_input(name: str, aligned: dict, producers: dict, constants: set[str], steps: int = 3) -> str | None:
     """The tensor both models have that a quantized activation comes from: re-centring puts a
-    Sub (and a Pad) with constants between it and the QuantizeLinear."""
+    Sub (and a Pad) with constants between it and the QuantizeLinear, ``--high-precision`` a Cast."""
     for _ in range(steps + 1):
         if name in aligned:
             return name
         node = producers.get(name)
-        if node is None or node.op_type not in ("Add", "Sub", "Mul", "Div", "Pad"):
+        if node is None or node.op_type not in ("Add", "Sub", "Mul", "Div", "Pad", "Cast"):
             return None
         variables = [i for i in node.input if i and i not in constants]
         if len(variables) != 1:
@@ -240,7 +240,7 @@ def _aligned_output(name: str, aligned: dict, consumers: dict, constants: set[st
         if name in aligned:
             return name
         readers = consumers.get(name, [])
-        if len(readers) != 1 or readers[0].op_type not in ("Add", "Sub", "Mul", "Div", "Reshape", "Transpose") \
+        if len(readers) != 1 or readers[0].op_type not in ("Add", "Sub", "Mul", "Div", "Reshape", "Transpose", "Cast") \
                 or not all(i == name or i in constants for i in readers[0].input):
             return None
         name = readers[0].output[0]
@@ -259,3 +259,57 @@ def _progress(batches, enabled: bool):
 
 def snr_text(value: float | None) -> str:
     return "inf" if value is None else ("-inf" if value == -math.inf else f"{value:.2f}")
+
+
+def isolated_errors(candidate: str | Path | onnx.ModelProto, feeds: list[dict[str, np.ndarray]], batch: int = 64
+                    ) -> dict[str, float | None]:
+    """The SNR of the error each quantized layer of ``candidate`` makes on its own: its output against a copy
+    of it that reads its activations before their Q/DQ (same weights), on the candidate's own tensors. Unlike
+    the added error of :func:`localize`, this does not depend on how the layer treats the error it inherits
+    (a layer whose output is cleaner than its input still quantizes). None: no error (or no activation).
+    One onnxruntime session per ``batch // 2`` layers, each with its copies added."""
+    from trt_bridge.calibration.runner import CalibrationSession
+    from trt_bridge.model import value_types
+
+    model = candidate if isinstance(candidate, onnx.ModelProto) else onnx.load(str(candidate))
+    types = {n: t.tensor_type.elem_type for n, t in value_types(model).items()}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    layers = [(node, acts) for _, node, acts in quantized_layers(model) if acts and node.output]
+    step = max(1, batch // 2)
+    found: dict[str, float | None] = {}
+    for start in range(0, len(layers), step):
+        chunk = layers[start:start + step]
+        work = onnx.ModelProto()
+        work.CopyFrom(model)
+        fetch = []
+        for node, _ in chunk:
+            inputs = []
+            for name in node.input:
+                dq = producer.get(name)
+                q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+                if q is None or q.op_type != "QuantizeLinear":
+                    inputs.append(name)
+                    continue
+                source = q.input[0]
+                if types.get(source) != types.get(name) and types.get(name):  # a float32 layer of a bf16 graph
+                    work.graph.node.append(onnx.helper.make_node("Cast", [source], [f"{source}__as_{name}"],
+                                                                 name=f"{source}__as_{name}", to=types[name]))
+                    source = f"{source}__as_{name}"
+                inputs.append(source)
+            copy = onnx.helper.make_node(node.op_type, inputs, [f"{o}__unquantized" for o in node.output],
+                                         name=f"{node.name}__unquantized", domain=node.domain)
+            copy.attribute.extend(node.attribute)
+            work.graph.node.append(copy)
+            for out in node.output:  # exposed outputs need their type (a float16 model's are float16)
+                if types.get(out):
+                    work.graph.value_info.append(onnx.helper.make_tensor_value_info(f"{out}__unquantized",
+                                                                                    types[out], None))
+            fetch += [node.output[0], f"{node.output[0]}__unquantized"]
+        accumulators = {node.name: Accumulator() for node, _ in chunk}
+        with CalibrationSession(work, fetch, True, "the candidate with unquantized layer copies") as session:
+            for feed in feeds:
+                values = session.session.run(fetch, feed)
+                for (node, _), quantized, plain in zip(chunk, values[0::2], values[1::2]):
+                    accumulators[node.name].add(plain, quantized)
+        found.update({name: _exact_or_worst(acc.snr_db()) for name, acc in accumulators.items()})
+    return found
