@@ -33,6 +33,18 @@ def loud(tmp_path_factory):
     return _block(tmp_path_factory.mktemp("fp16-loud"), LOUD)
 
 
+def _convert_each(root, src, kinds):
+    """``src`` converted once per --high-precision kind (each TensorRT-ready INT8); the paths, and the last report."""
+    outs = {}
+    for hp in kinds:
+        outs[hp] = root / f"{src.stem}.{hp}.onnx"
+        report = convert(src, outs[hp], ConvertOptions(calib_data=str(root / "calib.npz"), high_precision=hp,
+                                                       progress=False))
+        assert_qdq_contract(outs[hp])
+        assert report.check["ready"]
+    return outs, report
+
+
 def _snr(src, out, feeds):
     reference = [session(src).run(None, f)[0] for f in feeds]
     return snr_db(reference, [session(out).run(None, f)[0].astype(np.float32) for f in feeds])
@@ -40,13 +52,7 @@ def _snr(src, out, feeds):
 
 def test_fp16_keeps_sensitive_and_out_of_range_layers_in_fp32(block):
     root, src, feeds = block
-    outs = {}
-    for hp in ("fp32", "fp16"):
-        outs[hp] = root / f"tb.{hp}.onnx"
-        report = convert(src, outs[hp], ConvertOptions(calib_data=str(root / "calib.npz"), high_precision=hp,
-                                                       progress=False))
-        assert_qdq_contract(outs[hp])
-        assert report.check["ready"]
+    outs, report = _convert_each(root, src, ("fp32", "fp16"))
     kept = {k["node"]: k["reason"] for k in report.precision["kept_in_float32"]}
     sensitive = {n for n, r in kept.items() if "numerically sensitive" in r}  # LayerNorm, Softmax
     # the FFN down projections read the re-centred GELU: they and their compensation Adds keep c·ΣW exact
@@ -226,13 +232,8 @@ def test_bf16_conv_net_moves_to_opset_22(tmp_path):
 
     src = save(samples.conv_net(), tmp_path / "cn.onnx")
     np.savez(tmp_path / "calib.npz", x=samples.image_feeds(8, seed=1))
-    outs = {}
-    for hp in ("fp32", "bf16"):
-        outs[hp] = tmp_path / f"cn.{hp}.onnx"
-        report = convert(src, outs[hp], ConvertOptions(calib_data=str(tmp_path / "calib.npz"), high_precision=hp,
-                                                       progress=False))
-        assert_qdq_contract(outs[hp])
-    assert report.output_opset == 22 and report.check["ready"]
+    outs, report = _convert_each(tmp_path, src, ("fp32", "bf16"))
+    assert report.output_opset == 22
     assert "fp32" not in report.precision["counts"] and report.precision["counts"]["bf16"] > 0
     feeds = [{"x": f} for f in samples.image_feeds(8, seed=2)]
     snr32, snr_bf16 = _snr(src, outs["fp32"], feeds), _snr(src, outs["bf16"], feeds)
