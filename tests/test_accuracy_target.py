@@ -65,6 +65,24 @@ def test_cli_target_already_met_and_report(tmp_path):
     assert_tensorrt_ready(tmp_path / "o.onnx")
     bad = cli("convert", src, "--calib-random", "1", "--eval-random", "4")
     assert bad.returncode == 2 and "are for --accuracy-target" in bad.stderr
+    bad = cli("convert", src, "--calib-random", "1", "--accuracy-target", "30", "--accuracy-metric", "cosine")
+    assert bad.returncode == 2 and "at most 1" in bad.stderr
+
+
+def test_cli_cosine_target_gives_back_the_hostile_layer(tmp_path):
+    """--accuracy-metric cosine: the same search against the worst output's cosine similarity."""
+    src = save(_hostile(), tmp_path / "hostile.onnx")
+    np.savez(tmp_path / "calib.npz", x=samples.image_feeds(16, 1))
+    np.savez(tmp_path / "eval.npz", x=samples.image_feeds(16, 2))
+    result = cli("convert", src, "-o", tmp_path / "o.onnx", "--calib-data", tmp_path / "calib.npz",
+                 "--accuracy-target", "0.9995", "--accuracy-metric", "cosine", "--eval-data", tmp_path / "eval.npz",
+                 "--json")
+    assert result.returncode == 0, result.stderr
+    accuracy = json.loads(result.stdout)["accuracy"]
+    assert accuracy["metric"] == "cosine" and accuracy["met"]
+    assert accuracy["probes"][0]["cosine"] < 0.9995 <= accuracy["chosen"]["cosine"]
+    assert accuracy["chosen"]["excluded"] == ["conv2"] and accuracy["chosen"]["score"] == accuracy["chosen"]["cosine"]
+    assert "cosine 0.9995 met" in accuracy["summary"]
 
 
 def test_isolated_errors_rank_a_broken_scale_first_and_cover_every_layer(tmp_path):
@@ -105,7 +123,8 @@ def test_search_picks_the_better_ranking_and_refines_its_prefix():
 
     def probe(excluded, ranking=""):
         calls.append((excluded, ranking))
-        return Probe(excluded, 10.0 + sum(gain[x] for x in excluded), 6 - len(excluded), ranking)
+        snr = 10.0 + sum(gain[x] for x in excluded)
+        return Probe(excluded, snr, 6 - len(excluded), ranking, score=snr)
 
     rankings = {"added": ["e", "f", "a", "b", "d", "c"], "isolated": ["a", "c", "b", "d", "e", "f"]}
     best, name = search(rankings, probe, 18.5)

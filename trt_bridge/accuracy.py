@@ -1,8 +1,8 @@
 """``convert --accuracy-target DB``: give quantized layers back to higher precision until the model is accurate
 enough.
 
-Convert, measure against the source with ``verify`` (the worst output's SNR on the evaluation feeds), and if
-that misses the target, rank the quantized layers two ways:
+Convert, measure against the source with ``verify`` (the worst output's SNR on the evaluation feeds, or with
+``metric="cosine"`` its cosine similarity), and if that misses the target, rank the quantized layers two ways:
 
 - ``added``: by the error each adds along the graph (``verify --per-layer``): its output's noise less the noise
   it inherits. A layer whose output is cleaner than its input (a convolution averaging inherited noise) adds
@@ -40,16 +40,19 @@ class Probe:
     snr_db: float  # the worst output's SNR against the source
     quantized_layers: int  # layers still reading int8 inputs
     ranking: str = ""  # the ranking whose bisection made it ("" for plain INT8)
+    cosine: float = math.nan  # the worst output's cosine similarity to the source
+    score: float = math.nan  # what the target is compared with: snr_db or cosine, by the metric
 
 
 @dataclass
 class TargetResult:
-    target_db: float
+    target_db: float  # the target: an SNR in dB, or a cosine similarity when metric is "cosine"
     met: bool
     ranking: list[str] = field(default_factory=list)  # the chosen ranking: quantized layers, most harmful first
     probes: list[Probe] = field(default_factory=list)
     chosen: Probe | None = None
     rankings: dict[str, list[str]] = field(default_factory=dict)  # every ranking tried, by name
+    metric: str = "snr"  # "snr" (dB) or "cosine"
 
     def summary(self) -> str:
         chosen = self.chosen
@@ -58,20 +61,27 @@ class TargetResult:
         state = "met" if self.met else "MISSED"
         kept = f"{len(chosen.excluded)} layer(s) kept in higher precision" if chosen.excluded else "all layers INT8"
         by = f", ranked by {chosen.ranking} error" if chosen.ranking else ""
-        return (f"accuracy target {self.target_db:g} dB {state}: {chosen.snr_db:.2f} dB with {kept}{by}, "
+        if self.metric == "cosine":
+            target, reached = f"cosine {self.target_db:g}", f"cosine {chosen.cosine:.6f} ({chosen.snr_db:.2f} dB)"
+        else:
+            target, reached = f"{self.target_db:g} dB", f"{chosen.snr_db:.2f} dB"
+        return (f"accuracy target {target} {state}: {reached} with {kept}{by}, "
                 f"{chosen.quantized_layers} quantized layer(s) left ({len(self.probes)} probe(s))")
 
 
 def convert_to_target(model_path: str | Path, output_path: str | Path, options, target_db: float,
-                      eval_data: str | None = None, eval_random: int | None = None):
-    """``convert`` with the fewest quantized layers given back that reaches ``target_db`` (see the module doc).
-    Returns ``(ConversionReport, TargetResult)``; the report is the written model's."""
+                      eval_data: str | None = None, eval_random: int | None = None, metric: str = "snr"):
+    """``convert`` with the fewest quantized layers given back that reaches ``target_db`` (an SNR in dB, or a
+    cosine similarity with ``metric="cosine"``; see the module doc). Returns ``(ConversionReport,
+    TargetResult)``; the report is the written model's."""
     from trt_bridge.convert import convert
     from trt_bridge.verify import VerifyOptions, verify
 
     model_path, output_path = Path(model_path), Path(output_path)
     measure = VerifyOptions(data=eval_data, random=None if eval_data else (eval_random or 8), progress=False)
-    result = TargetResult(target_db, False)
+    if metric not in ("snr", "cosine"):
+        raise ValueError(f"metric must be 'snr' or 'cosine', not {metric!r}")
+    result = TargetResult(target_db, False, metric=metric)
     measured: dict[frozenset, Probe] = {}
     with tempfile.TemporaryDirectory(prefix="trt-bridge-target-") as tmp:
         def probe(excluded: tuple[str, ...], ranking: str = "") -> Probe:
@@ -83,23 +93,27 @@ def convert_to_target(model_path: str | Path, output_path: str | Path, options, 
             first = not result.probes
             checked = verify(model_path, path, replace(measure, per_layer=first))
             snr = min((m.snr_db for m in checked.outputs), default=math.inf)
+            cosine = min((m.cosine for m in checked.outputs), default=1.0)
             if first and checked.per_layer is not None:
                 result.rankings = _rankings(model_path, path, checked, measure)
             layers = len({c for q in report.quantized if q["kind"] == "weight" for c in q["consumers"]})
-            found = Probe(excluded, snr if not math.isnan(snr) else -math.inf, layers, ranking)
+            snr = snr if not math.isnan(snr) else -math.inf
+            cosine = cosine if not math.isnan(cosine) else -1.0
+            found = Probe(excluded, snr, layers, ranking, cosine, cosine if metric == "cosine" else snr)
             result.probes.append(found)
             measured[frozenset(excluded)] = found
-            log.info("accuracy probe: %d layer(s) excluded → %.2f dB", len(excluded), found.snr_db)
+            log.info("accuracy probe: %d layer(s) excluded → %.2f dB, cosine %.6f", len(excluded), found.snr_db,
+                     found.cosine)
             return found
 
         best = probe(())
-        if best.snr_db < target_db:
+        if best.score < target_db:
             best, name = search(result.rankings, probe, target_db)
             if name is None:
-                best = max(result.probes, key=lambda p: p.snr_db)
+                best = max(result.probes, key=lambda p: p.score)
                 name = best.ranking if best.ranking in result.rankings else next(iter(result.rankings), None)
             result.ranking = result.rankings.get(name, [])
-        result.met, result.chosen = best.snr_db >= target_db, best
+        result.met, result.chosen = best.score >= target_db, best
     # the chosen probe, written where the user asked, the way convert writes (atomically, external data, check)
     report = convert(model_path, output_path, replace(options, exclude_nodes=_regex(options.exclude_nodes,
                                                                                     best.excluded)))
@@ -112,24 +126,24 @@ def search(rankings: dict[str, list[str]], probe, target_db: float) -> tuple[Pro
     every ranked layer misses the target under every ranking."""
     meeting = []
     for name, ranking in rankings.items():
-        if not ranking or probe(tuple(ranking), name).snr_db < target_db:
+        if not ranking or probe(tuple(ranking), name).score < target_db:
             continue
         lo, hi = 0, len(ranking)  # lo misses, hi meets
         while hi - lo > 1:
             mid = (lo + hi) // 2
-            if probe(tuple(ranking[:mid]), name).snr_db >= target_db:
+            if probe(tuple(ranking[:mid]), name).score >= target_db:
                 hi = mid
             else:
                 lo = mid
         meeting.append((probe(tuple(ranking[:hi]), name), name))
     if not meeting:
         return None, None
-    best, name = min(meeting, key=lambda item: (len(item[0].excluded), -item[0].snr_db))
+    best, name = min(meeting, key=lambda item: (len(item[0].excluded), -item[0].score))
     # the bisection gives back a prefix of the ranking; quantize again, one at a time from the least harmful,
     # each layer of it the target can spare (a ranking is an estimate, and errors interact)
     for layer in list(reversed(best.excluded))[:REFINE_PROBES]:
         fewer = probe(tuple(x for x in best.excluded if x != layer), "refined")
-        if fewer.snr_db >= target_db:
+        if fewer.score >= target_db:
             best = fewer
     return best, name
 

@@ -71,6 +71,9 @@ def add_parser(sub) -> None:
     acc.add_argument("--accuracy-target", type=float, metavar="DB",
                      help="give the quantized layers that cost the most accuracy back to higher precision (fewest "
                           "first, by bisection) until the worst output's SNR against MODEL reaches DB")
+    acc.add_argument("--accuracy-metric", choices=["snr", "cosine"], default="snr",
+                     help="what --accuracy-target measures: the worst output's SNR in dB (default) or its cosine "
+                          "similarity to MODEL's (e.g. --accuracy-target 0.999 --accuracy-metric cosine)")
     acc.add_argument("--eval-data", metavar="DATA",
                      help="feeds --accuracy-target measures on (as --calib-data takes them; use held-out data)")
     acc.add_argument("--eval-random", type=int, metavar="N",
@@ -152,11 +155,15 @@ def run(args: argparse.Namespace) -> int:
 
         if not math.isfinite(args.accuracy_target):
             raise TrtBridgeError(f"--accuracy-target must be a finite number of dB, got {args.accuracy_target}")
+        if args.accuracy_metric == "cosine" and not -1.0 < args.accuracy_target <= 1.0:
+            raise TrtBridgeError(f"--accuracy-target {args.accuracy_target} with --accuracy-metric cosine: a cosine "
+                                 "similarity is at most 1 (e.g. 0.999).")
         report, target = convert_to_target(args.model, output, options, args.accuracy_target, args.eval_data,
-                                           args.eval_random)
+                                           args.eval_random, args.accuracy_metric)
         report.accuracy = {**asdict(target), "summary": target.summary()}
-    elif args.eval_data or args.eval_random:
-        raise TrtBridgeError("--eval-data and --eval-random are for --accuracy-target; give that too.")
+    elif args.eval_data or args.eval_random or args.accuracy_metric != "snr":
+        raise TrtBridgeError("--eval-data, --eval-random and --accuracy-metric are for --accuracy-target; give that "
+                             "too.")
     else:
         report = convert(args.model, output, options)
     if report_path:
