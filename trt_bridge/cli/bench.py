@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
     from trt_bridge.bench import BenchOptions, bench
     from trt_bridge.bench.inputs import parse_shapes
     from trt_bridge.cli import EXIT_OK
-    from trt_bridge.cli.common import check_output_path
+    from trt_bridge.cli.common import check_output_path, emit_report
     from trt_bridge.model import write_text_atomic
 
     for target, what in ((args.json if args.json != "-" else None, "JSON report"), (args.markdown, "markdown table")):
@@ -71,12 +71,7 @@ def run(args: argparse.Namespace) -> int:
                            shapes=parse_shapes(args.shapes), data=args.data, seed=args.seed, transfers=args.transfers,
                            cuda_graph=args.cuda_graph, provider=args.provider, threads=args.threads)
     report = bench(args.paths, options)
-    if args.json == "-":
-        print(report.to_json())
-    else:
-        if args.json:
-            write_text_atomic(args.json, report.to_json() + "\n")
-        print(report.table() if args.quiet else report.summary())
+    emit_report(args.json, report.to_json(), report.table() if args.quiet else report.summary())
     if args.markdown:
         write_text_atomic(args.markdown, report.markdown())
     return EXIT_OK

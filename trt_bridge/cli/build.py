@@ -114,8 +114,7 @@ def profiles_from_args(shapes, mins, opts, maxs) -> tuple:
 
 def run(args: argparse.Namespace) -> int:
     from trt_bridge.cli import EXIT_FAIL, EXIT_OK
-    from trt_bridge.cli.common import check_output_path
-    from trt_bridge.model import write_text_atomic
+    from trt_bridge.cli.common import check_output_path, emit_report
     from trt_bridge.tensorrt.build import BuildOptions, EngineBuildError, ModelRejectedError, build, findings_json
 
     output = args.output or args.model.with_suffix(".engine")
@@ -138,14 +137,8 @@ def run(args: argparse.Namespace) -> int:
             import json
 
             findings = findings_json(exc.findings) if isinstance(exc, ModelRejectedError) else []
-            text = json.dumps({"engine": None, "error": str(exc), "findings": findings}, indent=2)
-            print(text) if args.json == "-" else write_text_atomic(args.json, text + "\n")
+            emit_report(args.json, json.dumps({"engine": None, "error": str(exc), "findings": findings}, indent=2),
+                        None)
         return EXIT_FAIL
-    if args.json == "-":
-        print(result.to_json())
-        return EXIT_OK
-    if args.json:
-        write_text_atomic(args.json, result.to_json() + "\n")
-    if not args.quiet:
-        print(result.summary())
+    emit_report(args.json, result.to_json(), None if args.quiet else result.summary())
     return EXIT_OK

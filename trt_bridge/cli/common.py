@@ -28,3 +28,17 @@ def check_output_path(path, protected, what: str) -> None:
             raise TrtBridgeError(f"the {what} {path} is also {other}, a model of this command; choose another file "
                                  "name for the report.")
     check_writable(path, what)
+
+
+def emit_report(json_target: str | None, json_text: str, text: str | None) -> None:
+    """What ``--json`` asks for: ``-`` prints the JSON report instead of ``text``; a FILE gets it written
+    (atomically) and ``text`` is printed too. ``text`` None prints nothing (``--quiet``)."""
+    if json_target == "-":
+        print(json_text)
+        return
+    if json_target:
+        from trt_bridge.model import write_text_atomic
+
+        write_text_atomic(json_target, json_text + "\n")
+    if text is not None:
+        print(text)

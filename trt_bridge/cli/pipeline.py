@@ -34,21 +34,14 @@ def add_parser(sub) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from trt_bridge.cli import EXIT_FAIL, EXIT_OK
-    from trt_bridge.model import write_text_atomic
     from trt_bridge.pipeline import PipelineOptions, run_pipeline
 
     def progress(step) -> None:
         print(f"[{step.status.value:>7}] {step.model} {step.label}: {step.message}", file=sys.stderr, flush=True)
 
-    from trt_bridge.cli.common import check_output_path
+    from trt_bridge.cli.common import check_output_path, emit_report
 
-    if args.json not in (None, "-"):
-        check_output_path(args.json, [args.manifest], "summary")
+    check_output_path(args.json, [args.manifest], "summary")
     report = run_pipeline(args.manifest, PipelineOptions(tuple(args.model), None if args.quiet else progress))
-    if args.json == "-":
-        print(report.to_json())
-    else:
-        if args.json:
-            write_text_atomic(args.json, report.to_json() + "\n")
-        print(report.summary().splitlines()[0] if args.quiet else report.summary())
+    emit_report(args.json, report.to_json(), report.summary().splitlines()[0] if args.quiet else report.summary())
     return EXIT_OK if report.passed else EXIT_FAIL

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("top_k", "layer_batch", "layer_feeds"):
         if getattr(args, flag) < 1:
             raise TrtBridgeError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    from trt_bridge.cli.common import check_output_path
+    from trt_bridge.cli.common import check_output_path, emit_report
 
     for target, what in ((args.json if args.json != "-" else None, "report"), (args.html, "HTML report"),
                          (args.save_outputs, "outputs file"), (args.save_inputs, "inputs file")):
@@ -87,12 +87,7 @@ def run(args: argparse.Namespace) -> int:
         load_inputs=args.load_inputs, progress=not args.quiet,
     )
     report = verify(args.reference, args.candidate, options)
-    if args.json == "-":
-        print(report.to_json())
-    else:
-        if args.json:
-            write_text_atomic(args.json, report.to_json() + "\n")
-        print(report.quiet() if args.quiet else report.summary())
+    emit_report(args.json, report.to_json(), report.quiet() if args.quiet else report.summary())
     if args.html:
         from trt_bridge.verify.html import render
 
