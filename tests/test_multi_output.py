@@ -72,6 +72,17 @@ def _convert(src: Path, tmp_path: Path, calib: list[dict[str, np.ndarray]], **op
     return out, report
 
 
+def _converted(model: onnx.ModelProto, kind: str, tmp_path: Path, calib: list[dict[str, np.ndarray]], **options):
+    """``model`` saved as float.onnx, quantized as ``kind`` and converted; the output passes the Q/DQ contract
+    and keeps the source's outputs. Returns (float path, source path, output path, output model, report)."""
+    fpath = save(model, tmp_path / "float.onnx")
+    src = _source(kind, fpath, tmp_path, calib)
+    out, report = _convert(src, tmp_path, calib, **options)
+    converted = assert_qdq_contract(out)
+    _assert_same_outputs(src, converted)
+    return fpath, src, out, converted, report
+
+
 def _dims(value: onnx.ValueInfoProto) -> list:
     return [d.dim_value if d.HasField("dim_value") else d.dim_param or None
             for d in value.type.tensor_type.shape.dim]
@@ -164,13 +175,10 @@ def test_encoder_hidden_outputs_keep_names_values_and_per_channel(tmp_path, kind
     from each source (onnxruntime's own static and dynamic models: 23-31 dB); 30.2-37.1 dB with the
     hidden states quantized too.
     """
-    fpath = save(encoder_with_hidden_outputs(), tmp_path / "float.onnx")
     calib = [{"x": f} for f in samples.sequence_feeds(16, 1, 16, 64)]
-    src = _source(kind, fpath, tmp_path, calib)
-    out, report = _convert(src, tmp_path, calib, include_ops=include_ops)
+    fpath, src, out, converted, report = _converted(encoder_with_hidden_outputs(), kind, tmp_path, calib,
+                                                    include_ops=include_ops)
 
-    converted = assert_qdq_contract(out)
-    _assert_same_outputs(src, converted)
     projections = [n for n in onnx.load(str(fpath)).graph.node
                    if n.op_type == "MatMul" and n.input[1].endswith(".weight")]
     assert len(projections) == 18  # q, k, v, out, up, down × 3 layers
@@ -220,13 +228,9 @@ def test_conv_outputs_named_like_generated_tensors(tmp_path, kind):
     Measured SNRs against the float model: 35-40 dB (float source); 37.6-39.8 dB for the hidden
     outputs and 30.0 dB for the logits (the source's: 28.8 dB) from the static source.
     """
-    fpath = save(conv_net_with_clashing_outputs(), tmp_path / "float.onnx")
     calib = [{"x": f} for f in samples.image_feeds(16, 1)]
-    src = _source(kind, fpath, tmp_path, calib)
-    out, report = _convert(src, tmp_path, calib)
+    fpath, src, out, converted, report = _converted(conv_net_with_clashing_outputs(), kind, tmp_path, calib)
 
-    converted = assert_qdq_contract(out)
-    _assert_same_outputs(src, converted)
     assert _per_channel_weights(converted, "Conv", axis=0) == 3
     assert sum(1 for q in report.quantized if q["kind"] == "weight" and q["axis"] == 0
                and isinstance(q["scale"], list)) == 3
@@ -285,13 +289,9 @@ def _readers(converted: onnx.ModelProto, node_name: str) -> list[str]:
 def test_graph_output_read_by_conv_and_residual_add(tmp_path, kind):
     """r is a graph output, conv2's input and the residual skip: one Q/DQ feeds both readers (so the
     Add fuses into conv2), and the output r stays the float tensor. Measured: 36-38 dB."""
-    fpath = save(residual_net(), tmp_path / "float.onnx")
     calib = _feeds(16, 1)
-    src = _source(kind, fpath, tmp_path, calib)
-    out, report = _convert(src, tmp_path, calib)
+    fpath, src, out, converted, report = _converted(residual_net(), kind, tmp_path, calib)
 
-    converted = assert_qdq_contract(out)
-    _assert_same_outputs(src, converted)
     assert _per_channel_weights(converted, "Conv", axis=0) == 2
     skip = [q for q in report.quantized if q["kind"] == "activation" and "residual" in q["consumers"]]
     assert len(skip) == 1 and set(skip[0]["consumers"]) == {"conv2", "residual"}, report.quantized
@@ -308,13 +308,9 @@ def test_conv_output_that_is_a_graph_output_keeps_the_skip_float(tmp_path, kind)
     """When conv2's output c2 is a graph output too, the Add cannot fuse into conv2 (c2 must be
     written out): a graph output is a consumer like any other, so the skip r gets no Q/DQ for the
     Add, whatever the source (the static source's graph-output Identity made it so already)."""
-    fpath = save(residual_net(c2_out=True), tmp_path / "float.onnx")
     calib = _feeds(16, 1)
-    src = _source(kind, fpath, tmp_path, calib)
-    out, report = _convert(src, tmp_path, calib)
+    fpath, src, out, converted, report = _converted(residual_net(c2_out=True), kind, tmp_path, calib)
 
-    converted = assert_qdq_contract(out)
-    _assert_same_outputs(src, converted)
     assert _per_channel_weights(converted, "Conv", axis=0) == 2
     assert not any("residual" in q["consumers"] for q in report.quantized)
     assert "DequantizeLinear" not in _readers(converted, "residual")
@@ -328,13 +324,9 @@ def test_graph_input_passed_through_as_output(tmp_path, kind):
     it through a Q/DQ. (onnxruntime 1.32's quantize_static fails on such a model: "Graph is not a
     DAG". Its quantize_dynamic quantizes ConvInteger weights per tensor whatever per_channel says;
     trt-bridge keeps those exact integers.)"""
-    fpath = save(residual_net(passthrough=True), tmp_path / "float.onnx")
     calib = _feeds(16, 1)
-    src = _source(kind, fpath, tmp_path, calib)
-    out, report = _convert(src, tmp_path, calib)
+    fpath, src, out, converted, report = _converted(residual_net(passthrough=True), kind, tmp_path, calib)
 
-    converted = assert_qdq_contract(out)
-    _assert_same_outputs(src, converted)
     assert "x" in {q["tensor"] for q in report.quantized if q["kind"] == "activation"}
     weights = [q for q in report.quantized if q["kind"] == "weight"]
     assert len(weights) == 2
