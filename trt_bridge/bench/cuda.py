@@ -82,5 +82,10 @@ def gpu_name() -> str | None:
         props = call(cudart, "cudaGetDeviceProperties", 0, what="reading the GPU's name")
     except TrtBridgeError:
         return None
+    return device_name(props)
+
+
+def device_name(props) -> str:
+    """The name in a ``cudaDeviceProp`` (bytes, NUL-padded, in some cuda-python releases)."""
     name = props.name
     return (name.decode(errors="replace") if isinstance(name, bytes) else str(name)).rstrip("\x00").strip()

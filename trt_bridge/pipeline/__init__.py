@@ -127,12 +127,12 @@ def _machine() -> dict:
 
     from trt_bridge import __version__
     from trt_bridge.errors import MissingDependencyError
-    from trt_bridge.tensorrt import gpu_present, import_tensorrt, is_rtx
+    from trt_bridge.tensorrt import MODULES, gpu_present, import_tensorrt, is_rtx
 
     info = {"trt_bridge": __version__, "python": platform.python_version(), "platform": platform.platform(),
             "onnxruntime": onnxruntime.__version__, "providers": onnxruntime.get_available_providers(),
             "gpu": gpu_present(), "tensorrt": None, "tensorrt_rtx": None}
-    for name in ("tensorrt", "tensorrt_rtx"):  # both may be installed: RTX builds ahead of time, tensorrt locally
+    for name in MODULES:  # both may be installed: RTX builds ahead of time, tensorrt locally
         try:
             trt = import_tensorrt(name)
         except MissingDependencyError:
@@ -259,8 +259,8 @@ class _ModelRun:
         report = verify(self.model.reference, self.converted, self._eval_options(
             save_outputs=str(self.folder / "reference-outputs.json"),
             save_inputs=str(self.folder / "inputs.json")))
-        path = self.folder / "verify.json"
-        write_text_atomic(path, report.to_json() + "\n")
+        path, text = self.folder / "verify.json", report.to_json()
+        write_text_atomic(path, text + "\n")
         artifacts = [path, self.folder / "reference-outputs.json", self.folder / "inputs.json"]
         try:
             from trt_bridge.verify.html import render
@@ -269,7 +269,7 @@ class _ModelRun:
             artifacts.append(self.folder / "verify.html")
         except TrtBridgeError as exc:  # matplotlib missing: the HTML page is optional
             log.info("no HTML report: %s", exc)
-        return _verdict(report), _metrics_line(report), json.loads(report.to_json()), artifacts
+        return _verdict(report), _metrics_line(report), json.loads(text), artifacts
 
     def _bench(self):
         from trt_bridge.bench import BenchOptions, bench
@@ -286,9 +286,9 @@ class _ModelRun:
     def _bench_result(self, report, name: str):
         from trt_bridge.model import write_text_atomic
 
-        path = self.folder / f"{name}.json"
-        write_text_atomic(path, report.to_json() + "\n")
-        rows = json.loads(report.to_json())["rows"]
+        path, text = self.folder / f"{name}.json", report.to_json()
+        write_text_atomic(path, text + "\n")
+        rows = json.loads(text)["rows"]
         line = "; ".join(f"{Path(r['path']).name} median {r['stats']['median']:.3f} ms" for r in rows)
         return Status.PASSED, line, {"rows": rows}, [path]
 
@@ -334,14 +334,12 @@ class _ModelRun:
     def _build(self, target: Target, engine: Path):
         from trt_bridge.tensorrt.build import BuildOptions, Profile, build
 
-        profiles = ()
-        if self.model.shapes:
-            profiles = (Profile({name: (shape, shape, shape) for name, shape in self.model.shapes.items()}),)
+        profiles = (Profile.fixed(self.model.shapes),) if self.model.shapes else ()
         cache = self.manifest.output / f"timing-cache.{target.name}.bin"
         result = build(self.converted, engine, BuildOptions(
             profiles=profiles, compute_capabilities=target.compute_capabilities, timing_cache=str(cache),
             progress=False))
-        size = Path(result.engine).stat().st_size
+        size = result.info["engine"]["size"]
         return (Status.PASSED, f"{size / 2**20:.1f} MiB engine in {result.seconds:.1f} s", result.info,
                 [result.engine, result.sidecar])
 
@@ -350,9 +348,9 @@ class _ModelRun:
         from trt_bridge.verify import verify
 
         report = verify(self.model.reference, self.converted, self._eval_options(engine=str(engine)))
-        path = self.folder / f"verify.{engine.stem}.json"
-        write_text_atomic(path, report.to_json() + "\n")
-        return _verdict(report), _metrics_line(report), json.loads(report.to_json()), [path]
+        path, text = self.folder / f"verify.{engine.stem}.json", report.to_json()
+        write_text_atomic(path, text + "\n")
+        return _verdict(report), _metrics_line(report), json.loads(text), [path]
 
     def _bench_engine(self, engine: Path):
         from trt_bridge.bench import BenchOptions, bench

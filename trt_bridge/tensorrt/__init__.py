@@ -9,13 +9,13 @@ from types import ModuleType
 
 from trt_bridge.errors import MissingDependencyError
 
-_MODULES = ("tensorrt", "tensorrt_rtx")
+MODULES = ("tensorrt", "tensorrt_rtx")  # in the order import_tensorrt tries them
 _cache: dict[str, ModuleType] = {}
 
 
 def import_tensorrt(prefer: str | None = None) -> ModuleType:
     """The TensorRT module: ``prefer`` if given, else ``tensorrt``, else ``tensorrt_rtx``."""
-    order = (prefer,) if prefer else _MODULES
+    order = (prefer,) if prefer else MODULES
     for name in order:
         if name in _cache:
             return _cache[name]
@@ -38,13 +38,9 @@ def is_rtx(trt: ModuleType) -> bool:
 def gpu_present() -> bool:
     """Whether an NVIDIA GPU can run engines here: cuda-python's runtime sees one (without cuda-python,
     whether the driver's device node exists)."""
-    from pathlib import Path
-
-    from trt_bridge.bench.cuda import runtime
+    from trt_bridge.bench.cuda import gpu_problem
 
     try:
-        cudart = runtime()
-    except MissingDependencyError:
-        return Path("/dev/nvidiactl").exists()
-    err, count = cudart.cudaGetDeviceCount()
-    return int(err) == 0 and count > 0
+        return gpu_problem() is None
+    except MissingDependencyError:  # a driver, but no cuda-python
+        return True

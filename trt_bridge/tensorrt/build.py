@@ -29,12 +29,11 @@ from pathlib import Path
 
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
 from trt_bridge.model import write_bytes_atomic
-from trt_bridge.tensorrt import gpu_present, import_tensorrt, is_rtx
+from trt_bridge.tensorrt import MODULES, gpu_present, import_tensorrt, is_rtx
 
 log = logging.getLogger("trt_bridge.tensorrt")
 
 Shape = tuple[int, ...]
-MODULES = ("tensorrt", "tensorrt_rtx")
 INSTALL = {"tensorrt": "pip install 'trt-bridge[trt]' (datacenter TensorRT; builds on a GPU machine)",
            "tensorrt_rtx": "pip install 'trt-bridge[rtx]' (TensorRT-RTX; builds ahead of time on any machine)"}
 #: what TensorRT-RTX builds for when no compute capability is given (its documentation)
@@ -427,17 +426,14 @@ def _compute_capability(trt, text: str):
 
 def _local_device() -> dict | None:
     """Name and compute capability of the current CUDA device (cuda-python, else nvidia-smi)."""
+    from trt_bridge.bench.cuda import call, device_name, runtime
+
     try:
-        try:
-            from cuda.bindings import runtime as cudart
-        except ImportError:
-            from cuda import cudart  # cuda-python < 12.6
-        err, index = cudart.cudaGetDevice()
-        err2, props = cudart.cudaGetDeviceProperties(index)
-        if int(err) == 0 and int(err2) == 0:
-            name = props.name.decode(errors="replace").rstrip("\0") if isinstance(props.name, bytes) else props.name
-            return {"name": str(name), "compute_capability": f"{props.major}.{props.minor}", "index": int(index)}
-    except Exception:  # noqa: BLE001 - no cuda-python: ask nvidia-smi
+        cudart = runtime()
+        index = call(cudart, "cudaGetDevice", what="finding the current GPU")
+        props = call(cudart, "cudaGetDeviceProperties", index, what="reading the GPU's properties")
+        return {"name": device_name(props), "compute_capability": f"{props.major}.{props.minor}", "index": int(index)}
+    except Exception:  # noqa: BLE001 - no cuda-python, or it cannot see the GPU: ask nvidia-smi
         pass
     import subprocess
 
@@ -810,12 +806,8 @@ def _progress_monitor(trt):
     return Monitor()
 
 
-def _json_default(obj):
-    if isinstance(obj, enum.Enum):
-        return obj.value
-    if dataclasses.is_dataclass(obj):
-        return dataclasses.asdict(obj)
-    return str(obj)
+def _json_default(obj):  # asdict turned nested dataclasses into dicts already: enums remain
+    return obj.value if isinstance(obj, enum.Enum) else str(obj)
 
 
 def findings_json(findings: list) -> list[dict]:
