@@ -75,10 +75,11 @@ def convert_to_target(model_path: str | Path, output_path: str | Path, options, 
     cosine similarity with ``metric="cosine"``; see the module doc). Returns ``(ConversionReport,
     TargetResult)``; the report is the written model's."""
     from trt_bridge.convert import convert
-    from trt_bridge.verify import VerifyOptions, verify
+    from trt_bridge.verify import DEFAULT_RANDOM_FEEDS, VerifyOptions, verify
 
     model_path, output_path = Path(model_path), Path(output_path)
-    measure = VerifyOptions(data=eval_data, random=None if eval_data else (eval_random or 8), progress=False)
+    measure = VerifyOptions(data=eval_data, random=None if eval_data else (eval_random or DEFAULT_RANDOM_FEEDS),
+                            progress=False)
     if metric not in ("snr", "cosine"):
         raise ValueError(f"metric must be 'snr' or 'cosine', not {metric!r}")
     result = TargetResult(target_db, False, metric=metric)
@@ -91,11 +92,17 @@ def convert_to_target(model_path: str | Path, output_path: str | Path, options, 
             report = convert(model_path, path, replace(options, exclude_nodes=_regex(options.exclude_nodes, excluded),
                                                        check=False))
             first = not result.probes
-            checked = verify(model_path, path, replace(measure, per_layer=first))
+            # the first probe keeps the feeds and the source's outputs; the others load them instead of reading
+            # the feeds and running the source again (verify --save-inputs/--save-outputs, --load-*)
+            saved = dict(load_inputs=str(Path(tmp) / "inputs.json"), load_outputs=str(Path(tmp) / "source.json"))
+            checked = verify(model_path, path, replace(
+                measure, per_layer=True, save_inputs=saved["load_inputs"], save_outputs=saved["load_outputs"])
+                if first else replace(measure, data=None, random=None, **saved))
             snr = min((m.snr_db for m in checked.outputs), default=math.inf)
             cosine = min((m.cosine for m in checked.outputs), default=1.0)
             if first and checked.per_layer is not None:
-                result.rankings = _rankings(model_path, path, checked, measure)
+                result.rankings = _rankings(model_path, path, checked, replace(measure, data=None, random=None,
+                                                                               **saved))
             layers = len({c for q in report.quantized if q["kind"] == "weight" for c in q["consumers"]})
             snr = snr if not math.isnan(snr) else -math.inf
             cosine = cosine if not math.isnan(cosine) else -1.0
@@ -150,10 +157,11 @@ def search(rankings: dict[str, list[str]], probe, target_db: float) -> tuple[Pro
 
 def _rankings(model_path: Path, candidate: Path, checked, measure) -> dict[str, list[str]]:
     """The two rankings of the module doc, most harmful first."""
-    from trt_bridge.verify import _feeds
+    from trt_bridge.verify import _feeds, _polygraphy_logging
     from trt_bridge.verify.layers import isolated_errors
 
-    feeds = _feeds(model_path, candidate, measure)[:measure.layer_feeds]
+    with _polygraphy_logging():  # it would print "Loading input data" where --json goes
+        feeds = _feeds(model_path, candidate, measure)[:measure.layer_feeds]
     isolated = isolated_errors(candidate, feeds, measure.layer_batch)
     by_isolated = sorted((n for n, v in isolated.items() if v is not None), key=lambda n: (isolated[n], n))
     added = [layer.node for layer in checked.per_layer.layers if layer.added_db is not None]
