@@ -133,6 +133,21 @@ def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
     return {v.name: v.type for v in (*source.value_info, *source.output, *source.input)}
 
 
+#: the floating-point element types
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
+
+
+def elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """:func:`value_types` as element types (``TensorProto`` enums)."""
+    return {name: t.tensor_type.elem_type for name, t in value_types(model).items()}
+
+
+def declared_types(values) -> dict[str, int]:
+    """The element types that ``values`` (value_info, graph outputs) declare; entries without one are left out."""
+    return {v.name: v.type.tensor_type.elem_type for v in values
+            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
+
+
 def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool = False,
                    declared: dict[str, int] | None = None) -> onnx.ModelProto:
     """Run ``onnx.checker`` and shape inference on ``model`` (in place); raise ModelLoadError.
@@ -144,8 +159,7 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
     because inference then replaces them with its guesses.
     """
     if declared is not None:  # the exporter's own types, before inference fills in (and guesses) the rest
-        declared.update({v.name: v.type.tensor_type.elem_type for v in model.graph.value_info
-                         if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type})
+        declared.update(declared_types(model.graph.value_info))
     model = _upgrade_per_axis_qdq(model, path)
     skeleton = _skeleton(model)
     try:

@@ -74,29 +74,33 @@ def to_low_precision(model: onnx.ModelProto, kind: HighPrecision | str, ranges: 
     kind = HighPrecision(kind)
     if kind is HighPrecision.FP32:
         return model, []
-    present = {n.name for n in model.graph.node}
-    kept = [KeptInFloat32(node, op, f"INT8 layer compensating the re-centred '{tensor}': its bias c·ΣW and weight "
-                                    "scales stay exact")
-            for node, tensor in sorted((exact or {}).items()) if node in present
-            for op in [next(n.op_type for n in model.graph.node if n.name == node)]]
+    from trt_bridge.model import declared_types, default_opset
+
+    op_of = {n.name: n.op_type for n in model.graph.node}
+    kept = [KeptInFloat32(node, op_of[node], f"INT8 layer compensating the re-centred '{tensor}': its bias c·ΣW "
+                                             "and weight scales stay exact")
+            for node, tensor in sorted((exact or {}).items()) if node in op_of]
     if kind is HighPrecision.FP16:
         return to_float16(model, ranges, keep_io_types, extra=kept)
     from onnx import version_converter
 
-    interface = {v.name: v.type.tensor_type.elem_type for v in (*model.graph.input, *model.graph.output)}
-    opset = max(19, next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx")))
+    interface = declared_types((*model.graph.input, *model.graph.output))
+    source = default_opset(model)
+    opset = max(19, source)
     # opset 22 gave bfloat16 to Conv, pooling and most activations: upgrade where that lets a layer run in it
     if opset < BF16_OPSET and any(_lacks_bfloat16(n, opset) and not _lacks_bfloat16(n, BF16_OPSET)
                                   for n in model.graph.node):
         opset = BF16_OPSET
-    if opset != next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx")):
+    if opset != source:
         model = version_converter.convert_version(model, opset)
-    exact_nodes = {k.node for k in kept}
-    extra = kept + [KeptInFloat32(n.name, n.op_type, f"{n.op_type} has no bfloat16 type in ONNX opset {opset}")
-                    for n in model.graph.node if n.op_type not in ("QuantizeLinear", "DequantizeLinear")
-                    and n.name not in exact_nodes and _lacks_bfloat16(n, opset)]
-    extra += [KeptInFloat32(n.name, n.op_type, TENSORRT_NO_BF16[n.op_type]) for n in model.graph.node
-              if n.op_type in TENSORRT_NO_BF16 and n.name not in {k.node for k in extra}]
+    extra, taken = list(kept), {k.node for k in kept}
+    for n in model.graph.node:
+        if n.name in taken or n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        if _lacks_bfloat16(n, opset):
+            extra.append(KeptInFloat32(n.name, n.op_type, f"{n.op_type} has no bfloat16 type in ONNX opset {opset}"))
+        elif n.op_type in TENSORRT_NO_BF16:
+            extra.append(KeptInFloat32(n.name, n.op_type, TENSORRT_NO_BF16[n.op_type]))
     originals = _float_constants(model)
     converted, kept = to_float16(model, None, keep_io_types, scale_suffix="bf16", extra=extra)
     _retype_float16(converted, originals, interface if keep_io_types else {})
@@ -139,12 +143,15 @@ def to_float16(model: onnx.ModelProto, ranges: dict[str, float] | None = None, k
                                      "install onnxconverter-common (or 'trt-bridge[fp16]').") from exc
     from onnx import version_converter
 
+    from trt_bridge.model import default_opset
+
     ranges = ranges or {}
     kept: list[KeptInFloat32] = list(extra)
     block_nodes = [k.node for k in extra]
+    blocked = set(block_nodes)
     shape_nodes = _shape_computation(model)
     for node in model.graph.node:
-        if node.op_type in ("QuantizeLinear", "DequantizeLinear") or node.name in block_nodes:
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear") or node.name in blocked:
             continue
         if node.name in shape_nodes:
             kept.append(KeptInFloat32(node.name, node.op_type, "it computes a shape (float16 would round it)"))
@@ -160,8 +167,7 @@ def to_float16(model: onnx.ModelProto, ranges: dict[str, float] | None = None, k
             kept.append(KeptInFloat32(node.name, node.op_type, f"'{tensor}' reaches {value:.4g} on the calibration "
                                                                 f"data, beyond float16's safe range ({FP16_SAFE:g})"))
             block_nodes.append(node.name)
-    opset = next(i.version for i in model.opset_import if i.domain in ("", "ai.onnx"))
-    if opset < 19:  # float16 Q/DQ scales need opset 19; upgrade while every Q/DQ is still float32
+    if default_opset(model) < 19:  # float16 Q/DQ scales need opset 19; upgrade while every Q/DQ is still float32
         model = version_converter.convert_version(model, 19)
     import warnings
 
@@ -274,15 +280,32 @@ def _qdq_in_float16(model: onnx.ModelProto, suffix: str = "fp16") -> None:
     """Fold the converter's ``DQ → Cast(fp16)`` and ``Cast(fp32) → Q`` into float16 Q/DQ (in place); a scale's
     float16 copy is named ``<scale>_<suffix>``."""
     g = model.graph
-    producer = {o: n for n in g.node for o in n.output}
-    readers: dict[str, list[onnx.NodeProto]] = {}
-    for n in g.node:
-        for i in n.input:
-            readers.setdefault(i, []).append(n)
+    producer: dict[str, onnx.NodeProto] = {}
+    for n in g.node:  # the first node writing a tensor, as a fold below may leave a dead twin after it
+        for o in n.output:
+            producer.setdefault(o, n)
+    # declared types: value_info first, then inputs, then outputs (the first declaration wins)
+    declared = {v.name: v.type.tensor_type.elem_type for v in reversed((*g.value_info, *g.input, *g.output))}
+
+    def is_float16(tensor: str) -> bool:
+        if tensor in declared:
+            return declared[tensor] == onnx.TensorProto.FLOAT16
+        node = producer.get(tensor)
+        return node is not None and node.op_type == "Cast" and _cast_to(node) == onnx.TensorProto.FLOAT16
+
+    def readers_of(dead: set[int]) -> dict[str, list[onnx.NodeProto]]:
+        found: dict[str, list[onnx.NodeProto]] = {}
+        for n in g.node:
+            if id(n) not in dead:
+                for i in n.input:
+                    found.setdefault(i, []).append(n)
+        return found
+
+    dead: set[int] = set()
+    readers = readers_of(dead)
     inits = {i.name: i for i in g.initializer}
     outputs = {o.name for o in g.output}
     fp16_scales: dict[str, str] = {}
-    dead: set[int] = set()
     # the converter casts a float32 node's output to float16 and back where a graph output follows: a lossy
     # round trip (an overflow, for the loud tensors kept in float32) that nothing asked for
     for second in g.node:
@@ -291,21 +314,14 @@ def _qdq_in_float16(model: onnx.ModelProto, suffix: str = "fp16") -> None:
         first = producer.get(second.input[0])
         if first is None or first.op_type != "Cast" or id(first) in dead:
             continue
-        to_first = next(a.i for a in first.attribute if a.name == "to")
-        to_second = next(a.i for a in second.attribute if a.name == "to")
-        if to_first == onnx.TensorProto.FLOAT16 and to_second == onnx.TensorProto.FLOAT \
-                and not _is_float16(model, first.input[0]):
+        if _cast_to(first) == onnx.TensorProto.FLOAT16 and _cast_to(second) == onnx.TensorProto.FLOAT \
+                and not is_float16(first.input[0]):
             second.input[0] = first.input[0]
             second.op_type = "Identity"
             del second.attribute[:]
             if len(readers.get(first.output[0], [])) == 1 and first.output[0] not in outputs:
                 dead.add(id(first))
-    readers = {}
-    for n in g.node:
-        if id(n) in dead:
-            continue
-        for i in n.input:
-            readers.setdefault(i, []).append(n)
+    readers = readers_of(dead)
 
     def half(scale: str) -> str:
         """The scale's low-precision copy. Its float32 original takes the same rounded value, so a Q and
@@ -327,18 +343,19 @@ def _qdq_in_float16(model: onnx.ModelProto, suffix: str = "fp16") -> None:
     for cast in list(g.node):
         if cast.op_type != "Cast" or id(cast) in dead or not cast.input or cast.input[0] in outputs:
             continue
-        to = next(a.i for a in cast.attribute if a.name == "to")
+        to = _cast_to(cast)
         src = producer.get(cast.input[0])
         if to == onnx.TensorProto.FLOAT16 and src is not None and src.op_type == "DequantizeLinear" \
                 and len(readers.get(cast.input[0], [])) == 1 and src.input[1] in inits:
             src.input[1] = half(src.input[1])
             src.output[0] = cast.output[0]
+            producer[cast.output[0]] = src  # it reads the DQ's output, so (sorted) comes after it
             dead.add(id(cast))
             continue
         users = readers.get(cast.output[0], [])
         if to == onnx.TensorProto.FLOAT and len(users) == 1 and users[0].op_type == "QuantizeLinear" \
                 and users[0].input[0] == cast.output[0] and users[0].input[1] in inits \
-                and cast.output[0] not in outputs and _is_float16(model, cast.input[0]):
+                and cast.output[0] not in outputs and is_float16(cast.input[0]):
             users[0].input[0] = cast.input[0]
             users[0].input[1] = half(users[0].input[1])
             dead.add(id(cast))
@@ -448,10 +465,16 @@ def _keep_interface(model: onnx.ModelProto, float16_io: dict[str, int]) -> None:
     g.node.extend(nodes)
 
 
+EMULATED = "trt-bridge:bfloat16-emulated"  # metadata key of an emulate_bfloat16 result
+
+
 def has_bfloat16(model: onnx.ModelProto) -> bool:
-    """Whether ``model``'s top-level graph computes anything in bfloat16 (a cheap scan: no shape inference)."""
+    """Whether ``model``'s top-level graph computes anything in bfloat16 (a cheap scan: no shape inference);
+    an emulation's own rounding Casts do not count."""
     bf16 = onnx.TensorProto.BFLOAT16
     g = model.graph
+    if any(p.key == EMULATED for p in model.metadata_props):
+        return False
     return (any(i.data_type == bf16 for i in g.initializer)
             or any(v.type.tensor_type.elem_type == bf16 for v in (*g.input, *g.output, *g.value_info))
             or any(a.name == "to" and a.i == bf16 for n in g.node if n.op_type == "Cast" for a in n.attribute))
@@ -462,14 +485,15 @@ def emulate_bfloat16(model: onnx.ModelProto) -> onnx.ModelProto | None:
     (which has no bfloat16 kernels): bfloat16 constants become float32 (exactly), and every result that is
     bfloat16 is rounded to bfloat16 (a Cast there and back) under its own name, as TensorRT stores it after
     computing in float32. ``None`` if ``model`` has no bfloat16. Top-level graph only."""
-    from trt_bridge.model import value_types
+    from trt_bridge.model import elem_types
 
     bf16, f32 = onnx.TensorProto.BFLOAT16, onnx.TensorProto.FLOAT
     if not has_bfloat16(model):
         return None
-    tensors = {n: t.tensor_type.elem_type for n, t in value_types(model).items()}
+    tensors = elem_types(model)
     out = onnx.ModelProto()
     out.CopyFrom(model)
+    out.metadata_props.add(key=EMULATED, value="1")
     g = out.graph
     for init in g.initializer:
         if init.data_type == bf16:
@@ -522,31 +546,23 @@ def _rounded(values: np.ndarray, kind: str) -> np.ndarray:
     return np.maximum(values, np.finfo(np.float16).smallest_subnormal).astype(np.float16).astype(np.float32)
 
 
-def _is_float16(model: onnx.ModelProto, tensor: str) -> bool:
-    for v in (*model.graph.value_info, *model.graph.input, *model.graph.output):
-        if v.name == tensor:
-            return v.type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
-    producer = next((n for n in model.graph.node if tensor in n.output), None)
-    if producer is not None and producer.op_type == "Cast":
-        return next(a.i for a in producer.attribute if a.name == "to") == onnx.TensorProto.FLOAT16
-    return False
+def _cast_to(cast: onnx.NodeProto) -> int:
+    return next(a.i for a in cast.attribute if a.name == "to")
 
 
 def observed_ranges(lifted: onnx.ModelProto, feeds, progress: bool) -> dict[str, float]:
     """The largest magnitude of every float tensor of ``lifted`` on ``feeds`` (one onnxruntime pass)."""
     from trt_bridge.calibration.observers import CalibMethod, RangeObserver
     from trt_bridge.calibration.runner import CalibrationSession
+    from trt_bridge.model import FLOAT_TYPES
 
-    floats = {v.name for v in lifted.graph.value_info if v.type.tensor_type.elem_type in (1, 10, 11, 16)}
+    floats = {v.name for v in lifted.graph.value_info if v.type.tensor_type.elem_type in FLOAT_TYPES}
     names = sorted({o for n in lifted.graph.node for o in n.output if o in floats})
     if not names:
         return {}
     observers = {t: RangeObserver(CalibMethod.MAX) for t in names}
-    try:
-        with CalibrationSession(lifted, names) as session:
-            session.run(observers, feeds, progress, desc="ranges for float16")
-    except TrtBridgeError:
-        raise
+    with CalibrationSession(lifted, names) as session:
+        session.run(observers, feeds, progress, desc="ranges for float16")
     return {t: o.max for t, o in observers.items()}
 
 
@@ -559,9 +575,9 @@ def layer_precisions(model: onnx.ModelProto) -> dict:
     """Which compute layers TensorRT runs in INT8, FP16, BF16 or FP32, as the model's types dictate (strong
     typing): a weighted op whose data input is dequantized from int8 runs INT8, any other layer in its output's
     type. Data movement (reshapes, casts, Q/DQ themselves) is not counted."""
-    from trt_bridge.model import value_types
+    from trt_bridge.model import elem_types
 
-    types = {name: t.tensor_type.elem_type for name, t in value_types(model).items()}
+    types = elem_types(model)
     producer = {o: n for n in model.graph.node for o in n.output}
     names = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16",
              onnx.TensorProto.DOUBLE: "fp64"}

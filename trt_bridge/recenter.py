@@ -89,8 +89,7 @@ def recenter(graph: gs.Graph, annotations: Annotations, calibration: Calibration
         sites = [(nodes[s.node], s.index) for s in spec.sites]
         if not all(_compensable(node, index, annotations, tensors[name]) for node, index in sites):
             continue
-        else:
-            center = _representable(center, center_type)
+        center = _representable(center, center_type)  # a no-op for the 128·step centre above
         compensated = _apply(graph, names, annotations, tensors, spec, sites, np.float32(center), a1)
         done.append(Recentered(name, float(np.float32(center)), a0, a1, compensated))
     if done:

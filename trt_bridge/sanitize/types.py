@@ -201,12 +201,11 @@ def agree_types(model: onnx.ModelProto, where: str = "model", declared: dict[str
     """
     g = model.graph
     opsets = {(i.domain or ""): i.version for i in model.opset_import}
+    from trt_bridge.model import declared_types, value_types
+
     if declared is None:
-        declared = {v.name: v.type.tensor_type.elem_type for v in g.value_info
-                    if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
-    declared = {**declared, **{v.name: v.type.tensor_type.elem_type for v in g.output
-                               if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}}
-    from trt_bridge.model import value_types
+        declared = declared_types(g.value_info)
+    declared = {**declared, **declared_types(g.output)}
 
     fallback = value_types(model)  # for nodes the walk below cannot infer one by one (other domains, control flow)
     types: dict[str, onnx.TypeProto] = {}

@@ -88,7 +88,7 @@ class VerifyReport:
                  + (f" and engine {self.engine}" if self.engine else "") + f" on {self.feeds} feed(s)"]
         lines += ["  " + m.line() for m in self.outputs]
         if self.per_layer is not None:
-            from trt_bridge.verify.layers import snr_text
+            from trt_bridge.verify.metrics import snr_text
 
             loc = self.per_layer
             lines.append(f"  per layer: {len(loc.tensors)} tensors aligned, {len(loc.layers)} quantized layers, "

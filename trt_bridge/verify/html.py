@@ -9,7 +9,8 @@ import io
 import math
 
 from trt_bridge.errors import MissingDependencyError
-from trt_bridge.verify.layers import EXACT_DB, snr_text
+from trt_bridge.verify.layers import EXACT_DB
+from trt_bridge.verify.metrics import snr_text
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }

@@ -75,10 +75,6 @@ class Localization:
         return "^(" + "|".join(re.escape(n) for n in self.suggestion) + ")$"
 
 
-def _finite(value: float | None) -> float:
-    return EXACT_DB if value is None else min(value, EXACT_DB)
-
-
 def quantized_layers(model: onnx.ModelProto) -> list[tuple[int, onnx.NodeProto, tuple[str, ...]]]:
     """(index, node, float activations it quantizes) for every node reading a DequantizeLinear output."""
     producer = {out: node for node in model.graph.node for out in node.output}
@@ -105,30 +101,34 @@ def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str,
     """Align, run in batches of ``batch`` exposed tensors, rank the quantized layers of ``candidate``."""
     ref_model, lifted = _float_reference(reference)
     cand_model = onnx.load(str(candidate))
-    from trt_bridge.model import infer_shapes
+    from trt_bridge.model import elem_types, infer_shapes
+    from trt_bridge.precision import emulate_bfloat16
 
     for model in (ref_model, cand_model):  # exposed tensors need types (models often carry no value_info)
         if not model.graph.value_info:
             infer_shapes(model)
     ref_tensors = {o for n in ref_model.graph.node for o in n.output} | {i.name for i in ref_model.graph.input}
-    ref_types, cand_types = _types(ref_model), _types(cand_model)
+    ref_types, cand_types = elem_types(ref_model), elem_types(cand_model)
+    layers_of = quantized_layers(cand_model)
     order: list[tuple[str, onnx.NodeProto, int]] = []
     for index, node in enumerate(cand_model.graph.node):
         if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
             continue
         order.extend((out, node, index) for out in node.output if out and out in ref_tensors
                      and _float_typed(out, ref_types) and _float_typed(out, cand_types))
-    inputs_needed = {a for _, _, acts in quantized_layers(cand_model) for a in acts if a in ref_tensors}
+    inputs_needed = {a for _, _, acts in layers_of for a in acts if a in ref_tensors}
     graph_inputs = {i.name for i in cand_model.graph.input}
     names = [name for name, _, _ in order] + sorted(inputs_needed & graph_inputs)
     accumulators = {name: Accumulator() for name in names}
     batches = [names[i:i + batch] for i in range(0, len(names), batch)]
     from trt_bridge.calibration.runner import CalibrationSession
 
+    run_cand = emulate_bfloat16(cand_model) or cand_model  # once, not per batch (the sessions find none left)
+
     for chunk in _progress(batches, progress):
         fetch = [n for n in chunk if n not in graph_inputs]
         with CalibrationSession(ref_model, fetch, True, f"{reference} with its tensors exposed") as ref, \
-                CalibrationSession(cand_model, fetch, True, f"{candidate} with its tensors exposed") as cand:
+                CalibrationSession(run_cand, fetch, True, f"{candidate} with its tensors exposed") as cand:
             for feed in feeds:
                 ref_out = ref.session.run(fetch, feed) if fetch else []
                 cand_out = cand.session.run(fetch, feed) if fetch else []
@@ -150,7 +150,7 @@ def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str,
     constants = {i.name for i in cand_model.graph.initializer}
     producers = {o: n for n in cand_model.graph.node for o in n.output}
     position = {name: index for name, _, index in order}
-    for index, node, activations in quantized_layers(cand_model):
+    for index, node, activations in layers_of:
         out = _aligned_output(node.output[0], snr, consumers, constants)
         if out is None:
             continue
@@ -169,16 +169,10 @@ def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str,
     return Localization(tensors, layers, suggestion, len(batches), len(feeds), lifted)
 
 
-FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
-
-
-def _types(model: onnx.ModelProto) -> dict[str, int]:
-    g = model.graph
-    return {v.name: v.type.tensor_type.elem_type for v in (*g.value_info, *g.output, *g.input)}
-
-
 def _float_typed(name: str, types: dict[str, int]) -> bool:
     """Only float tensors of known type are exposed (onnxruntime needs each output's type)."""
+    from trt_bridge.model import FLOAT_TYPES
+
     return types.get(name) in FLOAT_TYPES
 
 
@@ -198,10 +192,10 @@ def _float_reference(path: str | Path) -> tuple[onnx.ModelProto, bool]:
                for n in model.graph.node):
         return model, False
     from trt_bridge.convert import lift_model
-    from trt_bridge.model import load_model
+    from trt_bridge.model import validate_model
 
     declared: dict[str, int] = {}
-    lifted, _ = lift_model(load_model(path, declared), path, declared=declared)
+    lifted, _ = lift_model(validate_model(model, path, declared=declared), path, declared=declared)
     return lifted, True
 
 
@@ -255,10 +249,6 @@ def _progress(batches, enabled: bool):
     except ImportError:
         return batches
     return tqdm(batches, desc="per-layer", unit="batch", leave=False, disable=None)
-
-
-def snr_text(value: float | None) -> str:
-    return "inf" if value is None else ("-inf" if value == -math.inf else f"{value:.2f}")
 
 
 def isolated_errors(candidate: str | Path | onnx.ModelProto, feeds: list[dict[str, np.ndarray]], batch: int = 64

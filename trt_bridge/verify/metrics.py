@@ -35,7 +35,7 @@ class OutputMetrics:
         return not self.failures
 
     def snr_text(self) -> str:
-        return f"{self.snr_db:.2f}" if math.isfinite(self.snr_db) else str(self.snr_db)
+        return snr_text(self.snr_db)
 
     def line(self) -> str:
         parts = [f"SNR {self.snr_text()} dB", f"cosine {self.cosine:.6f}", f"max |err| {self.max_abs:.4g}",
@@ -57,6 +57,13 @@ def json_safe(value):
     if isinstance(value, (list, tuple)):
         return [json_safe(v) for v in value]
     return value
+
+
+def snr_text(value: float | None) -> str:
+    """An SNR in dB for text: two decimals, or inf, -inf, nan (None: identical, inf)."""
+    if value is None:
+        return "inf"
+    return f"{value:.2f}" if math.isfinite(value) else str(value)
 
 
 def classifier_like(values: np.ndarray) -> bool:
@@ -82,19 +89,18 @@ class Accumulator:
         c = np.asarray(candidate, np.float64)
         if r.shape != c.shape:
             raise ValueError(f"shapes differ: reference {list(r.shape)}, candidate {list(c.shape)}")
-        if np.isnan(r).any() or np.isnan(c).any():
-            self.nan = True
         with np.errstate(invalid="ignore"):  # inf − inf: NaN, flagged below
             e = r - c
-        if np.isnan(e).any():
+        if np.isnan(e).any():  # a NaN in either output is one in the error
             self.nan = True
         self.ref_energy += float(np.sum(r * r))
         self.cand_energy += float(np.sum(c * c))
         self.err_energy += float(np.sum(e * e))
         self.dot += float(np.sum(r * c))
+        magnitude = np.abs(e)
         if e.size:
-            self.max_abs = max(self.max_abs, float(np.max(np.abs(e))))
-        self.abs_sum += float(np.sum(np.abs(e)))
+            self.max_abs = max(self.max_abs, float(np.max(magnitude)))
+        self.abs_sum += float(np.sum(magnitude))
         self.count += r.size
         self.classifier = self.classifier and classifier
         if self.classifier:
