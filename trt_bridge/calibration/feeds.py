@@ -31,7 +31,7 @@ import numpy as np
 import onnx
 
 from trt_bridge.errors import CalibrationDataError
-from trt_bridge.shapes import BroadcastChecker, BroadcastConflict
+from trt_bridge.shapes import BroadcastChecker, BroadcastConflict, shape_text
 
 log = logging.getLogger("trt_bridge.calibration")
 
@@ -54,7 +54,7 @@ class InputSpec:
         return first if isinstance(first, int) and first > 0 else 1
 
     def shape_text(self) -> str:
-        return "[" + ", ".join(str(d) if d is not None else "?" for d in self.shape) + "]"
+        return shape_text(self.shape)
 
 
 def model_inputs(model: onnx.ModelProto) -> list[InputSpec]:
@@ -143,13 +143,15 @@ class FeedSource:
         self.inputs = inputs
         self._shape_sets: set[tuple] = set()
 
-    def check_broadcasts(self, model: onnx.ModelProto) -> FeedSource:
-        """Also check each distinct set of feed shapes against ``model``'s broadcasting nodes.
+    def check_broadcasts(self, model: onnx.ModelProto | BroadcastChecker) -> FeedSource:
+        """Also check each distinct set of feed shapes against ``model``'s broadcasting nodes (or a checker
+        of them already made, whose results are cached).
 
         Keeps only the model's skeleton (no large weights). Conflicts the model's declared
         shapes already have are its own problem (``check`` reports them), not the feeds'.
         """
-        self.broadcasts, self._shape_sets = BroadcastChecker(model), set()
+        checker = model if isinstance(model, BroadcastChecker) else BroadcastChecker(model)
+        self.broadcasts, self._shape_sets = checker, set()
         return self
 
     def raw(self) -> Iterable[tuple[str, object]]:  # (where, feed)
@@ -359,11 +361,11 @@ class RandomFeeds(FeedSource):
 
 
 def open_feeds(data: str | None, random_count: int | None, inputs: list[InputSpec], *,
-               model: onnx.ModelProto | None = None) -> FeedSource:
+               model: onnx.ModelProto | BroadcastChecker | None = None) -> FeedSource:
     """The feed source a user asked for with ``--calib-data`` or ``--calib-random``.
 
-    With ``model``, each distinct set of feed shapes is also checked against the model's
-    broadcasting nodes (:meth:`FeedSource.check_broadcasts`).
+    With ``model`` (or its :class:`BroadcastChecker`), each distinct set of feed shapes is also checked
+    against the model's broadcasting nodes (:meth:`FeedSource.check_broadcasts`).
     """
     source = _open_feeds(data, random_count, inputs)
     return source.check_broadcasts(model) if model is not None else source

@@ -81,9 +81,12 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
     from trt_bridge.precision import layer_precisions
 
     precisions = None if is_large(model) else layer_precisions(model)
-    findings += _broadcasts(model)
+    from trt_bridge.shapes import BroadcastChecker
+
+    broadcasts = BroadcastChecker(model)  # one skeleton and cache for the model's own shapes and the feeds'
+    findings += _broadcasts(broadcasts)
     if options.data is not None:
-        findings += _feeds(model, options.data)
+        findings += _feeds(model, options.data, broadcasts)
     bf16 = _bf16_tensors(graph)
     ops = {n.name: n for n in graph.nodes}
     del graph
@@ -121,7 +124,7 @@ def _bf16(tensors: list, ready: bool) -> list[Finding]:
                     "--bf16 fp32 (the default) rewrites them to float32, exactly; --bf16 fp16 or keep", True)]
 
 
-def _feeds(model, data: str) -> list[Finding]:
+def _feeds(model, data: str, broadcasts) -> list[Finding]:
     """Every feed of ``data`` against the model's inputs and what they imply for each broadcasting node."""
     from trt_bridge.calibration import model_inputs, open_feeds
     from trt_bridge.convert import feed_types
@@ -129,9 +132,7 @@ def _feeds(model, data: str) -> list[Finding]:
     from trt_bridge.sanitize.types import Bf16Policy
 
     try:  # the feeds convert would take: bfloat16 inputs become float32 (--bf16's default)
-        feeds = open_feeds(data, None, feed_types(model_inputs(model), Bf16Policy.FP32), model=model)
-        feeds.check()
-        for _ in feeds:
+        for _ in open_feeds(data, None, feed_types(model_inputs(model), Bf16Policy.FP32), model=broadcasts):
             pass
     except CalibrationDataError as exc:
         return [Finding("feed", Severity.BLOCKER, "", "", [], str(exc),
@@ -140,11 +141,9 @@ def _feeds(model, data: str) -> list[Finding]:
     return []
 
 
-def _broadcasts(model) -> list[Finding]:
-    from trt_bridge.shapes import broadcast_conflicts
-
+def _broadcasts(broadcasts) -> list[Finding]:
     findings = []
-    for conflict in broadcast_conflicts(model):
+    for conflict in broadcasts.conflicts():
         findings.append(Finding(
             "broadcast", Severity.BLOCKER, conflict.node, conflict.op,
             [TensorInfo(name, "?", None if shape is None else list(shape))

@@ -14,11 +14,12 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.checks.findings import Finding, Severity, TensorInfo
+from trt_bridge.lift import TENSORRT_REJECTS, leftover_blockers
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
 
-#: Ops with no importer in TensorRT's ONNX parser ("UNSUPPORTED_NODE").
-NO_IMPORTER = frozenset({"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "QLinearConv", "QLinearMatMul"})
 QDQ = ("QuantizeLinear", "DequantizeLinear")
+#: Ops with no importer in TensorRT's ONNX parser ("UNSUPPORTED_NODE").
+NO_IMPORTER = TENSORRT_REJECTS - set(QDQ)
 #: integer code types TensorRT's Q/DQ take (besides the fp8/fp4 float formats)
 TRT_CODE_TYPES = frozenset({np.dtype(np.int8)})
 
@@ -31,7 +32,7 @@ def tensor_info(t: gs.Tensor) -> TensorInfo:
     elif isinstance(t.dtype, int):  # gs keeps types numpy lacks (bfloat16) as the ONNX enum
         dtype = type_name(t.dtype)
     else:
-        dtype = {"float64": "float64"}.get(np.dtype(t.dtype).name, np.dtype(t.dtype).name)
+        dtype = np.dtype(t.dtype).name
     shape = None if t.shape is None else [d if isinstance(d, int) else (d or "?") for d in t.shape]
     return TensorInfo(t.name, dtype, shape)
 
@@ -151,9 +152,8 @@ class ControlFlow:
         inner = []
         for value in node.attrs.values():
             for sub in value if isinstance(value, list) else [value]:
-                if isinstance(sub, gs.Graph):
-                    inner.extend(n for n in _walk(sub) if n.op in NO_IMPORTER or n.op in QDQ
-                                 or (n.domain or "") not in ("", "ai.onnx"))
+                if isinstance(sub, gs.Graph):  # what convert's lifting leaves in a subgraph
+                    inner.extend(n for n, _ in leftover_blockers(sub))
         if not inner:
             return None
         names = ", ".join(f"{n.op} '{n.name}'" for n in inner[:5]) + (" ..." if len(inner) > 5 else "")

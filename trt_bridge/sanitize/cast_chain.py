@@ -23,6 +23,7 @@ from onnx import TensorProto as T
 
 from trt_bridge.sanitize.change import Change
 from trt_bridge.sanitize.identity import bypass, is_graph_output, output_note
+from trt_bridge.sanitize.types import type_name
 
 _INTEGERS = (T.INT8, T.UINT8, T.INT16, T.UINT16, T.INT32, T.UINT32, T.INT64, T.UINT64)
 _FLOATS = (T.FLOAT16, T.BFLOAT16, T.FLOAT, T.DOUBLE)
@@ -50,11 +51,6 @@ HOLDS_EVERY_VALUE_OF: dict[int, frozenset[int]] = {
     T.DOUBLE: frozenset(),
     **{f8: frozenset(_FLOATS) for f8 in _FLOAT8},
 }
-
-
-def type_name(onnx_type: int) -> str:
-    """'float16', 'float32', 'bfloat16', 'int64'."""
-    return {T.FLOAT: "float32", T.DOUBLE: "float64"}.get(onnx_type) or T.DataType.Name(onnx_type).lower()
 
 
 def onnx_type(tensor: gs.Tensor) -> int | None:

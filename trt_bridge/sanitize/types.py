@@ -66,6 +66,7 @@ class Bf16Policy(str, enum.Enum):
 
 
 def type_name(elem_type: int) -> str:
+    """'float16', 'float32', 'bfloat16', 'int64'."""
     return {TensorProto.FLOAT: "float32", TensorProto.FLOAT16: "float16", TensorProto.DOUBLE: "float64",
             TensorProto.BFLOAT16: "bfloat16"}.get(elem_type, TensorProto.DataType.Name(elem_type).lower())
 
