@@ -7,6 +7,7 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnx
@@ -27,6 +28,9 @@ from trt_bridge.model import (
 from trt_bridge.placement import PlacementOptions, PlacementPolicy, place
 from trt_bridge.report import ConversionReport, FloatLeftover, RuleHits
 from trt_bridge.sanitize.types import Bf16Policy
+
+if TYPE_CHECKING:
+    import onnx_graphsurgeon as gs
 
 log = logging.getLogger("trt_bridge.convert")
 
@@ -238,7 +242,7 @@ def lift_graph(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
         model = infer_shapes(model)
     graph = gs.import_onnx(model)
     changes += sanitize(graph)
-    graph.fold_constants(should_exclude_node=lambda n: n.op in _NO_FOLD).cleanup()
+    fold_constants(graph)
     ctx = lift(graph)
     return Lifting(graph, ctx, changes, leftover_blockers(graph))
 
@@ -338,15 +342,29 @@ def _share_scales(annotations, groups: list[list[str]]) -> None:
                 spec.scale, spec.source = chosen.scale, chosen.source
 
 
-def _name_nodes(model: onnx.ModelProto) -> None:
-    """Give every node a unique name: rules, sites and reports refer to nodes by name."""
+def fold_constants(graph: gs.Graph) -> None:
+    """Fold constant subgraphs (a Reshape/Transpose of a weight) in place; Q/DQ stay (exact integer data)."""
+    graph.fold_constants(should_exclude_node=lambda n: n.op in _NO_FOLD).cleanup()
+
+
+def unique_node_names(nodes: list[tuple[str, str]]) -> list[str]:
+    """For (name, op type) of each node in graph order: a unique name for each, the nodes' own where they
+    have one (``<op>_<index>`` otherwise, a duplicate suffixed with its index)."""
     seen: set[str] = set()
-    for i, node in enumerate(model.graph.node):
-        name = node.name or f"{node.op_type}_{i}"
+    names = []
+    for i, (name, op) in enumerate(nodes):
+        name = name or f"{op}_{i}"
         while name in seen:
             name = f"{name}_{i}"
-        node.name = name
+        names.append(name)
         seen.add(name)
+    return names
+
+
+def _name_nodes(model: onnx.ModelProto) -> None:
+    """Give every node a unique name: rules, sites and reports refer to nodes by name."""
+    for node, name in zip(model.graph.node, unique_node_names([(n.name, n.op_type) for n in model.graph.node])):
+        node.name = name
 
 
 def _finalize(model: onnx.ModelProto, opset: int, check: bool = False, min_opset: int = MIN_QDQ_OPSET

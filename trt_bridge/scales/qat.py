@@ -89,7 +89,6 @@ WEIGHT_SUFFIX = ":weight"
 NAME_SUFFIXES = ("_DequantizeLinear_Output", "_QuantizeLinear_Output", "_DequantizeLinear", "_QuantizeLinear",
                  "_dequantized", "_quantized", "_fake_quant", "_int8", "_quant")
 _COUNTER_NAME = re.compile(r"onnx::.*|\d+|[A-Za-z_]\w*\.\d+")
-_NO_FOLD = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 _INTEGER_PRODUCERS = {"QuantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "QLinearConv",
                       "QLinearMatMul"}
 
@@ -177,24 +176,12 @@ def import_qat(qat: str | Path | onnx.ModelProto, target: onnx.ModelProto) -> tu
 def _folded(graph: gs.Graph) -> gs.Graph:
     """``graph`` with constant subgraphs (a Reshape/Transpose of a weight) folded, as convert folds them
     before lifting; Q/DQ stay. Node names are fixed first: generated names count the nodes as loaded."""
-    names = _node_names(graph)
-    for node in graph.nodes:
-        node.name = names[id(node)]
-    graph.fold_constants(should_exclude_node=lambda n: n.op in _NO_FOLD).cleanup()
+    from trt_bridge.convert import fold_constants, unique_node_names
+
+    for node, name in zip(graph.nodes, unique_node_names([(n.name, n.op) for n in graph.nodes])):
+        node.name = name
+    fold_constants(graph)
     return graph
-
-
-def _node_names(graph: gs.Graph) -> dict[int, str]:
-    """id(node) → its name, unnamed nodes named as ``convert._name_nodes`` names them."""
-    seen: set[str] = set()
-    names = {}
-    for i, node in enumerate(graph.nodes):
-        name = node.name or f"{node.op}_{i}"
-        while name in seen:
-            name = f"{name}_{i}"
-        names[id(node)] = name
-        seen.add(name)
-    return names
 
 
 def _producer(tensor: gs.Tensor) -> gs.Node | None:
@@ -262,7 +249,7 @@ def _weight(tensor: gs.Tensor) -> tuple[gs.Tensor, tuple[int, ...], gs.Node | No
 
 
 def _weighted_ops(graph: gs.Graph) -> list[_Op]:
-    names = _node_names(graph)
+    """The weighted ops of a :func:`_folded` graph (whose nodes all have unique names)."""
     ops = []
     for node in graph.nodes:
         if node.op not in WEIGHTED_OPS or len(node.inputs) <= WEIGHT_INPUT:
@@ -276,7 +263,7 @@ def _weighted_ops(graph: gs.Graph) -> list[_Op]:
         if node.op == "Gemm" and node.attrs.get("transB", 0) and len(shape) == 2:
             norm = (shape[1], shape[0])  # compare as [in, out], like MatMul
         axis = weight_axis(gs.Node(float_op, attrs=dict(node.attrs)), len(shape))
-        ops.append(_Op(names[id(node)], node.op, (family, norm), weight.name,
+        ops.append(_Op(node.name, node.op, (family, norm), weight.name,
                        _float_source(node.inputs[0])[0].name, axis, dq, perm))
     return ops
 
