@@ -64,9 +64,8 @@ def run(args: argparse.Namespace) -> int:
     from trt_bridge.cli.common import check_output_path, emit_report
     from trt_bridge.model import write_text_atomic
 
-    for target, what in ((args.json if args.json != "-" else None, "JSON report"), (args.markdown, "markdown table")):
-        if target:
-            check_output_path(target, args.paths, what)
+    for target, what in ((args.json, "JSON report"), (args.markdown, "markdown table")):
+        check_output_path(target, args.paths, what)
     options = BenchOptions(iterations=args.iterations, warmup=args.warmup, duration=args.duration,
                            shapes=parse_shapes(args.shapes), data=args.data, seed=args.seed, transfers=args.transfers,
                            cuda_graph=args.cuda_graph, provider=args.provider, threads=args.threads)

@@ -75,10 +75,9 @@ def run(args: argparse.Namespace) -> int:
             raise TrtBridgeError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     from trt_bridge.cli.common import check_output_path, emit_report
 
-    for target, what in ((args.json if args.json != "-" else None, "report"), (args.html, "HTML report"),
-                         (args.save_outputs, "outputs file"), (args.save_inputs, "inputs file")):
-        if target:
-            check_output_path(target, [args.reference, args.candidate, args.engine], what)
+    for target, what in ((args.json, "report"), (args.html, "HTML report"), (args.save_outputs, "outputs file"),
+                         (args.save_inputs, "inputs file")):
+        check_output_path(target, [args.reference, args.candidate, args.engine], what)
     options = VerifyOptions(
         data=args.data, random=args.random, seed=args.seed, engine=args.engine,
         gates=tuple(parse_gates(args.min_snr, args.min_cosine, args.max_abs)), top_k=args.top_k,
