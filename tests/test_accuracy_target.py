@@ -6,7 +6,7 @@ import json
 
 import numpy as np
 import onnx
-from helpers import assert_qdq_contract, assert_tensorrt_ready, save
+from helpers import assert_qdq_contract, assert_tensorrt_ready, run_ort, save, snr_db
 from onnx import numpy_helper
 from test_cli import cli
 
@@ -34,6 +34,15 @@ def _hostile() -> onnx.ModelProto:
     return model
 
 
+#: held out from both the calibration (seed 1) and the search's evaluation (seed 2) data
+HELD_OUT = [{"x": f} for f in samples.image_feeds(8, 3)]
+
+
+def _snr(src, out) -> float:
+    """The converted model against its float source on HELD_OUT, measured apart from the code's own report."""
+    return snr_db(run_ort(src, HELD_OUT), run_ort(out, HELD_OUT))
+
+
 def test_the_hostile_layer_and_only_it_is_given_back(tmp_path):
     src = save(_hostile(), tmp_path / "hostile.onnx")
     np.savez(tmp_path / "calib.npz", x=samples.image_feeds(16, 1))
@@ -49,6 +58,7 @@ def test_the_hostile_layer_and_only_it_is_given_back(tmp_path):
     assert result.met and result.chosen.excluded == ("conv2",) and result.chosen.snr_db > 30
     assert result.chosen.quantized_layers == 2  # conv1 and conv3 stay INT8
     assert not any("conv2" in q["consumers"] for q in report.quantized)
+    assert _snr(src, out) > 40  # measured 43.2 dB (plain INT8: under 20)
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)
 
@@ -62,6 +72,7 @@ def test_cli_target_already_met_and_report(tmp_path):
     assert result.returncode == 0, result.stderr
     accuracy = json.loads(result.stdout)["accuracy"]
     assert accuracy["met"] and len(accuracy["probes"]) == 1 and accuracy["chosen"]["excluded"] == []
+    assert _snr(src, tmp_path / "o.onnx") > 35  # measured 38.0 dB
     assert_tensorrt_ready(tmp_path / "o.onnx")
     bad = cli("convert", src, "--calib-random", "1", "--eval-random", "4")
     assert bad.returncode == 2 and "are for --accuracy-target" in bad.stderr
@@ -83,6 +94,8 @@ def test_cli_cosine_target_gives_back_the_hostile_layer(tmp_path):
     assert accuracy["probes"][0]["cosine"] < 0.9995 <= accuracy["chosen"]["cosine"]
     assert accuracy["chosen"]["excluded"] == ["conv2"] and accuracy["chosen"]["score"] == accuracy["chosen"]["cosine"]
     assert "cosine 0.9995 met" in accuracy["summary"]
+    assert _snr(src, tmp_path / "o.onnx") > 40  # measured 43.2 dB (cosine 0.99998)
+    assert_tensorrt_ready(tmp_path / "o.onnx")
 
 
 def test_isolated_errors_rank_a_broken_scale_first_and_cover_every_layer(tmp_path):
@@ -97,6 +110,8 @@ def test_isolated_errors_rank_a_broken_scale_first_and_cover_every_layer(tmp_pat
     from trt_bridge.convert import convert
 
     convert(src, out, convert_opts)
+    assert _snr(src, out) > 35  # measured 38.0 dB
+    assert_tensorrt_ready(out)  # the converted model, before its scale is broken below (in memory only)
     model = onnx.load(str(out))
     feeds = [{"x": f} for f in samples.image_feeds(4, 2)]
     plain = isolated_errors(model, feeds)
@@ -146,5 +161,6 @@ def test_target_under_bf16_high_precision(tmp_path):
                                        28.0, str(tmp_path / "eval.npz"))
     assert result.met and result.chosen.excluded == ("conv2",), result.summary()
     assert report.precision["high_precision"] == "bf16" and report.precision["counts"]["int8"] == 2
+    assert _snr(src, out) > 38  # measured 41.3 dB
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)

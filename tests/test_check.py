@@ -8,7 +8,15 @@ import json
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_qdq_contract, assert_tensorrt_ready, quantize_dynamic, quantize_static, save, snr_db
+from helpers import (
+    assert_qdq_contract,
+    assert_tensorrt_ready,
+    quantize_dynamic,
+    quantize_static,
+    run_ort,
+    save,
+    snr_db,
+)
 from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantFormat, QuantType
 from test_cli import cli
@@ -182,6 +190,9 @@ def test_cli_exit_status_and_json(tmp_path):
     ready = cli("check", out)
     assert ready.returncode == 0, ready.stderr
     assert ready.stdout.splitlines()[0].startswith(f"{out}: TensorRT-ready INT8 (0 blocker(s), 0 warning(s); ")
+    held_out = [{"x": f} for f in samples.image_feeds(8, 2)]
+    assert snr_db(run_ort(fpath, held_out), run_ort(out, held_out)) > 33  # measured 36.6 dB
+    assert_tensorrt_ready(out)
 
     blocked = cli("check", dyn, "--json")
     assert blocked.returncode == 1
@@ -212,6 +223,10 @@ def test_convert_json_to_a_file_and_check_in_the_report(tmp_path):
     assert "check: " in result.stdout and "TensorRT-ready INT8" in result.stdout
     data = json.loads(report_file.read_text())
     assert data["check"]["ready"] is True and data["check"]["findings"] == []
+    out = tmp_path / "dynamic.int8.onnx"  # the default output, beside the input
+    held_out = [{"x": f} for f in samples.image_feeds(8, 2)]
+    assert snr_db(run_ort(fpath, held_out), run_ort(out, held_out)) > 33  # measured 36.6 dB
+    assert_tensorrt_ready(out)
 
 
 @pytest.mark.parametrize("fmt", [QuantFormat.QOperator, QuantFormat.QDQ], ids=["qoperator", "qdq"])

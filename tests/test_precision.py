@@ -91,12 +91,13 @@ def test_loud_activations_stay_fp32(loud):
 def test_check_reports_layer_precisions(block):
     from trt_bridge.checks import CheckOptions, TrtProbe, check_model
 
-    root, src, _ = block
-    out = root / "tb.fp16.onnx"
-    if not out.exists():
-        convert(src, out, ConvertOptions(calib_data=str(root / "calib.npz"), high_precision="fp16", progress=False))
+    root, src, feeds = block
+    outs, _ = _convert_each(root, src, ("fp16",))  # self-contained: no file left by another test
+    out = outs["fp16"]
     report = check_model(out, CheckOptions(TrtProbe.OFF))
     assert report.precisions["counts"]["int8"] == 12 and "FP16" in report.summary()
+    assert _snr(src, out, feeds) > 34  # measured 37.5 dB
+    assert_tensorrt_ready(out)
 
 
 def _casts_into_q(model: onnx.ModelProto) -> list[str]:
@@ -168,6 +169,8 @@ def test_fp16_and_bf16_keep_tensor_names_for_per_layer(block):
         found = localize(src, out, feeds, progress=False)
         downstream = [x for x in found.layers if x.node.startswith("layer1.")]
         assert downstream and all(x.inputs and x.snr_in_db is not None for x in downstream), hp  # aligned, measured
+        assert _snr(src, out, feeds) > {"fp16": 34, "bf16": 33}[hp]  # measured 37.5 dB (fp16), 36.5 dB (bf16)
+        assert_tensorrt_ready(out)
 
 
 def test_bf16_io_types_and_option_errors(block, tmp_path):
@@ -274,6 +277,9 @@ def test_recentred_relu_zero_stays_on_the_rounded_grid(tmp_path, hp):
     for node in model.graph.node:
         if node.name in convs:
             assert all(model_type(model, i) == onnx.TensorProto.FLOAT for i in node.input[1:]), node.name
+    feeds = [{"x": f} for f in samples.image_feeds(8, seed=2)]
+    assert _snr(src, out, feeds) > 34  # measured 37.9 dB (fp16), 37.5 dB (bf16)
+    assert_tensorrt_ready(out)
 
 
 def model_type(model: onnx.ModelProto, tensor: str) -> int:

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_qdq_contract, assert_tensorrt_ready, quantize_dynamic, save, snr_db
+from helpers import assert_qdq_contract, assert_tensorrt_ready, quantize_dynamic, run_ort, save, snr_db
 from onnx import TensorProto, helper
 from test_cli import cli
 from test_scales_qat import make_qat, renamed
@@ -84,6 +84,9 @@ def test_explicit_scales_win_over_qat_and_disagreement_is_flagged(qat_setup, tmp
     clips most calibration values is flagged."""
     first = tmp_path / "first.onnx"
     convert(qat_setup["dynamic"], first, ConvertOptions(qat=str(qat_setup["qat"]), progress=False, recenter=False))
+    snr_first = _snr(qat_setup, first)
+    assert snr_first > 31  # measured 34.7 dB
+    assert_tensorrt_ready(first)
     qat_scales = scales_of_model(onnx.load(str(first)))
     name = "exported/r1"
     assert name in qat_scales
@@ -100,6 +103,8 @@ def test_explicit_scales_win_over_qat_and_disagreement_is_flagged(qat_setup, tmp
     assert all(s == "qat" for t, (s, _) in sources.items() if t != name)
     [warning] = [w for w in report.imported_scales["warnings"] if w["tensor"] == name]
     assert "clips" in warning["message"] and warning["clipped_fraction"] > 0.2  # half of a ReLU output is 0
+    # the explicit amax / 50 is what computes: it clips r1 and wrecks the output (measured 1.5 dB against 34.7)
+    assert _snr(qat_setup, out) < snr_first - 20
     assert_tensorrt_ready(out)
 
 
@@ -149,6 +154,8 @@ def test_imported_scales_survive_the_later_passes(qat_setup, tmp_path):
     # the 32→10 classifier stays float on a float source (too small for int8 kernels): its entries are unused
     assert report.imported_scales["applied"] == 6 and report.imported_scales["unused"] == ["fc:weight", "flat"]
     assert {q["source"] for q in report.quantized} == {"qat"}
+    reference = run_ort(qat_setup["float"], qat_setup["held_out"])
+    assert snr_db(reference, run_ort(out, qat_setup["held_out"])) > 34  # measured 37.7 dB
     assert_tensorrt_ready(out)
     # explicit weight scale (by the float weight's name) on the dynamic source, beside the QAT scales
     table = tmp_path / "w.json"
@@ -162,6 +169,8 @@ def test_imported_scales_survive_the_later_passes(qat_setup, tmp_path):
     [conv2] = [q for t, q in weights.items() if "conv2" in t]
     assert conv2["source"] == "file" and conv2["scale"] == pytest.approx(1.5 / 127, rel=1e-6)
     assert all(q["source"] == "qat" for t, q in weights.items() if "conv2" not in t)
+    assert _snr(qat_setup, tmp_path / "w.onnx") > 28  # measured 31.0 dB
+    assert_tensorrt_ready(tmp_path / "w.onnx")
 
 
 def test_smoothing_keeps_an_imported_weight_scale(tmp_path):
@@ -222,4 +231,8 @@ def test_modelopt_state_dict_onto_a_dynamic_model(tmp_path):
     qat = {q["tensor"]: q for q in report.quantized if q["source"] == "qat"}
     assert any(q["kind"] == "activation" and q["scale"] == pytest.approx(4.0 / 127) for q in qat.values())
     assert sum(1 for q in qat.values() if q["kind"] == "weight" and q["scale"] == pytest.approx(0.5 / 127)) >= 3
+    held_out = [{"x": f} for f in samples.sequence_feeds(8, 2, 16, 64)]
+    # the hand-set amax values and 4 random calibration feeds are rough (plain --calib-random 4 alone: 15.1 dB);
+    # measured 16.6 dB
+    assert snr_db(run_ort(tmp_path / "tb.onnx", held_out), run_ort(tmp_path / "out.onnx", held_out)) > 13
     assert_tensorrt_ready(tmp_path / "out.onnx")

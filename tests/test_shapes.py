@@ -104,6 +104,10 @@ def test_without_the_model_feeds_are_not_checked_for_broadcasts(tmp_path):
     model = timestep_model()
     source = open_feeds(str(timestep_npz(tmp_path / "c.npz", 3)), None, model_inputs(model))
     source.check()  # the existing callers' behaviour: names, rank, fixed dims and dtype only
+    # and iterating does not raise either: the one feed comes through with its conflicting shape, unchanged
+    feeds = list(source)
+    assert [f["t"].shape for f in feeds] == [(3,)]
+    np.testing.assert_array_equal(feeds[0]["t"], np.arange(3, dtype=np.float32))
 
 
 def test_a_later_feed_with_other_shapes_is_checked_too(tmp_path):

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import onnx
 import pytest
-from helpers import SHARED_MODELS, quantize_dynamic, quantize_static, save
+from helpers import SHARED_MODELS, quantize_dynamic, quantize_static, run_ort, save, snr_db
 
 from trt_bridge import samples
 from trt_bridge.checks import CheckOptions, Severity, TrtProbe, check_model
@@ -83,6 +83,15 @@ SAMPLES = {
     "transformer/qdq": Sample("transformer", "QDQ", _u8(per_channel=True)),
 }
 SOURCES = [f"zoo/{name}" for name in ZOO] + list(SAMPLES)
+
+#: the converted samples against their float model on held-out inputs (seed 2): measured dB. The float and
+#: dynamic transformers are calibrated on 8 random feeds, far from its inputs' outlier channels.
+MEASURED_SNR_DB = {
+    "conv/float": 45.6, "conv/dynamic": 36.4, "conv/dynamic-uint8-weights": 37.9, "conv/qoperator": 32.5,
+    "conv/qoperator-per-channel": 33.4, "conv/qdq": 32.5, "conv/qdq-per-channel": 33.4,
+    "conv/qdq-int8-activations": 33.4, "transformer/float": 16.0, "transformer/dynamic": 16.0,
+    "transformer/qoperator": 38.0, "transformer/qdq": 37.9,
+}
 MODELS = SOURCES + [f"{name}{CONVERTED}" for name in SOURCES]
 
 
@@ -185,6 +194,13 @@ def test_check_agrees_with_tensorrt_rtx(corpus, name):
     # what each family must come to (so that the implications above are never vacuous)
     if name.endswith(CONVERTED):
         assert report.ready and not report.findings, summary
+        source = name[: -len(CONVERTED)]
+        if source in SAMPLES:  # and computes the float sample's function (the zoo's: tests/corpus/test_shared_models)
+            base = SAMPLES[source].base
+            feeds = ([{"x": f} for f in samples.image_feeds(8, seed=2)] if base == "conv"
+                     else [{"x": f} for f in samples.sequence_feeds(8, 2, 16, 64)])
+            snr = snr_db(run_ort(corpus.path(f"{base}/float"), feeds), run_ort(path, feeds))
+            assert snr > MEASURED_SNR_DB[source] - 3, (snr, MEASURED_SNR_DB[source])
     elif name in ("zoo/mnist-12.onnx", "conv/float", "transformer/float"):
         assert parsed.ok and [(f.rule, f.severity) for f in report.findings] == [("not-int8", Severity.BLOCKER)]
     else:  # no quantized source here parses as shipped (shared/models/README.md, TENSORRT_QUANTIZATION.md)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from helpers import run_ort, snr_db
+from helpers import assert_tensorrt_ready, run_ort, snr_db
 from test_shared_models import QOPERATOR_MODELS, _feeds
 
 from trt_bridge.convert import ConvertOptions, convert
@@ -27,3 +27,4 @@ def test_verify_matches_an_independent_snr(shared_models, tmp_path, name):
     assert report.outputs[0].snr_db == pytest.approx(want, abs=1e-6)
     if report.per_layer is not None:
         assert len(report.per_layer.layers) >= 3 and report.per_layer.suggestion
+    assert_tensorrt_ready(out)
