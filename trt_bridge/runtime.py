@@ -31,7 +31,26 @@ def session(model: str | Path | onnx.ModelProto | bytes, simulate_qdq: bool = Tr
         model = model.SerializeToString()
     elif isinstance(model, Path):
         model = str(model)
-    return ort.InferenceSession(model, options, providers=["CPUExecutionProvider"])
+    return create_session(model, options)
+
+
+def create_session(model, options, providers=("CPUExecutionProvider",)):
+    """``onnxruntime.InferenceSession``, retried without graph optimizations where onnxruntime's own
+    optimizer fails on a valid model.
+
+    onnxruntime's constant folding (1.2x) fails to initialize some valid models, torch's dynamo exports
+    converted among them ("AddInitializedOrtValue: Attempt to replace the existing tensor"). Its graph
+    optimizations only fuse and fold, so the model computes the same without them.
+    """
+    import onnxruntime as ort
+
+    try:
+        return ort.InferenceSession(model, options, providers=list(providers))
+    except Exception as exc:
+        if "Attempt to replace the existing tensor" not in str(exc):
+            raise
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        return ort.InferenceSession(model, options, providers=list(providers))
 
 
 def _bfloat16_emulated(model: str | Path | onnx.ModelProto | bytes):

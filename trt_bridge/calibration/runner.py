@@ -13,6 +13,7 @@ from trt_bridge.calibration.feeds import FeedSource
 from trt_bridge.calibration.observers import QMAX, CalibMethod, RangeObserver
 from trt_bridge.errors import CalibrationDataError, MissingDependencyError
 from trt_bridge.model import serialize_for_session
+from trt_bridge.runtime import create_session
 
 log = logging.getLogger("trt_bridge.calibration")
 
@@ -90,8 +91,7 @@ class CalibrationSession:
             options.add_session_config_entry("session.disable_quant_qdq", "1")
         self._workdir = tempfile.TemporaryDirectory(prefix="trt-bridge-calib-")
         try:
-            self.session = ort.InferenceSession(serialize_for_session(model, self._workdir.name), options,
-                                                providers=["CPUExecutionProvider"])
+            self.session = create_session(serialize_for_session(model, self._workdir.name), options)
         except Exception as exc:
             self.close()
             raise CalibrationDataError(f"onnxruntime cannot run {what}: {exc}") from exc

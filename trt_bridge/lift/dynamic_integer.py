@@ -224,7 +224,8 @@ class DynamicIntegerOp:
         attrs = {k: v for k, v in node.attrs.items() if k in _CONV_ATTRS} if is_conv else {}
         result = gs.Variable(ctx.names(f"{base}/float_out"), dtype=np.float32)
         new_nodes = [gs.Node("Conv" if is_conv else "MatMul", op_name, attrs, inputs, [result])]
-        for value, sign in float_addends:
+        for addend, sign in float_addends:
+            value = addend.tensor(ctx, base, new_nodes)
             out = gs.Variable(ctx.names(f"{base}/bias_out"), dtype=np.float32)
             new_nodes.append(gs.Node("Add" if sign > 0 else "Sub", ctx.names(f"{base}/bias"), {},
                                      [result, value], [out]))
@@ -304,18 +305,28 @@ def _absorb_constant_scales(t: gs.Tensor, mult: Monomial, per_channel,
     return t, mult
 
 
-def _float_addend(ctx: LiftContext, tensor: gs.Tensor, remaining: Monomial) -> gs.Tensor | None:
+#: shape-only ops that may sit between a run-time quantized bias and the accumulator it is added to
+#: (onnxruntime's first quantizer, producer ``onnx.quantize`` 0.1.0, reshapes it to [1, C, 1, 1])
+_SHAPE_OPS = ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand")
+
+
+def _float_addend(ctx: LiftContext, tensor: gs.Tensor, remaining: Monomial) -> _Addend | None:
     """The float tensor that ``tensor`` (in accumulator units) stands for, given the
-    multiplier ``remaining`` still to be applied to it."""
-    t = tensor
-    while len(t.inputs) == 1 and t.inputs[0].op in ("Cast", *_ROUNDING):
+    multiplier ``remaining`` still to be applied to it, and the shape ops to apply to it again."""
+    t, reshapes = tensor, []
+    while len(t.inputs) == 1 and t.inputs[0].op in ("Cast", *_ROUNDING, *_SHAPE_OPS):
+        if t.inputs[0].op in _SHAPE_OPS:
+            if any(constant_values(x) is None for x in t.inputs[0].inputs[1:]):
+                return None
+            reshapes.append(t.inputs[0])
         t = t.inputs[0].inputs[0]
     values = constant_values(t)
     if values is not None:
         if remaining.symbols:
             return None
         scaled = (values.astype(np.float64) * remaining.numeric).astype(np.float32)
-        return ctx.constant(f"{tensor.name}_float", scaled, ("addend", tensor.name, remaining.numeric.tobytes()))
+        return _Addend(ctx.constant(f"{tensor.name}_float", scaled, ("addend", t.name, remaining.numeric.tobytes())),
+                       reshapes[::-1])
     if len(t.inputs) != 1 or t.inputs[0].op not in ("Div", "Mul"):
         return None
     node = t.inputs[0]
@@ -324,7 +335,25 @@ def _float_addend(ctx: LiftContext, tensor: gs.Tensor, remaining: Monomial) -> g
         if m is None:
             continue
         if node.op == "Div" and value is node.inputs[0] and m.matches(remaining):
-            return value
+            return _Addend(value, reshapes[::-1])
         if node.op == "Mul" and (m * remaining).matches(Monomial.one()):
-            return value
+            return _Addend(value, reshapes[::-1])
     return None
+
+
+@dataclass
+class _Addend:
+    """A float addend, and the shape ops (source order) that bring it to the accumulator's layout."""
+
+    value: gs.Tensor
+    reshapes: list[gs.Node]
+
+    def tensor(self, ctx: LiftContext, base: str, nodes: list[gs.Node]) -> gs.Tensor:
+        """The addend in the accumulator's layout, appending the copied shape ops to ``nodes``."""
+        current = self.value
+        for op in self.reshapes:
+            out = gs.Variable(ctx.names(f"{base}/bias_{op.op.lower()}"), dtype=np.float32)
+            nodes.append(gs.Node(op.op, ctx.names(f"{base}/bias_{op.op.lower()}"), dict(op.attrs),
+                                 [current, *op.inputs[1:]], [out]))
+            current = out
+        return current

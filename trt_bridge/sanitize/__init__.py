@@ -22,6 +22,7 @@ from trt_bridge.sanitize.cast_chain import FoldCastChains
 from trt_bridge.sanitize.change import Change
 from trt_bridge.sanitize.dropout import RemoveDropout
 from trt_bridge.sanitize.identity import RemoveIdentity
+from trt_bridge.sanitize.ort_fused import DefuseOrtOps
 
 
 class SanitizePass(Protocol):
@@ -38,6 +39,8 @@ class SanitizePass(Protocol):
 
 
 #: In order:
+#: - DefuseOrtOps writes onnxruntime's fused com.microsoft transformer ops (SkipLayerNormalization,
+#:   Gelu, FastGelu, ...) back as the standard ops they stand for.
 #: - RemoveDropout first: a Dropout between two Casts or two Identities hides the chain
 #:   from the later passes; where it must keep a graph output fed by a graph input it
 #:   becomes an Identity, which RemoveIdentity then judges like any other.
@@ -49,6 +52,7 @@ class SanitizePass(Protocol):
 #: their op's schema) work on the ModelProto and run before these (``convert.prepare``), so
 #: FoldCastChains also sees the Casts they insert.
 SANITIZE_PASSES: tuple[SanitizePass, ...] = (
+    DefuseOrtOps(),
     RemoveDropout(),
     FoldCastChains(),
     RemoveIdentity(),
@@ -69,5 +73,5 @@ def sanitize(graph: gs.Graph, passes: tuple[SanitizePass, ...] = SANITIZE_PASSES
     return changes
 
 
-__all__ = ["SANITIZE_PASSES", "Change", "FoldCastChains", "RemoveDropout", "RemoveIdentity", "SanitizePass",
-           "sanitize"]
+__all__ = ["SANITIZE_PASSES", "Change", "DefuseOrtOps", "FoldCastChains", "RemoveDropout", "RemoveIdentity",
+           "SanitizePass", "sanitize"]

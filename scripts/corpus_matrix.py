@@ -1,0 +1,185 @@
+"""Convert every model of the corpus, build it with TensorRT-RTX, and write the matrix as a README table.
+
+    python scripts/corpus_matrix.py [OUT] [--only ARCH ...] [--cells TOOL-MODE ...] [--markdown FILE] [--json FILE]
+
+OUT (default ``.corpus``) is what ``scripts/corpus/build.py`` made: ``OUT/float/<arch>.onnx`` with
+``.calib.npz`` / ``.eval.npz``, and ``OUT/quantized/<tool>-<mode>/<arch>.onnx``. For each cell:
+
+- the source's SNR against the float model on the held-out feeds (onnxruntime runs the source as it
+  is, its own integer kernels; '-' where onnxruntime cannot run it);
+- ``trt-bridge convert``: dynamic sources and float models calibrated on the 16 calibration feeds,
+  static sources with their own scales (``--scales model``), an AIMET float export with its encodings;
+- the converted model's SNR (Q/DQ simulated in float, as TensorRT computes) on the same feeds;
+- whether TensorRT-RTX parses it and builds it ahead of time for SM 8.9.
+
+SNR is of the first output, in dB, over all held-out feeds. A cell that fails says where.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trt_bridge.convert import ConvertOptions, convert, snr_db
+from trt_bridge.errors import TrtBridgeError
+
+STATIC_HINTS = ("static", "qdq", "qop", "xint8", "a8w8", "a16w8", "bfp", "default", "mixed", "transformer")
+
+
+@dataclass
+class Cell:
+    arch: str
+    column: str
+    source_snr: float | None = None
+    converted: bool = False
+    snr: float | None = None
+    parses: bool | None = None
+    builds: bool | None = None
+    error: str | None = None
+    seconds: float | None = None
+    rules: dict | None = None
+
+
+def _feeds(path: Path) -> list[dict]:
+    data = dict(np.load(path))
+    count = len(next(iter(data.values())))
+    return [{k: v[i] for k, v in data.items()} for i in range(count)]
+
+
+def _outputs(model: Path, feeds: list[dict], simulate: bool) -> np.ndarray:
+    from trt_bridge.runtime import session
+
+    sess = session(model, simulate_qdq=simulate)
+    names = {i.name for i in sess.get_inputs()}
+    return np.concatenate([np.asarray(sess.run(None, {k: v for k, v in f.items() if k in names})[0]).ravel()
+                           for f in feeds])
+
+
+def _is_dynamic(column: str) -> bool:
+    return "dynamic" in column or column == "float"
+
+
+def measure(arch: str, column: str, source: Path, float_dir: Path, work: Path, reference: np.ndarray) -> Cell:
+    from trt_bridge.tensorrt.build import build_engine, parse
+
+    cell = Cell(arch, column)
+    held_out = _feeds(float_dir / f"{arch}.eval.npz")
+    if column != "float":
+        try:
+            cell.source_snr = round(snr_db(reference, _outputs(source, held_out, simulate=False)), 2)
+        except Exception:  # onnxruntime cannot run some quantizers' custom ops
+            cell.source_snr = None
+    calib = str(float_dir / f"{arch}.calib.npz")
+    scales = tuple(str(p) for p in (source.with_suffix(".encodings"),) if p.is_file())
+    options = ConvertOptions(calib_data=calib if _is_dynamic(column) or scales else None, scale_files=scales,
+                             progress=False, check=False)
+    out = work / f"{column}-{arch}.onnx"
+    t0 = time.perf_counter()
+    try:
+        try:
+            report = convert(source, out, options)
+        except TrtBridgeError as exc:
+            if options.calib_data is not None or "no static scale" not in str(exc):
+                raise
+            # a static source with some tensors left to calibrate: give it the data
+            report = convert(source, out, ConvertOptions(calib_data=calib, scales=None, progress=False,
+                                                         check=False))
+    except Exception as exc:
+        cell.error = f"{type(exc).__name__}: {exc}"
+        return cell
+    cell.seconds = round(time.perf_counter() - t0, 2)
+    cell.converted = True
+    cell.rules = {r.rule: len(r.nodes) for r in report.rules}
+    try:
+        cell.snr = round(snr_db(reference, _outputs(out, held_out, simulate=True)), 2)
+    except Exception as exc:  # still try TensorRT: onnxruntime's optimizer has failed where TensorRT builds
+        cell.error = f"onnxruntime: {str(exc).splitlines()[0][:300]}"
+    cell.parses = parse(out).ok
+    if cell.parses:
+        try:
+            build_engine(out)
+            cell.builds = True
+        except Exception as exc:
+            cell.builds, cell.error = False, f"build: {exc}"
+    return cell
+
+
+def _mark(cell: Cell) -> str:
+    if not cell.converted:
+        return "✗ convert"
+    if not cell.builds:
+        return f"{cell.snr:.1f} ✗ build" if cell.snr is not None else "✗ build"
+    if cell.snr is None:
+        return "✗ onnxruntime"
+    src = "–" if cell.source_snr is None else f"{cell.source_snr:.1f}"
+    return f"{cell.snr:.1f} ({src})" if cell.column != "float" else f"{cell.snr:.1f}"
+
+
+def markdown(cells: list[Cell]) -> str:
+    columns = sorted({c.column for c in cells}, key=lambda c: (c != "float", c))
+    archs = sorted({c.arch for c in cells})
+    by = {(c.arch, c.column): c for c in cells}
+    lines = ["| architecture | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for arch in archs:
+        lines.append(f"| {arch} | " + " | ".join(_mark(by[arch, col]) if (arch, col) in by else ""
+                                                  for col in columns) + " |")
+    ok = sum(1 for c in cells if c.converted and c.builds)
+    quantized = [c for c in cells if c.column != "float"]
+    measured = [c for c in quantized if c.builds and c.source_snr is not None and c.snr is not None]
+    within = [c for c in measured if c.snr >= c.source_snr - 1.0]
+    lines += ["", f"{ok} of {len(cells)} cells convert and build for SM 8.9; "
+              f"{len(within)} of {len(measured)} quantized cells with a measurable source are within 1 dB "
+              "of their source's SNR or better."]
+    failures = [c for c in cells if not (c.converted and c.builds)]
+    if failures:
+        lines += ["", "Cells that do not convert or build:", ""]
+        lines += [f"- {c.column} / {c.arch}: {(c.error or '').splitlines()[0][:300]}" for c in failures]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path, nargs="?", default=Path(".corpus"))
+    ap.add_argument("--only", nargs="*", help="architectures")
+    ap.add_argument("--cells", nargs="*", help="columns (tool-mode, or 'float')")
+    ap.add_argument("--markdown", type=Path)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    logging.disable(logging.WARNING)
+    import onnxruntime
+
+    onnxruntime.set_default_logger_severity(3)
+    float_dir = args.out / "float"
+    sources = [("float", p) for p in sorted(float_dir.glob("*.onnx"))]
+    sources += [(p.parent.name, p) for p in sorted((args.out / "quantized").glob("*/*.onnx"))]
+    sources = [(col, p) for col, p in sources if (float_dir / p.name).is_file()
+               and (not args.only or p.stem in args.only) and (not args.cells or col in args.cells)]
+    cells, references = [], {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for column, path in sources:
+            arch = path.stem
+            if arch not in references:
+                references[arch] = _outputs(float_dir / path.name, _feeds(float_dir / f"{arch}.eval.npz"), False)
+            cell = measure(arch, column, path, float_dir, Path(tmp), references[arch])
+            cells.append(cell)
+            print(f"{column:>24} {arch:<22} {_mark(cell)}"
+                  + (f"  {cell.error.splitlines()[0][:160]}" if cell.error else ""), flush=True)
+    table = markdown(cells)
+    print(table)
+    if args.markdown:
+        args.markdown.write_text(table)
+    if args.json:
+        args.json.write_text(json.dumps([asdict(c) for c in cells], indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

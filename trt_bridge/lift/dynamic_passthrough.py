@@ -1,0 +1,59 @@
+"""Lift a dynamically quantized activation that is moved as integers and dequantized again.
+
+onnxruntime's ``quantize_dynamic`` lets data-movement ops (``Transpose``, ``Reshape``, …) run on
+the uint8 codes of a ``DynamicQuantizeLinear`` when their reader is quantized too, and dequantizes
+with the same run-time scale and zero point where the reader is not (SegFormer's sequence reduction,
+attention reshapes)::
+
+    Before:  x ─ DynamicQuantizeLinear ─ x_q ─ [Transpose|Reshape|…]* ─ DQ(x_scale, x_zp) ─ y
+                                       ├ x_scale ────────────────────────┘
+                                       └ x_zp ───────────────────────────┘
+    After:   x ─ [Transpose|Reshape|…]* ─ y
+
+The float graph computes what the source meant (x moved, without the run-time rounding);
+placement then decides where TensorRT quantizes, as for every other activation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trt_bridge.lift.base import NOT_MINE, LiftContext
+from trt_bridge.lift.dequantize_gathered import DATA_MOVEMENT
+
+
+class DynamicPassThrough:
+    name = "dynamic-pass-through"
+    op_types = ("DequantizeLinear",)
+
+    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+        nodes: list[gs.Node] = []
+        t = node.inputs[0]
+        while len(t.inputs) == 1 and t.inputs[0].op in DATA_MOVEMENT and t.inputs[0].outputs[0] is t:
+            nodes.append(t.inputs[0])
+            t = t.inputs[0].inputs[0]
+        producer = t.inputs[0] if len(t.inputs) == 1 else None
+        if producer is None or producer.op != "DynamicQuantizeLinear" or producer.outputs[0] is not t:
+            return NOT_MINE
+        scale = node.inputs[1]
+        zp = node.inputs[2] if len(node.inputs) > 2 and node.inputs[2].name else None
+        if scale is not producer.outputs[1] or zp is not producer.outputs[2]:
+            return (f"it dequantizes the codes of DynamicQuantizeLinear '{producer.name}' with another scale or "
+                    "zero point than the ones that quantizer computed")
+        current = producer.inputs[0]
+        for i, source in enumerate(reversed(nodes)):
+            last = i == len(nodes) - 1
+            out = node.outputs[0] if last else gs.Variable(ctx.names(f"{source.outputs[0].name}_float"),
+                                                           dtype=np.float32)
+            ctx.graph.nodes.append(gs.Node(source.op, ctx.names(f"{source.name}_float"), dict(source.attrs),
+                                           [current, *source.inputs[1:]], [out]))
+            current = out
+        if not nodes:  # DQ right after the quantizer: its readers read x
+            out = node.outputs[0]
+            for consumer in list(out.outputs):
+                consumer.inputs[:] = [current if inp is out else inp for inp in consumer.inputs]
+            if any(graph_out is out for graph_out in ctx.graph.outputs):
+                ctx.graph.nodes.append(gs.Node("Identity", ctx.names(f"{node.name}_float"), {}, [current], [out]))
+        node.outputs.clear()
+        return None
