@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench pipeline-example clean
+.PHONY: demo test lint bench corpus pipeline-example clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +25,10 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) scripts/bench_convert.py
+
+# The real-export corpus (torch exports × quantizers, each in its own venv under .corpus/venvs) and its matrix
+corpus: $(STAMP)
+	$(PY) scripts/corpus/build.py .corpus
 
 # The example manifest: every shared zoo model and the built-in fixtures, converted, checked, verified,
 # benchmarked (onnxruntime) and built ahead of time for SM 8.9; engine runs are skipped without a GPU.

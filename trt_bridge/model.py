@@ -161,6 +161,7 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
     if declared is not None:  # the exporter's own types, before inference fills in (and guesses) the rest
         declared.update(declared_types(model.graph.value_info))
     model = _upgrade_per_axis_qdq(model, path)
+    sort_nodes(model, path)
     skeleton = _skeleton(model)
     try:
         _check_ignoring_missing_io_shapes(skeleton)
@@ -172,6 +173,56 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
     except Exception as exc:  # onnx raises InferenceError / TypeError-like errors from C++
         raise ModelLoadError(f"{path}: ONNX shape inference fails: {_first_lines(exc)}. The model's declared "
                              "types or shapes contradict its ops; fix them in the exporter.") from exc
+
+
+def sort_nodes(model: onnx.ModelProto, path="model") -> bool:
+    """Put the main graph's nodes in topological order (in place), as onnx requires and onnxruntime does
+    not: AMD Quark, for one, writes graphs out of order. Stable: nodes already in order keep it.
+    Returns whether anything moved; a cycle or a missing producer is left for onnx.checker to name."""
+    import heapq
+
+    graph = model.graph
+    done = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
+    producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    needs = [{producer[x] for x in (*n.input, *_outer_names(n)) if x in producer and x not in done}
+             for n in graph.node]
+    if all(max(deps, default=-1) < i for i, deps in enumerate(needs)):
+        return False  # already in order (the usual case: one pass)
+    readers: dict[int, list[int]] = {}
+    for i, deps in enumerate(needs):
+        for d in deps:
+            readers.setdefault(d, []).append(i)
+    missing = [len(deps - {i}) if i not in deps else -1 for i, deps in enumerate(needs)]
+    heap = [i for i, m in enumerate(missing) if m == 0]
+    order = []
+    while heap:  # Kahn's algorithm, the smallest original index first: stable
+        i = heapq.heappop(heap)
+        order.append(i)
+        for r in readers.get(i, ()):
+            missing[r] -= 1
+            if missing[r] == 0:
+                heapq.heappush(heap, r)
+    if len(order) != len(graph.node):
+        return False  # a cycle: the checker names it
+    nodes = [graph.node[i] for i in order]
+    copies = [onnx.NodeProto() for _ in nodes]
+    for copy, node in zip(copies, nodes):
+        copy.CopyFrom(node)
+    del graph.node[:]
+    graph.node.extend(copies)
+    log.warning("%s: the graph's nodes were not in topological order (onnx requires it); sorted them", path)
+    return True
+
+
+def _outer_names(node: onnx.NodeProto) -> list[str]:
+    """Names a node's subgraphs read (they may come from the outer graph)."""
+    names = []
+    for attr in node.attribute:
+        for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+            for inner in g.node:
+                names.extend(inner.input)
+                names.extend(_outer_names(inner))
+    return names
 
 
 def _upgrade_per_axis_qdq(model: onnx.ModelProto, path) -> onnx.ModelProto:

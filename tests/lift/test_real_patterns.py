@@ -278,3 +278,25 @@ def test_bias_add_becomes_two_adds(tmp_path):
     out = tmp_path / "bias_add.trt.onnx"
     onnx.save(lifted, str(out))
     assert_tensorrt_ready(out)
+
+
+# --- graphs whose nodes are out of topological order (AMD Quark writes them; onnxruntime runs them) ---------------
+
+def test_nodes_out_of_order_are_sorted(tmp_path, caplog):
+    fpath = save(_embedding_model(), tmp_path / "float.onnx")
+    qdq = tmp_path / "qdq.onnx"
+    from helpers import quantize_static
+    from onnxruntime.quantization import QuantFormat
+
+    quantize_static(fpath, qdq, _ids(4, 1), quant_format=QuantFormat.QDQ, per_channel=True)
+    model = onnx.load(str(qdq))
+    nodes = list(model.graph.node)[::-1]  # every node before its producers
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    unsorted = save(model, tmp_path / "unsorted.onnx")
+    with pytest.raises(onnx.checker.ValidationError, match="topologically sorted"):
+        onnx.checker.check_model(model)
+    out, _ = _convert(unsorted, tmp_path, {"ids": np.stack([f["ids"] for f in _ids(8, 1)])})
+    assert "not in topological order" in caplog.text
+    held = _ids(6, 2)
+    assert snr_db(run_ort(unsorted, held), run_ort(out, held)) > 25  # onnxruntime runs the unsorted source
