@@ -26,6 +26,18 @@ DATA_MOVEMENT = frozenset({"Gather", "Transpose", "Reshape", "Squeeze", "Unsquee
                            "Slice", "Expand", "Tile"})
 
 
+def replay(ctx: LiftContext, nodes: list[gs.Node], start: gs.Tensor, end: gs.Tensor) -> None:
+    """Copies of the data-movement ``nodes`` (source first) applied to the float ``start``, the last one
+    writing ``end`` (whose old producer the caller detaches)."""
+    current = start
+    for i, source in enumerate(nodes):
+        last = i == len(nodes) - 1
+        out = end if last else gs.Variable(ctx.names(f"{source.outputs[0].name}_float"), dtype=np.float32)
+        ctx.graph.nodes.append(gs.Node(source.op, ctx.names(f"{source.name}_float"), dict(source.attrs),
+                                       [current, *source.inputs[1:]], [out]))
+        current = out
+
+
 def _chain(tensor: gs.Tensor) -> tuple[list[gs.Node], np.ndarray] | None:
     """The data-movement nodes (source first) between an integer constant and ``tensor``, and its values;
     None unless one Gather with non-constant indices is among them (a constant chain is folded already)."""
@@ -96,13 +108,6 @@ class DequantizeGathered:
         table = nodes[0].inputs[0]
         floats = ctx.constant(f"{table.name}_float", ((values.astype(np.float64) - z) * s).astype(np.float32),
                               ("dequantized", table.name, node.name))
-        current: gs.Tensor = floats
-        for i, source in enumerate(nodes):
-            last = i == len(nodes) - 1
-            out = node.outputs[0] if last else gs.Variable(ctx.names(f"{source.outputs[0].name}_float"),
-                                                           dtype=np.float32)
-            ctx.graph.nodes.append(gs.Node(source.op, ctx.names(f"{source.name}_float"), dict(source.attrs),
-                                           [current, *source.inputs[1:]], [out]))
-            current = out
+        replay(ctx, nodes, floats, node.outputs[0])
         node.outputs.clear()  # the new chain now produces the DQ's output
         return None

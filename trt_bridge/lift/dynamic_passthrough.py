@@ -16,11 +16,10 @@ placement then decides where TensorRT quantizes, as for every other activation.
 
 from __future__ import annotations
 
-import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.lift.base import NOT_MINE, LiftContext
-from trt_bridge.lift.dequantize_gathered import DATA_MOVEMENT
+from trt_bridge.lift.dequantize_gathered import DATA_MOVEMENT, replay
 
 
 class DynamicPassThrough:
@@ -42,13 +41,7 @@ class DynamicPassThrough:
             return (f"it dequantizes the codes of DynamicQuantizeLinear '{producer.name}' with another scale or "
                     "zero point than the ones that quantizer computed")
         current = producer.inputs[0]
-        for i, source in enumerate(reversed(nodes)):
-            last = i == len(nodes) - 1
-            out = node.outputs[0] if last else gs.Variable(ctx.names(f"{source.outputs[0].name}_float"),
-                                                           dtype=np.float32)
-            ctx.graph.nodes.append(gs.Node(source.op, ctx.names(f"{source.name}_float"), dict(source.attrs),
-                                           [current, *source.inputs[1:]], [out]))
-            current = out
+        replay(ctx, nodes[::-1], current, node.outputs[0])
         if not nodes:  # DQ right after the quantizer: its readers read x
             out = node.outputs[0]
             for consumer in list(out.outputs):
