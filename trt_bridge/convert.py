@@ -275,7 +275,7 @@ def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, op
     """
     from trt_bridge.calibration.observers import RangeObserver
     from trt_bridge.calibration.runner import CalibrationSession, finish
-    from trt_bridge.smooth import ChannelMaxObserver, Rescaled, candidates, smooth
+    from trt_bridge.smooth import MIN_ROWS, ChannelMaxObserver, Rescaled, candidates, smooth
 
     start = time.perf_counter()
     observers = {t: RangeObserver(options.calib_method, options.percentile) for t in needed}
@@ -288,9 +288,14 @@ def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, op
             maxima = {t: ChannelMaxObserver() for t in todo}
             count = session.run({**{t: o for t, o in observers.items() if t not in maxima}, **maxima}, feeds,
                                 options.progress, desc="calibrating (1/2)")
-            smoothed, factors = smooth(graph, ctx.annotations, {t: m.max for t, m in maxima.items()}, options.smooth)
-            session.run({t: Rescaled(observers[t], 1.0 / f) for t, f in factors.items()}, feeds, options.progress,
-                        desc="calibrating (2/2)")
+            enough = {t: m.max for t, m in maxima.items() if m.rows >= MIN_ROWS}
+            for t in sorted(set(maxima) - set(enough)):
+                log.info("not smoothing %r: calibration saw %d row(s) per channel, fewer than %d", t,
+                         maxima[t].rows, MIN_ROWS)
+            smoothed, factors = smooth(graph, ctx.annotations, enough, options.smooth)
+            # the candidates left unsmoothed are observed as they are
+            session.run({t: Rescaled(observers[t], 1.0 / factors[t]) if t in factors else observers[t]
+                         for t in todo}, feeds, options.progress, desc="calibrating (2/2)")
     return finish(observers, count, time.perf_counter() - start, options.calib_method), smoothed
 
 

@@ -29,6 +29,13 @@ from trt_bridge.lower import effective_weight
 
 S_RANGE = (1e-4, 1e4)
 
+#: Fewest rows (tokens, pixels, samples) per channel that calibration must have seen before a
+#: channel's maximum decides its factor. With fewer, each channel's max is a poor estimate of its
+#: tail, and smoothing (which spends each channel's headroom) clips held-out inputs: a ConvNeXt's
+#: pooled [N, 256] features, 16 calibration rows, fell from 30.2 to 19.4 dB on held-out inputs
+#: while gaining 0.5 dB on the calibration inputs themselves.
+MIN_ROWS = 128
+
 
 @dataclass(frozen=True)
 class Smoothed:
@@ -43,9 +50,11 @@ class ChannelMaxObserver:
 
     def __init__(self) -> None:
         self.max: np.ndarray | None = None
+        self.rows = 0  # how many values of each channel were seen
 
     def update(self, values: np.ndarray) -> None:
         v = np.abs(np.asarray(values, np.float32))
+        self.rows += int(np.prod(v.shape[:-1])) if v.ndim > 1 else 1
         v = v.reshape(-1, v.shape[-1]).max(axis=0) if v.ndim > 1 else v
         v = np.where(np.isfinite(v), v, 0.0)
         self.max = v if self.max is None else np.maximum(self.max, v)
