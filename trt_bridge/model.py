@@ -13,6 +13,7 @@ from pathlib import Path
 import onnx
 
 from trt_bridge.errors import ModelLoadError, TrtBridgeError
+from trt_bridge.repair import dedupe_initializers, import_used_domains
 
 log = logging.getLogger("trt_bridge.model")
 
@@ -162,6 +163,8 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
         declared.update(declared_types(model.graph.value_info))
     model = _upgrade_per_axis_qdq(model, path)
     sort_nodes(model, path)
+    dedupe_initializers(model, path)
+    import_used_domains(model, path)
     skeleton = _skeleton(model)
     try:
         _check_ignoring_missing_io_shapes(skeleton)
