@@ -62,6 +62,11 @@ def test_pad_value_in_the_other_8bit_type_is_read_bit_for_bit(tmp_path, caplog):
 
     with pytest.raises(Exception, match="bound to different types"):
         ort.InferenceSession(str(source), providers=["CPUExecutionProvider"])
+    from trt_bridge.checks import CheckOptions, TrtProbe, check_model
+
+    checked = check_model(source, CheckOptions(trt=TrtProbe.OFF))  # `check` names the node and convert's fix
+    pad = [f for f in checked.findings if f.node == "pad_quant"]
+    assert [f.rule for f in pad] == ["type-mismatch"] and pad[0].fixable and "the same bits" in pad[0].fix
     out = tmp_path / "converted.onnx"
     with caplog.at_level(logging.WARNING, logger="trt_bridge"):
         report = convert(source, out, ConvertOptions(progress=False))

@@ -172,7 +172,7 @@ def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: di
                                 "the op's schema and no cast resolves it", message, False))
         return findings
     for change in prepared:
-        if change.pass_name == "types" and change.node in ops:
+        if change.pass_name in ("types", "pad-code") and change.node in ops:
             node = ops[change.node]
             findings.append(Finding("type-mismatch", Severity.BLOCKER, node.name, node.op,
                                     [tensor_info(t) for t in node.inputs if t.name],
