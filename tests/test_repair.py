@@ -16,6 +16,7 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, quantize_static, run_ort, save, snr_db  # noqa: E402
 
+from trt_bridge.checks import CheckOptions, TrtProbe, check_model  # noqa: E402
 from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
 from trt_bridge.repair import dedupe_initializers, import_used_domains  # noqa: E402
 
@@ -81,6 +82,11 @@ def test_duplicate_initializer_names_keep_the_last_copy_as_onnxruntime_does(tmp_
     with pytest.raises(onnx.checker.ValidationError, match="not unique"):
         onnx.checker.check_model(model)
     source = save(model, tmp_path / "source.onnx")
+    checked = check_model(source)  # `check` says so, with TensorRT's parser's own message
+    invalid = [f for f in checked.findings if f.rule == "invalid-onnx"]
+    assert len(invalid) == 1 and invalid[0].fixable and "kept the last of each" in invalid[0].fix
+    assert "duplicate tensor name" in (invalid[0].tensorrt or "")
+    assert not [f for f in checked.findings if f.rule == "tensorrt-parser"]
     with caplog.at_level(logging.WARNING, logger="trt_bridge"):
         out = _convert(source, tmp_path)
     assert "kept the last of each" in caplog.text and "differing values" in caplog.text
@@ -139,6 +145,8 @@ def test_com_microsoft_ops_without_an_opset_import(tmp_path, caplog):
     with pytest.raises(onnx.checker.ValidationError, match="No opset import for domain 'com.microsoft'"):
         onnx.checker.check_model(model)
     source = save(model, tmp_path / "no_import.onnx")
+    invalid = [f for f in check_model(source, CheckOptions(trt=TrtProbe.OFF)).findings if f.rule == "invalid-onnx"]
+    assert len(invalid) == 1 and "com.microsoft" in invalid[0].fix
     with caplog.at_level(logging.WARNING, logger="trt_bridge"):
         out = _convert(source, tmp_path)
     assert "com.microsoft" in caplog.text and "imported version 1" in caplog.text

@@ -35,9 +35,9 @@ def _graphs(graph: onnx.GraphProto):
                 yield from _graphs(sub)
 
 
-def dedupe_initializers(model: onnx.ModelProto, path="model") -> list[str]:
+def dedupe_initializers(model: onnx.ModelProto, path="model", notes: list[str] | None = None) -> list[str]:
     """Keep the last initializer of each name (onnxruntime's rule), in every graph; return the names that had
-    copies."""
+    copies. ``notes`` receives one line per graph repaired (what the warning says, without the path)."""
     touched: list[str] = []
     for graph in _graphs(model.graph):
         last = {t.name: i for i, t in enumerate(graph.initializer)}
@@ -51,23 +51,29 @@ def dedupe_initializers(model: onnx.ModelProto, path="model") -> list[str]:
             copy.CopyFrom(tensor)
         del graph.initializer[:]
         graph.initializer.extend(copies)
-        log.warning("%s: %d initializer name(s) appear more than once (%s%s); kept the last of each, as "
-                    "onnxruntime does%s", path, len(dupes), ", ".join(dupes[:3]), ", ..." if len(dupes) > 3 else "",
-                    f" ({len(differ)} with differing values, e.g. '{differ[0]}')" if differ else
-                    " (the copies are identical)")
+        what = (f"{len(dupes)} initializer name(s) appear more than once ({', '.join(dupes[:3])}"
+                f"{', ...' if len(dupes) > 3 else ''}); kept the last of each, as onnxruntime does"
+                + (f" ({len(differ)} with differing values, e.g. '{differ[0]}')" if differ else
+                   " (the copies are identical)"))
+        log.warning("%s: %s", path, what)
+        if notes is not None:
+            notes.append(what)
         touched.extend(dupes)
     return touched
 
 
-def import_used_domains(model: onnx.ModelProto, path="model") -> list[str]:
+def import_used_domains(model: onnx.ModelProto, path="model", notes: list[str] | None = None) -> list[str]:
     """Import version 1 of every node domain the model uses but does not import (onnxruntime's assumption);
-    return those domains."""
+    return those domains. ``notes`` receives what the warning says."""
     imported = {i.domain for i in model.opset_import}
     used = {n.domain for g in _graphs(model.graph) for n in g.node if n.domain not in ("", "ai.onnx")}
     missing = sorted(used - imported)
     for domain in missing:
         model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
     if missing:
-        log.warning("%s: nodes of domain(s) %s without an opset import (onnx requires one); imported version 1, as "
-                    "onnxruntime assumes", path, ", ".join(missing))
+        what = (f"nodes of domain(s) {', '.join(missing)} without an opset import (onnx requires one); imported "
+                "version 1, as onnxruntime assumes")
+        log.warning("%s: %s", path, what)
+        if notes is not None:
+            notes.append(what)
     return missing
