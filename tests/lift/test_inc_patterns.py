@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save  # noqa: E402
+from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save, snr_db  # noqa: E402
 
 from trt_bridge.convert import ConvertOptions, convert, lift_model  # noqa: E402
 from trt_bridge.model import load_model  # noqa: E402
@@ -79,3 +79,54 @@ def test_shared_int32_bias_with_a_weight_axis_is_read_on_its_only_axis(tmp_path)
     # integers, so the conversion is exact (measured: identical outputs)
     for want, got in zip(run_ort(intended, held_out), run_ort(out, held_out)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+# --- data movement and max/min run on the codes (INC's QOperator Gather family; ReduceMax/ReduceMin) -------------
+#
+#   x ─ QuantizeLinear(s, z:uint8) ─ GatherElements | GatherND | ReduceMax | ReduceMin ─ DequantizeLinear(s, z)
+#                                                                            ─ MatMul(W) ─ y
+#
+# The op's output carries its input's scale and zero point (the codes are moved, or the largest/smallest one is
+# picked: DequantizeLinear is increasing), so it is the float op between the same DQ and Q.
+
+def _codes_model(op: str) -> onnx.ModelProto:
+    rng = np.random.default_rng(11)
+    inits = {"s": np.float32(6 / 255), "z": np.uint8(120), "W": (rng.normal(size=(32, 32)) / 6).astype(np.float32)}
+    inputs = ["xq"]
+    attrs = {}
+    if op == "GatherElements":
+        inits["idx"] = rng.integers(0, 32, size=(4, 16, 32)).astype(np.int64)
+        inputs.append("idx")
+        attrs["axis"] = 2
+    elif op == "GatherND":
+        inits["idx"] = rng.integers(0, 16, size=(4, 16, 1)).astype(np.int64)
+        inputs.append("idx")
+        attrs["batch_dims"] = 1
+    else:
+        attrs.update(axes=[1], keepdims=1)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["xq"], "qx"),
+             helper.make_node(op, inputs, ["mq"], "moved_quant", **attrs),
+             helper.make_node("DequantizeLinear", ["mq", "s", "z"], ["m"], "dqm"),
+             helper.make_node("MatMul", ["m", "W"], ["y"], "proj")]
+    graph = helper.make_graph(nodes, "codes", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 16, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("op", ["GatherElements", "GatherND", "ReduceMax", "ReduceMin"])
+def test_ops_on_the_codes_are_lifted_between_dq_and_q(tmp_path, op):
+    source = save(_codes_model(op), tmp_path / "codes.onnx")
+    lifted, ctx = lift_model(load_model(source), source)
+    assert "moved_quant" in ctx.fired["integer-pass-through"]
+    out = tmp_path / "converted.onnx"
+    report = convert(source, out, ConvertOptions(progress=False))
+    assert not report.remaining_blockers
+    assert op in op_types(out) and "MatMul" in op_types(out)
+    assert_qdq_contract(out)
+    assert_tensorrt_ready(out)
+    rng = np.random.default_rng(2)
+    held_out = [{"x": rng.uniform(-2.8, 3.1, size=(4, 16, 32)).astype(np.float32)} for _ in range(3)]
+    # inside the source's range [−120·s, 135·s]: onnxruntime runs the source on uint8 codes, the conversion
+    # re-quantizes the MatMul input to symmetric int8 over the same range (measured 44.8 to 48.8 dB)
+    assert snr_db(run_ort(source, held_out), run_ort(out, held_out)) > 41.8
