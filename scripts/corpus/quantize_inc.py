@@ -5,7 +5,8 @@
 
 Runs in its own virtualenv (``OUT/venvs/inc``: ``scripts/corpus/build.py``'s pins), never trt-bridge's.
 Reads ``OUT/float/<name>.onnx`` and its ``.calib.npz`` (16 feeds, the calibration data reader);
-writes ``OUT/quantized/inc-<mode>/<name>.onnx``, failures in ``OUT/quantized/inc-failed.json``.
+writes ``OUT/quantized/inc-<mode>/<name>.onnx``, failures in ``OUT/quantized/inc-failed.json`` (a run of some
+models or modes updates their entries only).
 ``--tiny`` does the same for the suite's slice: ``tests/data/corpus/float`` → ``tests/data/corpus/inc-<mode>``
 (``tests/corpus/test_inc_slice.py``).
 
@@ -92,6 +93,22 @@ def quantize(mode: str, src: Path, dst: Path, calib: dict, op_types: list[str] |
     onnx.save(model, str(dst))
 
 
+def _quantize_one(mode: str, src: Path, dst: Path, calib: dict, key: str) -> None:
+    try:
+        quantize(mode, src, dst, calib)
+    except AttributeError as exc:
+        if "_dynamic_quantize_bias" not in str(exc):
+            raise
+        # INC 1.0's dynamic Conv quantizer calls a method its DynamicQuantizer lacks on every Conv with a bias:
+        # quantize the rest, as a user of INC would have to
+        print(f"{key}: INC 1.0 fails on Convs with a bias ({exc}); Convs left in float", flush=True)
+        quantize(mode, src, dst, calib, op_types=DYNAMIC_WITHOUT_CONV)
+        ops = {n.op_type for n in onnx.load(str(dst), load_external_data=False).graph.node}
+        if not ops & {"MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeLSTM"}:
+            raise RuntimeError("INC 1.0 dynamic: nothing quantized once the Convs are left out") from exc
+    onnx.load(str(dst), load_external_data=False)
+
+
 def main() -> int:
     logging.disable(logging.WARNING)
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,45 +120,39 @@ def main() -> int:
     args = ap.parse_args()
     if args.tiny == (args.out is not None):
         ap.error("give OUT or --tiny")
-    floats_dir, quantized = (TINY / "float", TINY) if args.tiny else (args.out / "float", args.out / "quantized")
+    out = None if args.tiny else args.out.resolve()  # the work runs in a temporary directory
+    floats_dir, quantized = (TINY / "float", TINY) if args.tiny else (out / "float", out / "quantized")
     floats = sorted(floats_dir.glob("*.onnx"))
     if args.only:
         floats = [p for p in floats if p.stem in args.only]
-    os.chdir(tempfile.mkdtemp(prefix="inc-cwd."))  # INC's default workspace is ./nc_workspace
     failed = {}
-    for src in floats:
-        calib = dict(np.load(src.with_suffix(".calib.npz")))
-        for mode in args.modes:
-            key = f"inc-{mode}/{src.name}"
-            dst = quantized / f"inc-{mode}" / src.name
-            try:
+    with tempfile.TemporaryDirectory(prefix="inc-cwd.") as cwd:  # INC's default workspace is ./nc_workspace
+        os.chdir(cwd)
+        for src in floats:
+            calib = dict(np.load(src.with_suffix(".calib.npz")))
+            for mode in args.modes:
+                key = f"inc-{mode}/{src.name}"
+                dst = quantized / f"inc-{mode}" / src.name
                 try:
-                    quantize(mode, src, dst, calib)
-                except AttributeError as exc:
-                    if "_dynamic_quantize_bias" not in str(exc):
-                        raise
-                    # INC 1.0's dynamic Conv quantizer calls a method its DynamicQuantizer lacks on every Conv
-                    # with a bias: quantize the rest, as a user of INC would have to
-                    print(f"{key}: INC 1.0 fails on Convs with a bias ({exc}); Convs left in float", flush=True)
-                    quantize(mode, src, dst, calib, op_types=DYNAMIC_WITHOUT_CONV)
-                    ops = {n.op_type for n in onnx.load(str(dst), load_external_data=False).graph.node}
-                    if not ops & {"MatMulInteger", "DynamicQuantizeLinear", "DynamicQuantizeLSTM"}:
-                        raise RuntimeError("INC 1.0 dynamic: nothing quantized once the Convs are left out") from exc
-                onnx.load(str(dst), load_external_data=False)
-                if args.tiny and dst.stat().st_size > TINY_LIMIT:
-                    dst.unlink()
-                    print(f"{key}: over {TINY_LIMIT // 1000} kB, left out of the suite's slice", flush=True)
-                    continue
-                print(key, flush=True)
-            except Exception as exc:  # noqa: BLE001 - one failing model never stops the rest
-                failed[key] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
-                dst.unlink(missing_ok=True)
-                print(f"FAILED {key}: {failed[key]}", file=sys.stderr, flush=True)
-                if args.verbose:
-                    traceback.print_exc()
-    if not args.tiny:
+                    _quantize_one(mode, src, dst, calib, key)
+                    if args.tiny and dst.stat().st_size > TINY_LIMIT:
+                        dst.unlink()
+                        print(f"{key}: over {TINY_LIMIT // 1000} kB, left out of the suite's slice", flush=True)
+                        continue
+                    print(key, flush=True)
+                except Exception as exc:  # noqa: BLE001 - one failing model never stops the rest
+                    failed[key] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
+                    dst.unlink(missing_ok=True)
+                    print(f"FAILED {key}: {failed[key]}", file=sys.stderr, flush=True)
+                    if args.verbose:
+                        traceback.print_exc()
+        os.chdir(ROOT)
+    if not args.tiny:  # the cells not run this time keep their record
+        record = quantized / "inc-failed.json"
+        ran = {f"inc-{mode}/{src.name}" for src in floats for mode in args.modes}
+        kept = {k: v for k, v in (json.loads(record.read_text()) if record.is_file() else {}).items() if k not in ran}
         quantized.mkdir(parents=True, exist_ok=True)
-        (quantized / "inc-failed.json").write_text(json.dumps(failed, indent=1))
+        record.write_text(json.dumps(dict(sorted({**kept, **failed}.items())), indent=1))
     return 0
 
 
