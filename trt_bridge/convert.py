@@ -208,10 +208,12 @@ def prepare(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Polic
     a node's inputs contradict its schema. ``declared``: the exporter's value_info types, as
     :func:`load_model` captured them (None: the model's value_info is the exporter's). Returns the
     changes (``sanitize.Change``)."""
+    from trt_bridge.model import elem_types
+    from trt_bridge.sanitize.pad_code import retype_pad_codes
     from trt_bridge.sanitize.types import agree_types, convert_bf16
 
     _name_nodes(model)
-    changes = convert_bf16(model, bf16)
+    changes = retype_pad_codes(model, elem_types(model), str(where)) + convert_bf16(model, bf16)
     if declared is not None and bf16 is not Bf16Policy.KEEP:
         target = onnx.TensorProto.FLOAT if bf16 is Bf16Policy.FP32 else onnx.TensorProto.FLOAT16
         declared = {k: target if v == onnx.TensorProto.BFLOAT16 else v for k, v in declared.items()}

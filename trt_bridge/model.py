@@ -13,6 +13,7 @@ from pathlib import Path
 import onnx
 
 from trt_bridge.errors import ModelLoadError, TrtBridgeError
+from trt_bridge.repair import dedupe_initializers, import_used_domains
 
 log = logging.getLogger("trt_bridge.model")
 
@@ -25,9 +26,11 @@ EXTERNAL_DATA_THRESHOLD = int(1.8 * 2**30)
 MIN_QDQ_OPSET = 13  # per-channel QuantizeLinear/DequantizeLinear need `axis`
 
 
-def load_model(path: str | os.PathLike, declared: dict[str, int] | None = None) -> onnx.ModelProto:
+def load_model(path: str | os.PathLike, declared: dict[str, int] | None = None,
+               repairs: list[str] | None = None) -> onnx.ModelProto:
     """Load ``path`` with its external data, checked and with inferred shapes (:func:`validate_model`);
-    raise ModelLoadError with the fix on failure."""
+    raise ModelLoadError with the fix on failure. ``repairs`` receives a line per load-time repair
+    (``trt_bridge.repair``)."""
     path = Path(path)
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such file. Check the path to the ONNX model.")
@@ -45,7 +48,7 @@ def load_model(path: str | os.PathLike, declared: dict[str, int] | None = None) 
         raise ModelLoadError(f"{path}: cannot read its external data ({exc}).") from exc
     if not model.graph.node:
         raise ModelLoadError(f"{path}: the graph has no nodes; nothing to convert.")
-    return validate_model(model, path, declared=declared)
+    return validate_model(model, path, declared=declared, repairs=repairs)
 
 
 def _external_locations(model: onnx.ModelProto) -> dict[str, list[str]]:
@@ -149,7 +152,7 @@ def declared_types(values) -> dict[str, int]:
 
 
 def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool = False,
-                   declared: dict[str, int] | None = None) -> onnx.ModelProto:
+                   declared: dict[str, int] | None = None, repairs: list[str] | None = None) -> onnx.ModelProto:
     """Run ``onnx.checker`` and shape inference on ``model`` (in place); raise ModelLoadError.
 
     A graph that refers to tensors nobody produces, nodes out of order or attributes
@@ -162,6 +165,8 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
         declared.update(declared_types(model.graph.value_info))
     model = _upgrade_per_axis_qdq(model, path)
     sort_nodes(model, path)
+    dedupe_initializers(model, path, repairs)  # what onnxruntime runs and onnx rejects, read as onnxruntime does
+    import_used_domains(model, path, repairs)
     skeleton = _skeleton(model)
     try:
         _check_ignoring_missing_io_shapes(skeleton)

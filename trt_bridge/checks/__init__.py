@@ -65,12 +65,14 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
     start = time.perf_counter()
     path = Path(path)
     declared: dict[str, int] = {}
-    model = load_model(path, declared)
+    repairs: list[str] = []
+    model = load_model(path, declared, repairs)
     _name_nodes(model)
     node_names = [n.name for n in model.graph.node]  # the parser names nodes by index when they have no name
     opset = default_opset(model)
     graph = gs.import_onnx(model)
-    findings: list[Finding] = []
+    findings = [Finding("invalid-onnx", Severity.BLOCKER, "", "", [], "not valid ONNX, though onnxruntime runs it; "
+                        "TensorRT's parser rejects it", what, True) for what in repairs]
     for node in graph.nodes:
         for rule in CHECK_RULES:
             found = rule.find(node, graph, opset)
@@ -172,7 +174,7 @@ def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: di
                                 "the op's schema and no cast resolves it", message, False))
         return findings
     for change in prepared:
-        if change.pass_name == "types" and change.node in ops:
+        if change.pass_name in ("types", "pad-code") and change.node in ops:
             node = ops[change.node]
             findings.append(Finding("type-mismatch", Severity.BLOCKER, node.name, node.op,
                                     [tensor_info(t) for t in node.inputs if t.name],
@@ -233,7 +235,7 @@ def _probe(path: Path, report: CheckReport, node_names: list[str], ops: dict) ->
     for error in result.details:
         name = error.node or (node_names[error.index] if 0 <= error.index < len(node_names) else "")
         message = f"{error.code}: {error.message}"
-        finding = by_node.get(name)
+        finding = by_node.get(name) if name else next((f for f in report.findings if f.rule == "invalid-onnx"), None)
         if finding is not None:
             finding.tensorrt = message if not finding.tensorrt else f"{finding.tensorrt}; {message}"
             continue

@@ -22,9 +22,12 @@ from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
 
 #: ops whose output is quantized with the input's own scale and zero point
+#: (GatherElements, GatherND: Intel Neural Compressor runs them on the codes too; ReduceMax, ReduceMin commute
+#: with DequantizeLinear, which is increasing, as MaxPool does)
 PASS_THROUGH = frozenset({
     "MaxPool", "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Resize", "Split", "Slice",
-    "Gather", "Pad", "Identity", "DepthToSpace", "SpaceToDepth", "Expand", "Tile", "Upsample",
+    "Gather", "GatherElements", "GatherND", "Pad", "Identity", "DepthToSpace", "SpaceToDepth", "Expand", "Tile",
+    "Upsample", "ReduceMax", "ReduceMin",
 })
 #: ops that read a quantized tensor but produce no quantized output
 INDEX_OUTPUT = frozenset({"ArgMax", "ArgMin"})

@@ -1,0 +1,155 @@
+"""Load-time repairs (``trt_bridge/repair.py``): what Intel Neural Compressor 1.0 writes that onnxruntime runs and
+``onnx.checker`` rejects. Each test builds the pattern, checks that the checker rejects it and onnxruntime runs it,
+converts it, and compares the converted model with onnxruntime on the source; TensorRT-RTX parses and builds it."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, quantize_static, run_ort, save, snr_db  # noqa: E402
+
+from trt_bridge.checks import CheckOptions, TrtProbe, check_model  # noqa: E402
+from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
+from trt_bridge.repair import dedupe_initializers, import_used_domains  # noqa: E402
+
+RNG = np.random.default_rng(3)
+
+
+def _feeds(count, seed):
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.normal(size=(1, 16, 8, 8)).astype(np.float32)} for _ in range(count)]
+
+
+def _convert(source: Path, tmp_path: Path) -> Path:
+    out = tmp_path / "converted.onnx"
+    report = convert(source, out, ConvertOptions(progress=False))  # static source: its own scales
+    assert not report.remaining_blockers
+    assert_qdq_contract(out)
+    assert_tensorrt_ready(out)
+    return out
+
+
+# --- one name, several initializers (INC's quantized copies of a bias that onnxruntime's optimizer shared) --------
+#
+#   x ─ Q(sx) ─ DQ ─ Conv1 ─ Q(sy) ─ DQ ─ Conv2 ─ y        W1_q ─ DQ ─ Conv1,  W2_q ─ DQ ─ Conv2
+#                     │                  │
+#   b_quantized, b_scale ─ DQ ─ b_dequantized ─┘          initializers: b_quantized, b_scale (copy for Conv1),
+#                                                                       b_quantized, b_scale (copy for Conv2)
+#
+# onnxruntime runs the last copy of each name for both readers; so must the conversion.
+
+def _shared_bias_model() -> onnx.ModelProto:
+    def conv_weight(name):
+        w = RNG.normal(size=(16, 16, 3, 3)) / 12
+        scale = np.abs(w).reshape(16, -1).max(1) / 127
+        return {f"{name}_q": np.rint(w / scale[:, None, None, None]).astype(np.int8),
+                f"{name}_s": scale.astype(np.float32), f"{name}_z": np.zeros(16, np.int8)}
+
+    inits = {**conv_weight("W1"), **conv_weight("W2"), "sx": np.float32(4 / 127), "sy": np.float32(2 / 127),
+             "zx": np.int8(0), "b_zero_point": np.zeros(16, np.int32)}
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"], "qx"),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"], "dqx"),
+             helper.make_node("DequantizeLinear", ["W1_q", "W1_s", "W1_z"], ["W1"], "dqw1", axis=0),
+             helper.make_node("DequantizeLinear", ["W2_q", "W2_s", "W2_z"], ["W2"], "dqw2", axis=0),
+             helper.make_node("DequantizeLinear", ["b_quantized", "b_scale", "b_zero_point"], ["b_dequantized"],
+                              "b_DequantizeLinear", axis=0),
+             helper.make_node("Conv", ["xd", "W1", "b_dequantized"], ["h"], "conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("QuantizeLinear", ["h", "sy", "zx"], ["hq"], "qh"),
+             helper.make_node("DequantizeLinear", ["hq", "sy", "zx"], ["hd"], "dqh"),
+             helper.make_node("Conv", ["hd", "W2", "b_dequantized"], ["y"], "conv2", pads=[1, 1, 1, 1])]
+    tensors = [numpy_helper.from_array(np.asarray(v), k) for k, v in inits.items()]
+    for copy in range(2):  # two different copies under the same two names, the second is what onnxruntime runs
+        bias = RNG.normal(size=16) / 4
+        scale = np.full(16, (0.05 + 0.05 * copy) / 2**10)
+        tensors += [numpy_helper.from_array(np.rint(bias / scale).astype(np.int32), "b_quantized"),
+                    numpy_helper.from_array(scale.astype(np.float32), "b_scale")]
+    graph = helper.make_graph(nodes, "shared_bias", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                                   [1, 16, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])], tensors)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_duplicate_initializer_names_keep_the_last_copy_as_onnxruntime_does(tmp_path, caplog):
+    model = _shared_bias_model()
+    with pytest.raises(onnx.checker.ValidationError, match="not unique"):
+        onnx.checker.check_model(model)
+    source = save(model, tmp_path / "source.onnx")
+    checked = check_model(source)  # `check` says so, with TensorRT's parser's own message
+    invalid = [f for f in checked.findings if f.rule == "invalid-onnx"]
+    assert len(invalid) == 1 and invalid[0].fixable and "kept the last of each" in invalid[0].fix
+    assert "duplicate tensor name" in (invalid[0].tensorrt or "")
+    assert not [f for f in checked.findings if f.rule == "tensorrt-parser"]
+    with caplog.at_level(logging.WARNING, logger="trt_bridge"):
+        out = _convert(source, tmp_path)
+    assert "kept the last of each" in caplog.text and "differing values" in caplog.text
+    assert op_types(out) == {"QuantizeLinear", "DequantizeLinear", "Conv"}
+    held_out = _feeds(4, 11)
+    # onnxruntime runs the source (the last copies); the conversion computes the same, at int8 precision
+    assert snr_db(run_ort(source, held_out), run_ort(out, held_out)) > 30
+    # and not what the first copies would compute
+    first = onnx.ModelProto()
+    first.CopyFrom(model)
+    kept = [t for t in first.graph.initializer if t.name not in ("b_quantized", "b_scale")] + \
+        [t for t in first.graph.initializer if t.name in ("b_quantized", "b_scale")][:2]
+    del first.graph.initializer[:]
+    first.graph.initializer.extend(kept)
+    assert snr_db(run_ort(first, held_out), run_ort(out, held_out)) < 20
+
+
+def test_identical_copies_are_merged_and_nothing_else_changes():
+    model = _shared_bias_model()
+    last = [t for t in model.graph.initializer if t.name == "b_scale"][-1]
+    for t in model.graph.initializer:
+        if t.name == "b_scale":
+            t.CopyFrom(last)
+    valid = onnx.ModelProto()
+    valid.CopyFrom(model)
+    assert dedupe_initializers(model) == ["b_quantized", "b_scale"]
+    assert [t.name for t in model.graph.initializer].count("b_scale") == 1
+    assert dedupe_initializers(model) == []  # idempotent: a valid model is left as it is
+    assert import_used_domains(model) == []
+
+
+# --- com.microsoft ops without the domain's opset import (INC's SmoothQuant path) ---------------------------------
+#
+#   x ─ QuantizeLinear ─ QLinearConv ─ QLinearAdd(com.microsoft) ─ DequantizeLinear ─ y
+#                    └──────────────────────┘ (skip)
+#   opset_import: only ai.onnx (onnxruntime assumes com.microsoft version 1)
+
+def test_com_microsoft_ops_without_an_opset_import(tmp_path, caplog):
+    inits = {"W": (RNG.normal(size=(16, 16, 3, 3)) / 12).astype(np.float32),
+             "B": (RNG.normal(size=16) / 4).astype(np.float32)}
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["h"], "conv", pads=[1, 1, 1, 1]),
+             helper.make_node("Add", ["h", "x"], ["y"], "skip")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    fpath = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "float.onnx")
+    from onnxruntime.quantization import QuantFormat
+
+    qop = quantize_static(fpath, tmp_path / "qop.onnx", _feeds(8, 1), quant_format=QuantFormat.QOperator,
+                          per_channel=True)
+    model = onnx.load(str(qop))
+    assert "QLinearAdd" in op_types(model)
+    kept = [i for i in model.opset_import if i.domain != "com.microsoft"]
+    del model.opset_import[:]
+    model.opset_import.extend(kept)
+    with pytest.raises(onnx.checker.ValidationError, match="No opset import for domain 'com.microsoft'"):
+        onnx.checker.check_model(model)
+    source = save(model, tmp_path / "no_import.onnx")
+    invalid = [f for f in check_model(source, CheckOptions(trt=TrtProbe.OFF)).findings if f.rule == "invalid-onnx"]
+    assert len(invalid) == 1 and "com.microsoft" in invalid[0].fix
+    with caplog.at_level(logging.WARNING, logger="trt_bridge"):
+        out = _convert(source, tmp_path)
+    assert "com.microsoft" in caplog.text and "imported version 1" in caplog.text
+    assert not op_types(out) & {"QLinearConv", "QLinearAdd"}
+    held_out = _feeds(4, 12)
+    assert snr_db(run_ort(source, held_out), run_ort(out, held_out)) > 30  # onnxruntime runs the source
