@@ -11,17 +11,30 @@ zero point 0). When lo is 0 (a uint8 zero point of 0, or int8 −128) the Q was 
 ReLU: onnxruntime's quantizer removes Relu/Clip nodes whose clamp the Q already
 does. The lift then keeps that clamp as an explicit ``Clip(lo, hi)`` (which TensorRT
 fuses into the producer), so the float graph computes what the source computed.
+
+A per-axis activation pair (NNCF writes one per channel, or per position where it takes
+the wrong axis for a channel) has no TensorRT equivalent: TensorRT quantizes activations
+per tensor. The nearest thing it builds is one per-tensor scale covering the union of the
+channels' ranges; the lift takes that, logs a warning and records it in ``ctx.approximated``
+(the report's ``approximated``).
+
+    Before:  x ─ Q(s[c], z[c], axis) ─ DQ(s[c], z[c], axis) ─ op
+    After:   x ─ op      annotation: x → activation, scale max_c(|lo_c|, |hi_c|)/127
 """
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site
 from trt_bridge.calibration.observers import QMAX
-from trt_bridge.lift.base import NOT_MINE, LiftContext
+from trt_bridge.lift.base import NOT_MINE, Approximation, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
+
+log = logging.getLogger("trt_bridge.lift.qdq_pair")
 
 
 def _params(node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:
@@ -32,17 +45,19 @@ def _params(node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:
     return scale, zp
 
 
-def code_range(scale: float, zp: np.ndarray) -> tuple[float, float]:
-    """The float range [lo, hi] that a (scale, zero point) pair's integer codes represent."""
+def code_range(scale: float | np.ndarray, zp: np.ndarray) -> tuple[float, float]:
+    """The float range [lo, hi] that a (scale, zero point) pair's integer codes represent; for
+    per-axis pairs, the union of the channels' ranges."""
     info = np.iinfo(zp.dtype)
-    z = int(zp.reshape(()))
-    return (info.min - z) * scale, (info.max - z) * scale
+    s = np.asarray(scale, np.float64).reshape(-1)
+    z = zp.astype(np.int64).reshape(-1)
+    return float(((info.min - z) * s).min()), float(((info.max - z) * s).max())
 
 
 def covering_scale(scale: float, zp: np.ndarray) -> float:
     """The symmetric int8 scale that covers the source's range (the source's own for int8, zero point 0)."""
-    if zp.dtype == np.int8 and int(zp.reshape(())) == 0:
-        return float(scale)
+    if np.size(scale) == 1 and zp.dtype == np.int8 and int(zp.reshape(-1)[0]) == 0:
+        return float(np.reshape(scale, ()))
     lo, hi = code_range(scale, zp)
     return max(abs(lo), abs(hi)) / QMAX
 
@@ -61,8 +76,10 @@ class QDQPair:
         if params is None:
             return "the scale and zero point must be constants"
         scale, zp = params
-        if scale.size != 1 or zp.size != 1:
-            return "per-axis quantization of an activation (TensorRT takes per-tensor activations only)"
+        if node.attrs.get("block_size", 0):
+            return "blocked quantization of an activation (TensorRT blocks weights only)"
+        if scale.size != 1 and zp.size not in (1, scale.size):
+            return f"{zp.size} zero points for {scale.size} scales"
         if any(t is q_out for t in ctx.graph.outputs):
             return f"the quantized tensor '{q_out.name}' is a graph output (TensorRT outputs no uint8/int8 codes)"
         dqs = list(q_out.outputs)
@@ -75,10 +92,17 @@ class QDQPair:
                                                          zp.reshape(-1).astype(np.int64))):
                 return f"DequantizeLinear '{dq.name}' uses other scale/zero point than QuantizeLinear '{node.name}'"
 
-        s = float(scale.reshape(()))
-        zp = zp.reshape(())
+        per_axis = scale.size > 1
+        s = scale.astype(np.float64).reshape(-1) if per_axis else float(scale.reshape(()))
+        zp = zp.reshape(-1) if per_axis else zp.reshape(())
         x = node.inputs[0]
         lo, hi = code_range(s, zp)
+        if per_axis:
+            what = (f"per-axis activation quantization of '{x.name}' ({scale.size} scales on axis "
+                    f"{node.attrs.get('axis', 1)}): TensorRT quantizes activations per tensor; one scale covering "
+                    f"all channels' range [{lo:.4g}, {hi:.4g}] instead")
+            log.warning("QuantizeLinear '%s': %s", node.name, what)
+            ctx.approximated.append(Approximation(self.name, node.name, what))
         if lo == 0.0:  # the Q clamps at zero: keep the ReLU it stands for
             clipped = gs.Variable(ctx.names(f"{x.name}_clipped"), dtype=np.float32, shape=x.shape)
             ctx.graph.nodes.append(gs.Node("Clip", ctx.names(f"{node.name}/clip"), {},
@@ -88,7 +112,7 @@ class QDQPair:
                                                          ("clip", float(np.float32(hi))))], [clipped]))
             x = clipped
         graph_outputs = {id(t): i for i, t in enumerate(ctx.graph.outputs)}
-        covering = covering_scale(s, zp)
+        covering = max(abs(lo), abs(hi)) / QMAX if per_axis else covering_scale(s, zp)
         for dq in dqs:
             out = dq.outputs[0]
             for consumer in list(out.outputs):
