@@ -1,0 +1,55 @@
+"""Carry a source activation scale through the data-movement ops it was quantized in front of.
+
+Quantizers that propagate their quantizers upwards (NNCF: through Transpose, Reshape, MaxPool, …,
+"quantization-agnostic" ops) put the Q/DQ pair of a Conv's or MatMul's input in front of the ops
+that move the tensor to it. TensorRT quantizes the weighted op's input itself (placement drops the
+site on the Transpose), so without this rule that input would be left in float::
+
+    Before:  x ─ Q(s) ─ DQ(s) ─ Transpose ─ Reshape ─ Conv            (after qdq-pair: x annotated at Transpose:0)
+    After:   x ─ Transpose ─ t ─ Reshape ─ r ─ Conv                   annotations: x, t and r → scale s
+                                                                     (sites Transpose:0, Reshape:0, Conv:0)
+
+Exact: these ops only move, select or take the maximum of values, and per-tensor quantization
+commutes with all of them (the source's DQ output, moved, is the moved tensor's Q/DQ with the same
+scale). A tensor the source quantized on its own keeps its own scale. Placement then keeps the sites
+TensorRT fuses (the Conv's input) and drops the others.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trt_bridge.annotations import ScaleSource, Site
+from trt_bridge.lift.base import NOT_MINE, LiftContext
+from trt_bridge.lift.dequantize_gathered import DATA_MOVEMENT
+
+#: ops whose first output, quantized per tensor, equals the op applied to the quantized first input
+COMMUTES = DATA_MOVEMENT | {"MaxPool", "DepthToSpace", "SpaceToDepth"}
+
+
+class ScaleThroughMovement:
+    name = "qdq-through-data-movement"
+    op_types = tuple(sorted(COMMUTES))
+
+    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+        if not node.inputs or not node.outputs:
+            return NOT_MINE
+        x, y = node.inputs[0], node.outputs[0]
+        spec = ctx.annotations.activations.get(x.name)
+        if spec is None or spec.scale is None or spec.source is not ScaleSource.MODEL \
+                or Site(node.name, 0) not in spec.sites:
+            return NOT_MINE  # the source did not quantize this op's input
+        if y.name in ctx.annotations.activations or not y.outputs:
+            return NOT_MINE  # the source quantized the moved tensor itself (its own scale wins), or no reader
+        if node.op == "MaxPool" and len(node.outputs) > 1 and node.outputs[1].outputs:
+            return "MaxPool's indices output is read"
+        if y.dtype is not None and not isinstance(y.dtype, int) and not np.issubdtype(np.dtype(y.dtype), np.floating):
+            return NOT_MINE
+        for consumer in y.outputs:
+            for index, tensor in enumerate(consumer.inputs):
+                if tensor is y:
+                    ctx.annotations.add_activation(y.name, Site(consumer.name, index), spec.origin, spec.scale,
+                                                   ScaleSource.MODEL)
+        ctx.annotations.activations[y.name].model_range = spec.model_range
+        return None
