@@ -16,7 +16,9 @@ A per-axis activation pair (NNCF writes one per channel, or per position where i
 the wrong axis for a channel) has no TensorRT equivalent: TensorRT quantizes activations
 per tensor. The nearest thing it builds is one per-tensor scale covering the union of the
 channels' ranges; the lift takes that, logs a warning and records it in ``ctx.approximated``
-(the report's ``approximated``).
+(the report's ``approximated``). A scale that is not a positive finite number (NNCF's, where the
+range of an attention mask holding float32's lowest value overflowed) is rejected by TensorRT: the
+pair is lifted to the float tensor, unquantized, and recorded the same way.
 
     Before:  x ─ Q(s[c], z[c], axis) ─ DQ(s[c], z[c], axis) ─ op
     After:   x ─ op      annotation: x → activation, scale max_c(|lo_c|, |hi_c|)/127
@@ -92,10 +94,19 @@ class QDQPair:
                                                          zp.reshape(-1).astype(np.int64))):
                 return f"DequantizeLinear '{dq.name}' uses other scale/zero point than QuantizeLinear '{node.name}'"
 
+        x = node.inputs[0]
+        usable = np.isfinite(scale) & (scale > 0)
+        if not usable.all():
+            bad = float(scale.reshape(-1)[~usable.reshape(-1)][0])
+            what = (f"scale {bad:g} of '{x.name}' is not a positive finite number (a range that overflowed "
+                    "float32 while calibrating): TensorRT rejects it; the tensor stays in float")
+            log.warning("QuantizeLinear '%s': %s", node.name, what)
+            ctx.approximated.append(Approximation(self.name, node.name, what))
+            _read_float(ctx, dqs, x)
+            return None
         per_axis = scale.size > 1
         s = scale.astype(np.float64).reshape(-1) if per_axis else float(scale.reshape(()))
         zp = zp.reshape(-1) if per_axis else zp.reshape(())
-        x = node.inputs[0]
         lo, hi = code_range(s, zp)
         if per_axis:
             what = (f"per-axis activation quantization of '{x.name}' ({scale.size} scales on axis "
@@ -111,19 +122,9 @@ class QDQPair:
                                             ctx.constant(f"{node.name}_hi", np.array(hi, np.float32),
                                                          ("clip", float(np.float32(hi))))], [clipped]))
             x = clipped
-        graph_outputs = {id(t): i for i, t in enumerate(ctx.graph.outputs)}
         covering = max(abs(lo), abs(hi)) / QMAX if per_axis else covering_scale(s, zp)
-        for dq in dqs:
-            out = dq.outputs[0]
-            for consumer in list(out.outputs):
-                for index, tensor in enumerate(consumer.inputs):
-                    if tensor is out:
-                        consumer.inputs[index] = x
-                        ctx.annotations.add_activation(x.name, Site(consumer.name, index), node.name,
-                                                       covering, ScaleSource.MODEL)
-            if id(out) in graph_outputs:  # keep the output's name: Identity from the float tensor
-                out.inputs.clear()
-                ctx.graph.nodes.append(gs.Node("Identity", ctx.names(f"{dq.name}/float"), {}, [x], [out]))
+        for site in _read_float(ctx, dqs, x):
+            ctx.annotations.add_activation(x.name, site, node.name, covering, ScaleSource.MODEL)
         spec = ctx.annotations.activations.get(x.name)
         if spec is not None and spec.source is ScaleSource.MODEL:
             if spec.model_range is None:
@@ -132,3 +133,20 @@ class QDQPair:
                 spec.model_range = (min(lo, spec.model_range[0]), max(hi, spec.model_range[1]))
                 spec.scale = max(spec.scale, covering)
         return None
+
+
+def _read_float(ctx: LiftContext, dqs: list[gs.Node], x: gs.Tensor) -> list[Site]:
+    """Rewire every reader of the ``dqs``' outputs to the float ``x``; the edges rewired."""
+    graph_outputs = {id(t) for t in ctx.graph.outputs}
+    sites = []
+    for dq in dqs:
+        out = dq.outputs[0]
+        for consumer in list(out.outputs):
+            for index, tensor in enumerate(consumer.inputs):
+                if tensor is out:
+                    consumer.inputs[index] = x
+                    sites.append(Site(consumer.name, index))
+        if id(out) in graph_outputs:  # keep the output's name: Identity from the float tensor
+            out.inputs.clear()
+            ctx.graph.nodes.append(gs.Node("Identity", ctx.names(f"{dq.name}/float"), {}, [x], [out]))
+    return sites

@@ -3,8 +3,9 @@ axis it believes is the channel one, which for a ``[N, tokens, C]`` tensor is th
 per-channel weights stored as int8 initializers read by a ``DequantizeLinear`` alone, with a negative
 ``axis``. TensorRT quantizes activations per tensor only: the rule ``qdq-pair`` lifts the per-axis pair
 to one per-tensor scale covering all channels' ranges, logs a warning and lists it in the report's
-``approximated``. Each test checks the op types left, the numerics against onnxruntime on the source and
-TensorRT-RTX's parse and build."""
+``approximated``; a pair whose scale overflowed to inf (an attention mask's range) is left in float, recorded
+the same way. Each test checks the op types left, the numerics against onnxruntime (on the source, or on the
+float model it stands for where the source's own numbers are not finite) and TensorRT-RTX's parse and build."""
 
 from __future__ import annotations
 
@@ -111,3 +112,57 @@ def test_negative_weight_axis_is_lifted_exactly(tmp_path):
                                   (inits["W_q"].astype(np.float64) * inits["s_w"]).astype(np.float32))
     spec = ctx.annotations.weights[matmul.input[1]]
     assert spec.axis == 1 and spec.int8 is not None
+
+
+def _overflowed_mask_scale() -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """NNCF's default preset on BERT's additive attention mask (0 or float32's lowest): its range overflows
+    and the pair gets scale inf, which TensorRT rejects (and DequantizeLinear computes 0 · inf = NaN):
+
+        mask [1, 16] ─ Q(inf, −128) ─ DQ(inf, −128) ─┐
+        x [1, 16] ──────────────────────────────── Add ─ h ─ Q(s_h) ─ DQ(s_h) ─ MatMul(DQ(W_q, s_w, axis=-1)) ─ y
+
+    Returns (the source, the float model it stands for: the same graph without any Q/DQ)."""
+    rng = np.random.default_rng(5)
+    w = rng.normal(size=(N, N)).astype(np.float32) / 4
+    s_w = (np.abs(w).max(axis=0) / 127).astype(np.float32)
+    w_q = np.clip(np.rint(w / s_w), -127, 127).astype(np.int8)
+    inits = {"inf": np.array(np.inf, np.float32), "z_mask": np.array(-128, np.int8),
+             "s_h": np.array(4.0 / 127, np.float32), "z": np.array(0, np.int8), "W_q": w_q, "s_w": s_w}
+    io = ([helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, N]),
+           helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, N])],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, N])])
+    nodes = [helper.make_node("QuantizeLinear", ["mask", "inf", "z_mask"], ["m_q"], "q_mask"),
+             helper.make_node("DequantizeLinear", ["m_q", "inf", "z_mask"], ["m"], "dq_mask"),
+             helper.make_node("Add", ["x", "m"], ["h"], "add_mask"),
+             helper.make_node("QuantizeLinear", ["h", "s_h", "z"], ["h_q"], "q_h"),
+             helper.make_node("DequantizeLinear", ["h_q", "s_h", "z"], ["h_dq"], "dq_h"),
+             helper.make_node("DequantizeLinear", ["W_q", "s_w"], ["W"], "dq_w", axis=-1),
+             helper.make_node("MatMul", ["h_dq", "W"], ["y"], "matmul")]
+    source = helper.make_graph(nodes, "mask", *io, [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    floats = helper.make_graph([helper.make_node("Add", ["x", "mask"], ["h"], "add_mask"),
+                                helper.make_node("MatMul", ["h", "W"], ["y"], "matmul")], "float", *io,
+                               [numpy_helper.from_array((w_q * s_w).astype(np.float32), "W")])
+    return tuple(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]) for g in (source, floats))
+
+
+def test_non_finite_scale_leaves_the_tensor_in_float(tmp_path, caplog):
+    model, float_model = _overflowed_mask_scale()
+    source = save(model, tmp_path / "nncf.onnx")
+    rng = np.random.default_rng(2)
+    feeds = [{"x": rng.normal(size=(1, N)).astype(np.float32),
+              "mask": np.where(rng.random((1, N)) < 0.2, -1.0, 0.0).astype(np.float32)} for _ in range(6)]
+    out = tmp_path / "converted.onnx"
+    with caplog.at_level(logging.WARNING, logger="trt_bridge.lift.qdq_pair"):
+        report = convert(source, out, ConvertOptions(progress=False))
+    assert not report.remaining_blockers
+    assert [a["node"] for a in report.approximated] == ["q_mask"] and "stays in float" in caplog.text
+    # (a) the mask is read in float; the only activation Q left is the MatMul input's, with the source's scale
+    converted = assert_qdq_contract(out)
+    consts = {i.name: numpy_helper.to_array(i) for i in converted.graph.initializer}
+    quantizers = [n for n in converted.graph.node if n.op_type == "QuantizeLinear"]
+    assert [consts[q.input[1]].item() for q in quantizers] == [pytest.approx(4.0 / 127)]
+    assert not any("mask" in n.input for n in quantizers)
+    # (b) against the float model the source stands for: measured 41.7 dB, the bar 3 dB under
+    assert snr_db(run_ort(float_model, feeds), run_ort(out, feeds)) > 38.7
+    # (c) TensorRT-RTX parses and builds it
+    assert_tensorrt_ready(out)
