@@ -90,7 +90,9 @@ def main() -> int:
     floats = sorted(p for p in (args.out / "float").glob("*.onnx"))
     if args.only:
         floats = [p for p in floats if p.stem in args.only]
-    failed = {}
+    record = args.out / "quantized" / "nncf-failed.json"
+    # a run over some models or modes updates the failures it re-tried and keeps the others
+    failed = {} if args.tiny or not record.is_file() else json.loads(record.read_text())
     for src in floats:
         calib = dict(np.load(src.with_suffix(".calib.npz")))
         for mode in args.modes:
@@ -100,6 +102,7 @@ def main() -> int:
             dst = folder / src.name
             dst.parent.mkdir(parents=True, exist_ok=True)
             key = f"nncf-{mode}/{src.name}"
+            failed.pop(key, None)
             try:
                 quantize(mode, src, dst, calib)
                 onnx.load(str(dst), load_external_data=False)
@@ -111,7 +114,7 @@ def main() -> int:
                 if args.verbose:
                     traceback.print_exc()
     if not args.tiny:
-        (args.out / "quantized" / "nncf-failed.json").write_text(json.dumps(failed, indent=1))
+        record.write_text(json.dumps(dict(sorted(failed.items())), indent=1))
     return 0
 
 

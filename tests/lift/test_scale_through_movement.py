@@ -1,5 +1,5 @@
 """Rule ``qdq-through-data-movement``: a source activation scale quantized in front of data-movement ops
-(NNCF propagates its quantizers up through Transpose/Reshape/MaxPool) is carried to the Conv or MatMul
+(NNCF propagates its quantizers up through Transpose/Reshape/MaxPool/Pad) is carried to the Conv or MatMul
 they feed, so TensorRT quantizes that op's input with the source's own scale instead of leaving it in
 float. Checks the op types around the Conv, exact numerics against onnxruntime on the source, and
 TensorRT-RTX's parse and build."""
@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -100,3 +101,52 @@ def test_a_tensor_quantized_by_the_source_keeps_its_own_scale(tmp_path):
     feeds = _feeds(4, 2)
     assert snr_db(run_ort(source, feeds), run_ort(out, feeds)) > 34.5
     assert_tensorrt_ready(out)
+
+
+def _padded_conv(pad_value: float | None) -> onnx.ModelProto:
+    """MobileNetV2's explicit "same" padding as NNCF quantized it (the pair in front of the Pad):
+
+        x [1, 32, 8, 8] ─ Q(s) ─ DQ(s) ─ Pad(pads 1, constant pad_value) ─ p ─ Conv(DQ(W_q, s_w), no padding) ─ y
+    """
+    rng = np.random.default_rng(11)
+    w = (rng.normal(size=(C, C, 3, 3)) / 12).astype(np.float32)
+    s_w = (np.abs(w).reshape(C, -1).max(axis=1) / 127).astype(np.float32)
+    inits = {"s": np.array(4.0 / 127, np.float32), "z": np.array(0, np.int8),
+             "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+             "W_q": np.clip(np.rint(w / s_w.reshape(-1, 1, 1, 1)), -127, 127).astype(np.int8), "s_w": s_w}
+    pad_inputs = ["x_dq", "pads"]
+    if pad_value is not None:
+        inits["value"] = np.array(pad_value, np.float32)
+        pad_inputs.append("value")
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["x_q"], "q_x"),
+             helper.make_node("DequantizeLinear", ["x_q", "s", "z"], ["x_dq"], "dq_x"),
+             helper.make_node("Pad", pad_inputs, ["p"], "pad"),
+             helper.make_node("DequantizeLinear", ["W_q", "s_w"], ["W"], "dq_w", axis=0),
+             helper.make_node("Conv", ["p", "W"], ["y"], "conv")]
+    graph = helper.make_graph(nodes, "padded",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, C, HW, HW])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, C, HW, HW])],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_source_scale_reaches_the_conv_through_a_zero_pad(tmp_path):
+    source = save(_padded_conv(0.0), tmp_path / "nncf.onnx")
+    out = tmp_path / "converted.onnx"
+    report = convert(source, out, ConvertOptions(progress=False))
+    assert report.rules and {r.rule: r.nodes for r in report.rules}["qdq-through-data-movement"] == ["pad"]
+    converted = assert_qdq_contract(out)
+    assert _conv_input_scale(converted) == ("Pad", pytest.approx(4.0 / 127))
+    rng = np.random.default_rng(4)
+    feeds = [{"x": rng.normal(size=(1, C, HW, HW)).astype(np.float32)} for _ in range(3)]
+    for want, got in zip(run_ort(source, feeds), run_ort(out, feeds)):  # exact: 0 is on the int8 grid
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert_tensorrt_ready(out)
+
+
+def test_a_pad_that_writes_another_constant_is_declined(tmp_path):
+    source = save(_padded_conv(0.5), tmp_path / "nncf.onnx")
+    lifted, ctx = lift_model(load_model(source), source)
+    assert "qdq-through-data-movement" not in ctx.fired
+    assert [(d.node, d.reason) for d in ctx.declined if d.rule == "qdq-through-data-movement"] == [
+        ("pad", "Pad writes a constant other than 0 (not exactly on the quantization grid)")]

@@ -9,10 +9,14 @@ site on the Transpose), so without this rule that input would be left in float::
     After:   x ─ Transpose ─ t ─ Reshape ─ r ─ Conv                   annotations: x, t and r → scale s
                                                                      (sites Transpose:0, Reshape:0, Conv:0)
 
-Exact: these ops only move, select or take the maximum of values, and per-tensor quantization
-commutes with all of them (the source's DQ output, moved, is the moved tensor's Q/DQ with the same
-scale). A tensor the source quantized on its own keeps its own scale. Placement then keeps the sites
-TensorRT fuses (the Conv's input) and drops the others.
+    Before:  x ─ Q(s) ─ DQ(s) ─ Pad(0) ─ Conv                         (MobileNetV2's "same" padding)
+    After:   x ─ Pad(0) ─ p ─ Conv                                    annotations: x and p → scale s
+
+Exact: these ops only move, select, repeat (nearest Resize, reflect/edge Pad, Pad with 0) or take
+the maximum of values, and per-tensor quantization commutes with all of them (the source's DQ
+output, moved, is the moved tensor's Q/DQ with the same scale). A tensor the source quantized on its
+own keeps its own scale. Placement then keeps the sites TensorRT fuses (the Conv's input) and drops
+the others.
 """
 
 from __future__ import annotations
@@ -23,9 +27,22 @@ import onnx_graphsurgeon as gs
 from trt_bridge.annotations import ScaleSource, Site
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.dequantize_gathered import DATA_MOVEMENT
+from trt_bridge.lift.scale_algebra import constant_values
 
 #: ops whose first output, quantized per tensor, equals the op applied to the quantized first input
-COMMUTES = DATA_MOVEMENT | {"MaxPool", "DepthToSpace", "SpaceToDepth"}
+#: (Pad and Resize under the conditions :func:`_moves_only` checks)
+COMMUTES = DATA_MOVEMENT | {"MaxPool", "DepthToSpace", "SpaceToDepth", "Pad", "Resize"}
+
+
+def _moves_only(node: gs.Node) -> str | None:
+    """Why ``node`` computes values its input does not hold (so the source's scale would not carry), or None."""
+    if node.op == "Pad" and node.attrs.get("mode", "constant") == "constant":
+        value = constant_values(node.inputs[2]) if len(node.inputs) > 2 and node.inputs[2].name else None
+        if len(node.inputs) > 2 and node.inputs[2].name and (value is None or np.any(value != 0)):
+            return "Pad writes a constant other than 0 (not exactly on the quantization grid)"
+    if node.op == "Resize" and node.attrs.get("mode", "nearest") != "nearest":
+        return NOT_MINE  # interpolation makes new values: the input's scale is not the output's
+    return None
 
 
 class ScaleThroughMovement:
@@ -44,6 +61,9 @@ class ScaleThroughMovement:
             return NOT_MINE  # the source quantized the moved tensor itself (its own scale wins), or no reader
         if node.op == "MaxPool" and len(node.outputs) > 1 and node.outputs[1].outputs:
             return "MaxPool's indices output is read"
+        why = _moves_only(node)
+        if why is not None:
+            return why
         if y.dtype is not None and not isinstance(y.dtype, int) and not np.issubdtype(np.dtype(y.dtype), np.floating):
             return NOT_MINE
         for consumer in y.outputs:
