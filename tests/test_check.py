@@ -164,20 +164,40 @@ def test_dynamic_model_findings(tmp_path):
 
 
 def test_declined_pattern_says_convert_cannot(tmp_path):
-    """A per-axis activation QuantizeLinear: TensorRT quantizes activations per tensor, and no rule rewrites it."""
+    """A blocked activation QuantizeLinear: TensorRT blocks weights only, and no rule rewrites it."""
     graph = helper.make_graph(
-        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], "q_act", axis=1),
-         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], "dq_act", axis=1)], "g",
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], "q_act", axis=1, block_size=2),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["y"], "dq_act", axis=1, block_size=2)], "g",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
-        [numpy_helper.from_array(np.full(4, 0.1, np.float32), "s"), numpy_helper.from_array(np.zeros(4, np.int8), "z")])
-    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "axis.onnx")
+        [numpy_helper.from_array(np.full((1, 2), 0.1, np.float32), "s"),
+         numpy_helper.from_array(np.zeros((1, 2), np.int8), "z")])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)]), tmp_path / "blocked.onnx")
     report = check_model(src, STATIC)
     q = next(f for f in report.findings if f.node == "q_act")
     assert q.rule == "qdq-scale" and not q.fixable
-    assert q.why == "per-axis scales (4) on an activation: TensorRT quantizes activations per tensor only"
-    assert q.fix == "per-axis quantization of an activation (TensorRT takes per-tensor activations only)"
+    assert q.why == "block quantization of an activation: TensorRT blocks weights only"
+    assert q.fix == "blocked quantization of an activation (TensorRT blocks weights only)"
     assert "convert cannot fix this" in report.summary()
+
+
+def test_per_axis_activation_is_fixed_with_one_covering_scale(tmp_path):
+    """A per-axis activation QuantizeLinear (NNCF writes them): convert lifts it to the nearest per-tensor scale."""
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["q"], "q_act", axis=1),
+         helper.make_node("DequantizeLinear", ["q", "s", "z"], ["d"], "dq_act", axis=1),
+         helper.make_node("MatMul", ["d", "w"], ["y"], "mm")], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
+        [numpy_helper.from_array(np.linspace(0.01, 0.1, 16, dtype=np.float32), "s"),
+         numpy_helper.from_array(np.zeros(16, np.int8), "z"),
+         numpy_helper.from_array(np.eye(16, dtype=np.float32), "w")])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "axis.onnx")
+    report = check_model(src, STATIC)
+    q = next(f for f in report.findings if f.node == "q_act")
+    assert q.rule == "qdq-scale" and q.fixable
+    assert q.why == "per-axis scales (16) on an activation: TensorRT quantizes activations per tensor only"
+    assert q.fix.startswith("lifted by rule 'qdq-pair' to the nearest thing TensorRT builds: per-axis activation")
 
 
 def test_cli_exit_status_and_json(tmp_path):

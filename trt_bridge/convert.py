@@ -190,6 +190,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         sanitized=[asdict(c) for c in ctx.prepared],
         imported_scales=None if imported is None else imported.to_dict(),
         precision=_precision_report(out_model, options, kept_fp32),
+        approximated=[asdict(a) for a in ctx.approximated],
     )
     if options.check:
         from trt_bridge.checks import CheckOptions, check_model

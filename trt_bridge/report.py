@@ -40,6 +40,8 @@ class ConversionReport:
     imported_scales: dict | None = None  # --scales FILE / --qat: files, matching, applied, unused, warnings
     accuracy: dict | None = None  # --accuracy-target: the ranking, every probe, the chosen tradeoff
     precision: dict | None = None  # layers by the precision TensorRT runs them in; --high-precision's fp32 keeps
+    #: lift.Approximation as dicts: source quantization with no exact TensorRT equivalent, lifted to the nearest
+    approximated: list[dict] = field(default_factory=list)
 
     def __bool__(self) -> bool:
         return not self.remaining_blockers
@@ -86,6 +88,8 @@ class ConversionReport:
             for change in self.sanitized:
                 kinds[change["pass_name"]] = kinds.get(change["pass_name"], 0) + 1
             lines.append("  sanitized: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+        for approx in self.approximated:
+            lines.append(f"  approximated ({approx['rule']}) '{approx['node']}': {approx['what']}")
         if self.left_in_float:
             lines.append(f"  left in float: {len(self.left_in_float)} edge(s) (see the JSON report)")
         if self.precision is not None:

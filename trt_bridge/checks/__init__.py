@@ -188,6 +188,7 @@ def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: di
         by_node.setdefault(change.node, []).append(change)
     fired = {node: rule for rule, nodes in lifting.ctx.fired.items() for node in nodes}
     declined = {d.node: d.reason for d in lifting.ctx.declined}
+    approximated = {a.node: a.what for a in lifting.ctx.approximated if a.node in fired}
     left = {n.name: where for n, where in lifting.blockers}
     remaining = {n.name for n in lifting.graph.nodes}
     for finding in findings:
@@ -199,6 +200,9 @@ def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: di
             finding.fix = (f"it sits in a control-flow subgraph ({left[finding.node]}), which convert does not "
                            "rewrite" if left[finding.node] else declined.get(
                                finding.node, f"no rule lifts {finding.op}; please report the pattern"))
+        elif finding.node in approximated:
+            finding.fix, finding.fixable = (f"lifted by rule '{fired[finding.node]}' to the nearest thing TensorRT "
+                                            f"builds: {approximated[finding.node]}"), True
         elif finding.node in fired:
             finding.fix, finding.fixable = LIFT_OUTCOMES.get(fired[finding.node], f"lifted by {fired[finding.node]}"), \
                 True

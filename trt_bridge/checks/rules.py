@@ -120,11 +120,11 @@ class QDQScales:
             return _finding(self.name, node, f"scale {float(bad[0]):g} is not positive and finite: TensorRT rejects "
                                              "it (\"Scale coefficients must all be positive\")")
         activation = constant_values(node.inputs[0]) is None
+        if node.attrs.get("block_size", 0) and activation:
+            return _finding(self.name, node, "block quantization of an activation: TensorRT blocks weights only")
         if activation and node.op == "QuantizeLinear" and scale.size > 1:
             return _finding(self.name, node, f"per-axis scales ({scale.size}) on an activation: TensorRT quantizes "
                                              "activations per tensor only")
-        if node.attrs.get("block_size", 0) and activation:
-            return _finding(self.name, node, "block quantization of an activation: TensorRT blocks weights only")
         return None
 
 

@@ -40,6 +40,15 @@ class NameAllocator:
         return name
 
 
+@dataclass(frozen=True)
+class Approximation:
+    """A rule lifted ``node`` to the nearest thing TensorRT builds, not to an exact equivalent: ``what``."""
+
+    rule: str
+    node: str
+    what: str
+
+
 @dataclass
 class LiftContext:
     graph: gs.Graph
@@ -49,6 +58,7 @@ class LiftContext:
     constants: dict[tuple, gs.Constant] = field(default_factory=dict)  # dedup of lifted weights
     names: NameAllocator | None = None
     prepared: list = field(default_factory=list)  # sanitize.Change records of the steps before lifting
+    approximated: list[Approximation] = field(default_factory=list)  # no exact TensorRT equivalent: the nearest
 
     def __post_init__(self) -> None:
         if self.names is None:

@@ -11,17 +11,32 @@ zero point 0). When lo is 0 (a uint8 zero point of 0, or int8 −128) the Q was 
 ReLU: onnxruntime's quantizer removes Relu/Clip nodes whose clamp the Q already
 does. The lift then keeps that clamp as an explicit ``Clip(lo, hi)`` (which TensorRT
 fuses into the producer), so the float graph computes what the source computed.
+
+A per-axis activation pair (NNCF writes one per channel, or per position where it takes
+the wrong axis for a channel) has no TensorRT equivalent: TensorRT quantizes activations
+per tensor. The nearest thing it builds is one per-tensor scale covering the union of the
+channels' ranges; the lift takes that, logs a warning and records it in ``ctx.approximated``
+(the report's ``approximated``). A scale that is not a positive finite number (NNCF's, where the
+range of an attention mask holding float32's lowest value overflowed) is rejected by TensorRT: the
+pair is lifted to the float tensor, unquantized, and recorded the same way.
+
+    Before:  x ─ Q(s[c], z[c], axis) ─ DQ(s[c], z[c], axis) ─ op
+    After:   x ─ op      annotation: x → activation, scale max_c(|lo_c|, |hi_c|)/127
 """
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site
 from trt_bridge.calibration.observers import QMAX
-from trt_bridge.lift.base import NOT_MINE, LiftContext
+from trt_bridge.lift.base import NOT_MINE, Approximation, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
+
+log = logging.getLogger("trt_bridge.lift.qdq_pair")
 
 
 def _params(node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:
@@ -32,17 +47,19 @@ def _params(node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:
     return scale, zp
 
 
-def code_range(scale: float, zp: np.ndarray) -> tuple[float, float]:
-    """The float range [lo, hi] that a (scale, zero point) pair's integer codes represent."""
+def code_range(scale: float | np.ndarray, zp: np.ndarray) -> tuple[float, float]:
+    """The float range [lo, hi] that a (scale, zero point) pair's integer codes represent; for
+    per-axis pairs, the union of the channels' ranges."""
     info = np.iinfo(zp.dtype)
-    z = int(zp.reshape(()))
-    return (info.min - z) * scale, (info.max - z) * scale
+    s = np.asarray(scale, np.float64).reshape(-1)
+    z = zp.astype(np.int64).reshape(-1)
+    return float(((info.min - z) * s).min()), float(((info.max - z) * s).max())
 
 
 def covering_scale(scale: float, zp: np.ndarray) -> float:
     """The symmetric int8 scale that covers the source's range (the source's own for int8, zero point 0)."""
-    if zp.dtype == np.int8 and int(zp.reshape(())) == 0:
-        return float(scale)
+    if np.size(scale) == 1 and zp.dtype == np.int8 and int(zp.reshape(-1)[0]) == 0:
+        return float(np.reshape(scale, ()))
     lo, hi = code_range(scale, zp)
     return max(abs(lo), abs(hi)) / QMAX
 
@@ -61,8 +78,10 @@ class QDQPair:
         if params is None:
             return "the scale and zero point must be constants"
         scale, zp = params
-        if scale.size != 1 or zp.size != 1:
-            return "per-axis quantization of an activation (TensorRT takes per-tensor activations only)"
+        if node.attrs.get("block_size", 0):
+            return "blocked quantization of an activation (TensorRT blocks weights only)"
+        if scale.size != 1 and zp.size not in (1, scale.size):
+            return f"{zp.size} zero points for {scale.size} scales"
         if any(t is q_out for t in ctx.graph.outputs):
             return f"the quantized tensor '{q_out.name}' is a graph output (TensorRT outputs no uint8/int8 codes)"
         dqs = list(q_out.outputs)
@@ -75,10 +94,26 @@ class QDQPair:
                                                          zp.reshape(-1).astype(np.int64))):
                 return f"DequantizeLinear '{dq.name}' uses other scale/zero point than QuantizeLinear '{node.name}'"
 
-        s = float(scale.reshape(()))
-        zp = zp.reshape(())
         x = node.inputs[0]
+        usable = np.isfinite(scale) & (scale > 0)
+        if not usable.all():
+            bad = float(scale.reshape(-1)[~usable.reshape(-1)][0])
+            what = (f"scale {bad:g} of '{x.name}' is not a positive finite number (a range that overflowed "
+                    "float32 while calibrating): TensorRT rejects it; the tensor stays in float")
+            log.warning("QuantizeLinear '%s': %s", node.name, what)
+            ctx.approximated.append(Approximation(self.name, node.name, what))
+            _read_float(ctx, dqs, x)
+            return None
+        per_axis = scale.size > 1
+        s = scale.astype(np.float64).reshape(-1) if per_axis else float(scale.reshape(()))
+        zp = zp.reshape(-1) if per_axis else zp.reshape(())
         lo, hi = code_range(s, zp)
+        if per_axis:
+            what = (f"per-axis activation quantization of '{x.name}' ({scale.size} scales on axis "
+                    f"{node.attrs.get('axis', 1)}): TensorRT quantizes activations per tensor; one scale covering "
+                    f"all channels' range [{lo:.4g}, {hi:.4g}] instead")
+            log.warning("QuantizeLinear '%s': %s", node.name, what)
+            ctx.approximated.append(Approximation(self.name, node.name, what))
         if lo == 0.0:  # the Q clamps at zero: keep the ReLU it stands for
             clipped = gs.Variable(ctx.names(f"{x.name}_clipped"), dtype=np.float32, shape=x.shape)
             ctx.graph.nodes.append(gs.Node("Clip", ctx.names(f"{node.name}/clip"), {},
@@ -87,19 +122,9 @@ class QDQPair:
                                             ctx.constant(f"{node.name}_hi", np.array(hi, np.float32),
                                                          ("clip", float(np.float32(hi))))], [clipped]))
             x = clipped
-        graph_outputs = {id(t): i for i, t in enumerate(ctx.graph.outputs)}
-        covering = covering_scale(s, zp)
-        for dq in dqs:
-            out = dq.outputs[0]
-            for consumer in list(out.outputs):
-                for index, tensor in enumerate(consumer.inputs):
-                    if tensor is out:
-                        consumer.inputs[index] = x
-                        ctx.annotations.add_activation(x.name, Site(consumer.name, index), node.name,
-                                                       covering, ScaleSource.MODEL)
-            if id(out) in graph_outputs:  # keep the output's name: Identity from the float tensor
-                out.inputs.clear()
-                ctx.graph.nodes.append(gs.Node("Identity", ctx.names(f"{dq.name}/float"), {}, [x], [out]))
+        covering = max(abs(lo), abs(hi)) / QMAX if per_axis else covering_scale(s, zp)
+        for site in _read_float(ctx, dqs, x):
+            ctx.annotations.add_activation(x.name, site, node.name, covering, ScaleSource.MODEL)
         spec = ctx.annotations.activations.get(x.name)
         if spec is not None and spec.source is ScaleSource.MODEL:
             if spec.model_range is None:
@@ -108,3 +133,20 @@ class QDQPair:
                 spec.model_range = (min(lo, spec.model_range[0]), max(hi, spec.model_range[1]))
                 spec.scale = max(spec.scale, covering)
         return None
+
+
+def _read_float(ctx: LiftContext, dqs: list[gs.Node], x: gs.Tensor) -> list[Site]:
+    """Rewire every reader of the ``dqs``' outputs to the float ``x``; the edges rewired."""
+    graph_outputs = {id(t) for t in ctx.graph.outputs}
+    sites = []
+    for dq in dqs:
+        out = dq.outputs[0]
+        for consumer in list(out.outputs):
+            for index, tensor in enumerate(consumer.inputs):
+                if tensor is out:
+                    consumer.inputs[index] = x
+                    sites.append(Site(consumer.name, index))
+        if id(out) in graph_outputs:  # keep the output's name: Identity from the float tensor
+            out.inputs.clear()
+            ctx.graph.nodes.append(gs.Node("Identity", ctx.names(f"{dq.name}/float"), {}, [x], [out]))
+    return sites
