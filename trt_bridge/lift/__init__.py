@@ -21,6 +21,7 @@ from trt_bridge.lift.fused_dynamic_matmul import FusedDynamicMatMul
 from trt_bridge.lift.fused_matmul import FusedMatMul
 from trt_bridge.lift.integer_passthrough import IntegerPassThrough
 from trt_bridge.lift.ort_attention import OrtAttention
+from trt_bridge.lift.ort_multihead_attention import OrtMultiHeadAttention
 from trt_bridge.lift.qattention import QAttention
 from trt_bridge.lift.qdq_pair import QDQPair
 from trt_bridge.lift.qembed_layer_norm import QEmbedLayerNorm
@@ -34,8 +35,8 @@ from trt_bridge.lift.qoperator import QOperatorOps
 #: and last a bias Add left after a lifted Conv is folded into it.
 LIFT_RULES: tuple[LiftRule, ...] = (
     DynamicIntegerOp(), DynamicQuantizeLSTM(), FusedDynamicMatMul(), FusedMatMul(), QOperatorOps(),
-    QAttention(), OrtAttention(), QEmbedLayerNorm(), OrtEmbedLayerNorm(), IntegerPassThrough(), DynamicPassThrough(),
-    DequantizeGathered(), DequantizeConstant(), QDQPair(), FoldConvBias(),
+    QAttention(), OrtAttention(), OrtMultiHeadAttention(), QEmbedLayerNorm(), OrtEmbedLayerNorm(), IntegerPassThrough(),
+    DynamicPassThrough(), DequantizeGathered(), DequantizeConstant(), QDQPair(), FoldConvBias(),
 )
 
 #: Ops that TensorRT's ONNX parser rejects, or that lowering must write anew: none may survive lifting.

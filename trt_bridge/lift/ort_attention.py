@@ -95,13 +95,10 @@ def mask_form(mask: gs.Tensor, x: gs.Tensor) -> str:
     if producer is not None and producer.op in _MASK_INDEX_PRODUCERS and producer.outputs[1] is mask:
         return "lengths"
     if producer is not None and producer.op == "ReduceSum" and not int(producer.attrs.get("keepdims", 1)):
-        source = producer.inputs[0]
-        if source.shape is not None and len(source.shape) == 2:
+        source = through_casts(producer.inputs[0]).shape  # the optimizer's key lengths: ReduceSum(mask [B, S])
+        if source is not None and len(source) == 2:
             return "lengths"
-    t = mask
-    while t.shape is None and len(t.inputs) == 1 and t.inputs[0].op == "Cast":
-        t = t.inputs[0].inputs[0]
-    shape = t.shape
+    shape = through_casts(mask).shape
     if shape is None:
         return f"the rank of mask_index '{mask.name}' is unknown"
     if len(shape) == 2:
@@ -119,13 +116,27 @@ def mask_form(mask: gs.Tensor, x: gs.Tensor) -> str:
             "end/start positions [2B] cannot be told apart")
 
 
+def through_casts(t: gs.Tensor) -> gs.Tensor:
+    """``t``, or the first tensor with a known shape up its chain of Casts (their shapes are the same)."""
+    while t.shape is None and len(t.inputs) == 1 and t.inputs[0].op == "Cast":
+        t = t.inputs[0].inputs[0]
+    return t
+
+
 def write_attention(ctx: LiftContext, base: str, qkv: gs.Tensor, x: gs.Tensor, spec: AttentionSpec,
                     mask: gs.Tensor | None, attention_bias: gs.Tensor | None, out: gs.Tensor) -> None:
     """Append the attention over the packed projection ``qkv`` [B, S, q+k+v] of ``x``, producing ``out``."""
     b = GraphBuilder(ctx.graph, ctx.names, base, qkv.dtype or out.dtype or np.float32)
+    q, k, v = b.split(qkv, list(spec.sizes), axis=-1)
+    write_heads(b, q, k, v, spec, mask, attention_bias, out)
+
+
+def write_heads(b: GraphBuilder, q: gs.Tensor, k: gs.Tensor, v: gs.Tensor, spec: AttentionSpec,
+                mask: gs.Tensor | None, attention_bias: gs.Tensor | None, out: gs.Tensor) -> None:
+    """Append the attention of projected ``q`` [B, S, hidden], ``k``, ``v`` [B, L, hidden], producing ``out``
+    [B, S, v hidden]."""
     heads = spec.num_heads
     hq, hv = spec.sizes[0] // heads, spec.sizes[2] // heads
-    q, k, v = b.split(qkv, list(spec.sizes), axis=-1)
 
     def heads_of(t: gs.Tensor, size: int, perm: list[int]) -> gs.Tensor:
         return b.op("Transpose", [b.op("Reshape", [t, b.ints([0, 0, heads, size])])], {"perm": perm})
@@ -133,13 +144,14 @@ def write_attention(ctx: LiftContext, base: str, qkv: gs.Tensor, x: gs.Tensor, s
     scores = b.op("MatMul", [heads_of(q, hq, [0, 2, 1, 3]), heads_of(k, hq, [0, 2, 3, 1])])
     scores = b.op("Mul", [scores, b.const(spec.scale)])
     if mask is not None:
-        scores = b.op("Add", [scores, _padding_mask(b, spec, mask, x)])
+        scores = b.op("Add", [scores, _padding_mask(b, spec, mask, k)])
     if attention_bias is not None:
         scores = b.op("Add", [scores, attention_bias])
     if spec.unidirectional:  # key position j > query position i: excluded outright, whatever the mask left
-        positions = b.op("Range", [b.const(0, np.int64), b.dim(x, 1, scalar=True), b.const(1, np.int64)],
-                         dtype=np.int64)
-        future = b.op("Greater", [positions, b.unsqueeze(positions, [1], np.int64)], dtype=np.bool_)  # [S, S]
+        start, step = b.const(0, np.int64), b.const(1, np.int64)
+        queries = b.op("Range", [start, b.dim(q, 1, scalar=True), step], dtype=np.int64)
+        keys = b.op("Range", [start, b.dim(k, 1, scalar=True), step], dtype=np.int64)
+        future = b.op("Greater", [keys, b.unsqueeze(queries, [1], np.int64)], dtype=np.bool_)  # [S, L]
         scores = b.op("Where", [future, b.const(np.finfo(b.dtype).min), scores])
     probs = b.op("Softmax", [scores], {"axis": -1})
     context = b.op("MatMul", [probs, heads_of(v, hv, [0, 2, 1, 3])])
