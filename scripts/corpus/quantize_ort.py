@@ -11,7 +11,7 @@ Reads ``OUT/float/<name>.onnx`` and its ``.calib.npz``; writes ``OUT/quantized/o
 | dynamic | ``quantize_dynamic(float, q)`` (defaults: int8 weights per tensor) |
 | dynamic-u8 | ``quantize_dynamic(..., weight_type=QUInt8)`` (what older tutorials use) |
 | dynamic-pc | ``quantize_dynamic(..., per_channel=True)`` |
-| dynamic-opt | ``onnxruntime.transformers.optimizer`` (fused com.microsoft ops), then ``quantize_dynamic`` |
+| dynamic-opt | ``optimize_model`` (opt_level 1) on the export as it is, then ``quantize_dynamic`` (see below) |
 | static-qop | ``quantize_static`` QOperator, uint8 activations, int8 per-channel weights |
 | static-qdq | ``quantize_static`` QDQ, uint8 activations, int8 per-channel weights |
 | static-qdq-s8 | ``quantize_static`` QDQ, int8 symmetric activations, int8 per-tensor weights |
@@ -23,10 +23,11 @@ The attention-fused model: the architecture re-exported as onnxruntime's BERT tu
 attention, dynamic batch and sequence axes), then ``optimize_model`` (com.microsoft ``Attention``,
 ``EmbedLayerNormalization``, ``SkipLayerNormalization``, ``BiasGelu``).
 
-onnxruntime's optimizer fuses attention only on that export: on the corpus's own (fixed shapes, transformers'
-default SDPA attention) it fuses SkipLayerNormalization and Gelu, whatever ``opt_level`` or ``use_gpu``; its
-EmbedLayerNormalization fusion needs the position ids computed from the sequence length (dynamic axes), and
-its Attention fusion the eager attention pattern (MatMul, Div|Mul by the scale, Add of the mask, Softmax).
+On the corpus's own exports (fixed shapes, transformers' default SDPA attention), ``dynamic-opt``'s optimizer
+fuses SkipLayerNormalization and Gelu (for T5: SkipSimplifiedLayerNormalization, and SimplifiedLayerNormalization
+in the ONNX domain), never Attention, whatever ``opt_level`` or ``use_gpu``: its EmbedLayerNormalization fusion
+needs the position ids computed from the sequence length (dynamic axes), its Attention fusion the eager
+attention pattern (MatMul, Div|Mul by the scale, Add of the mask, Softmax); hence the re-export.
 The re-export builds each architecture from the same seeded config (``export.py``), so it computes the same
 function as ``OUT/float/<name>.onnx``; the ``-attn`` modes apply to bert, distilbert, roberta and minilm-real
 (ViT and BART encoders keep their attention unfused there as well).
@@ -47,11 +48,13 @@ import onnx
 
 HERE = Path(__file__).resolve().parent
 TRANSFORMERS = {"bert": ("bert", 4, 128), "distilbert": ("bert", 4, 128), "roberta": ("bert", 4, 128),
-                "vit": ("vit", 4, 128), "minilm-real": ("bert", 12, 384), "bart-encoder": ("bart", 4, 128)}
+                "vit": ("vit", 4, 128), "minilm-real": ("bert", 12, 384), "bart-encoder": ("bart", 4, 128),
+                "t5-encoder": ("t5", 4, 128)}
 #: the suite's slice (``export.py --tiny``): hidden size 32, 2 heads
-TINY = {"bert": ("bert", 2, 32)}
+TINY = {"bert": ("bert", 2, 32), "t5-encoder": ("t5", 2, 32)}
 #: where onnxruntime's optimizer fuses Attention (and EmbedLayerNormalization) on a re-export (``-attn`` modes)
 ATTENTION_FUSED = ("bert", "distilbert", "roberta", "minilm-real")
+TINY_ATTENTION_FUSED = ("bert",)
 
 
 class _Reader:
@@ -84,10 +87,10 @@ def _preprocessed(src: Path, tmp: Path) -> Path:
     return out
 
 
-def _optimized(src: Path, tmp: Path, arch: str) -> Path | None:
+def _optimized(src: Path, tmp: Path, arch: str, tiny: bool) -> Path | None:
     from onnxruntime.transformers.optimizer import optimize_model
 
-    kind, heads, hidden = TRANSFORMERS[arch.removesuffix("-dynamo")]
+    kind, heads, hidden = (TINY if tiny else TRANSFORMERS)[arch.removesuffix("-dynamo")]
     out = tmp / f"{src.stem}.opt.onnx"
     optimize_model(str(src), model_type=kind, num_heads=heads, hidden_size=hidden, opt_level=1).save_model_to_file(
         str(out))
@@ -144,7 +147,7 @@ def quantize(mode: str, src: Path, dst: Path, calib: dict, tmp: Path, tiny: bool
         quantize_dynamic(str(src), str(dst), per_channel=True)
     elif mode == "dynamic-opt":
         # the fused com.microsoft ops have no shape inference in onnx: tell the quantizer their type
-        quantize_dynamic(str(_optimized(src, tmp, src.stem)), str(dst),
+        quantize_dynamic(str(_optimized(src, tmp, src.stem, tiny)), str(dst),
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     elif mode == "dynamic-attn":
         quantize_dynamic(str(_attention_fused(src, tmp, tiny)), str(dst),
@@ -190,9 +193,9 @@ def main() -> int:
     for src in floats:
         calib = dict(np.load(src.with_suffix(".calib.npz")))
         for mode in args.modes:
-            if mode == "dynamic-opt" and src.stem.removesuffix("-dynamo") not in TRANSFORMERS:
+            if mode == "dynamic-opt" and src.stem.removesuffix("-dynamo") not in (TINY if args.tiny else TRANSFORMERS):
                 continue
-            if mode.endswith("-attn") and src.stem not in (TINY if args.tiny else ATTENTION_FUSED):
+            if mode.endswith("-attn") and src.stem not in (TINY_ATTENTION_FUSED if args.tiny else ATTENTION_FUSED):
                 continue
             dst = args.out / ("" if args.tiny else "quantized") / f"ort-{mode}" / src.name
             dst.parent.mkdir(parents=True, exist_ok=True)
