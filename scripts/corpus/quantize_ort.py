@@ -18,6 +18,7 @@ Reads ``OUT/float/<name>.onnx`` and its ``.calib.npz``; writes ``OUT/quantized/o
 | dynamic-attn | the attention-fused model (below), ``quantize_dynamic``: ``QAttention``, ``QEmbedLayerNormalization`` |
 | static-qop-attn | the attention-fused model, ``quantize_static`` QOperator (uint8 activations, int8 per channel) |
 | static-qdq-attn | the attention-fused model, ``quantize_static`` QDQ (``Attention`` stays float: no QDQ rule) |
+| dynamic-mha-attn | as dynamic-attn, ``use_multi_head_attention``: float ``MultiHeadAttention``, int8 projections |
 
 The attention-fused model: the architecture re-exported as onnxruntime's BERT tutorials export it (eager
 attention, dynamic batch and sequence axes), then ``optimize_model`` (com.microsoft ``Attention``,
@@ -121,17 +122,21 @@ def _reexported(arch: str, tmp: Path, tiny: bool) -> Path:
     return out
 
 
-def _attention_fused(src: Path, tmp: Path, tiny: bool) -> Path:
-    """The re-export of ``src``'s architecture, through onnxruntime's transformer optimizer (CPU, opt_level 1)."""
+def _attention_fused(src: Path, tmp: Path, tiny: bool, multi_head: bool = False) -> Path:
+    """The re-export of ``src``'s architecture, through onnxruntime's transformer optimizer (CPU, opt_level 1);
+    ``multi_head``: with ``FusionOptions.use_multi_head_attention`` (MultiHeadAttention, separate projections)."""
+    from onnxruntime.transformers.fusion_options import FusionOptions
     from onnxruntime.transformers.optimizer import optimize_model
 
     kind, heads, hidden = (TINY if tiny else TRANSFORMERS)[src.stem]
+    options = FusionOptions(kind)
+    options.use_multi_head_attention = multi_head
     out = tmp / f"{src.stem}.attn.onnx"
     model = optimize_model(str(_reexported(src.stem, tmp, tiny)), model_type=kind, num_heads=heads,
-                           hidden_size=hidden, opt_level=1)
-    if "Attention" not in model.get_fused_operator_statistics() or not model.get_fused_operator_statistics()[
-            "Attention"]:
-        raise RuntimeError(f"onnxruntime's optimizer fused no Attention in {src.stem}")
+                           hidden_size=hidden, opt_level=1, optimization_options=options)
+    fused = "MultiHeadAttention" if multi_head else "Attention"
+    if not model.get_fused_operator_statistics().get(fused):
+        raise RuntimeError(f"onnxruntime's optimizer fused no {fused} in {src.stem}")
     model.save_model_to_file(str(out))
     return out
 
@@ -149,8 +154,8 @@ def quantize(mode: str, src: Path, dst: Path, calib: dict, tmp: Path, tiny: bool
         # the fused com.microsoft ops have no shape inference in onnx: tell the quantizer their type
         quantize_dynamic(str(_optimized(src, tmp, src.stem, tiny)), str(dst),
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
-    elif mode == "dynamic-attn":
-        quantize_dynamic(str(_attention_fused(src, tmp, tiny)), str(dst),
+    elif mode in ("dynamic-attn", "dynamic-mha-attn"):
+        quantize_dynamic(str(_attention_fused(src, tmp, tiny, multi_head=mode == "dynamic-mha-attn")), str(dst),
                          extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
     elif mode in ("static-qop-attn", "static-qdq-attn"):
         fmt = QuantFormat.QOperator if mode == "static-qop-attn" else QuantFormat.QDQ
@@ -174,7 +179,7 @@ def quantize(mode: str, src: Path, dst: Path, calib: dict, tmp: Path, tiny: bool
 
 
 MODES = ("dynamic", "dynamic-u8", "dynamic-pc", "dynamic-opt", "static-qop", "static-qdq", "static-qdq-s8",
-         "dynamic-attn", "static-qop-attn", "static-qdq-attn")
+         "dynamic-attn", "static-qop-attn", "static-qdq-attn", "dynamic-mha-attn")
 
 
 def main() -> int:
