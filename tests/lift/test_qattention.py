@@ -19,18 +19,17 @@ from trt_bridge.convert import ConvertOptions, convert, lift_model  # noqa: E402
 from trt_bridge.model import load_model  # noqa: E402
 
 B, S, D, N = 1, 8, 32, 4
-RNG = np.random.default_rng(3)
 
 
-def _float_model():
+def _float_model(rng):
     """x [1, 8, 32] ─ MatMul(W0) ─ h ─ Attention(W [32, 96], bias, lengths [1]; 4 heads) ─ MatMul(W1) ─ y
 
     (the MatMuls around it give the quantizers an activation to quantize and a consumer to requantize for)
     """
-    inits = {"W0": (RNG.normal(size=(D, D)) / 5).astype(np.float32),
-             "W": (RNG.normal(size=(D, 3 * D)) / 5).astype(np.float32),
-             "bias": (RNG.normal(size=3 * D) / 10).astype(np.float32),
-             "W1": (RNG.normal(size=(D, D)) / 5).astype(np.float32)}
+    inits = {"W0": (rng.normal(size=(D, D)) / 5).astype(np.float32),
+             "W": (rng.normal(size=(D, 3 * D)) / 5).astype(np.float32),
+             "bias": (rng.normal(size=3 * D) / 10).astype(np.float32),
+             "W1": (rng.normal(size=(D, D)) / 5).astype(np.float32)}
     nodes = [helper.make_node("MatMul", ["x", "W0"], ["h"], "proj"),
              helper.make_node("Attention", ["h", "W", "bias", "lengths"], ["a"], "attention", domain="com.microsoft",
                               num_heads=N),
@@ -44,9 +43,9 @@ def _float_model():
     return helper.make_model(graph, opset_imports=imports)
 
 
-def _feeds(count):
-    return [{"x": RNG.normal(size=(B, S, D)).astype(np.float32),
-             "lengths": np.array([RNG.integers(4, S + 1)], np.int32)} for _ in range(count)]
+def _feeds(rng, count):
+    return [{"x": rng.normal(size=(B, S, D)).astype(np.float32),
+             "lengths": np.array([rng.integers(4, S + 1)], np.int32)} for _ in range(count)]
 
 
 def _dequantized_reference(quantized: Path, float_model: onnx.ModelProto) -> onnx.ModelProto:
@@ -64,7 +63,7 @@ def _dequantized_reference(quantized: Path, float_model: onnx.ModelProto) -> onn
     return reference
 
 
-def _with_static_input(qpath: Path, calib: list[dict]) -> Path:
+def _with_static_input(qpath: Path, fmodel: onnx.ModelProto, calib: list[dict]) -> Path:
     """The dynamic source with the QAttention's DynamicQuantizeLinear replaced by a static uint8
     QuantizeLinear (a scale and zero point covering the calibration range), as a static quantizer writes it:
 
@@ -77,7 +76,7 @@ def _with_static_input(qpath: Path, calib: list[dict]) -> Path:
     dql = next(n for n in model.graph.node if n.op_type == "DynamicQuantizeLinear"
                and any(c.op_type == "QAttention" and c.input[0] == n.output[0] for c in model.graph.node))
     probe = onnx.ModelProto()
-    probe.CopyFrom(_float_model())
+    probe.CopyFrom(fmodel)
     probe.graph.output.append(helper.make_tensor_value_info("h", TensorProto.FLOAT, None))
     sess = session(probe)
     h = np.concatenate([sess.run(["h"], f)[0].ravel() for f in calib])
@@ -94,20 +93,24 @@ def _with_static_input(qpath: Path, calib: list[dict]) -> Path:
     return save(model, qpath.with_name("static_input.onnx"))
 
 
-@pytest.mark.parametrize("mode", ["dynamic", "dynamic-per-channel", "static-input"])
+@pytest.mark.parametrize("mode", ["dynamic", "dynamic-per-channel", "dynamic-uint8", "static-input"])
 def test_qattention_lifts_to_the_source_weights_and_builds(tmp_path, mode):
-    fmodel = _float_model()
+    rng = np.random.default_rng(3)
+    fmodel = _float_model(rng)
     fpath = save(fmodel, tmp_path / "float.onnx")
-    calib = _feeds(16)
+    calib = _feeds(rng, 16)
+    from onnxruntime.quantization import QuantType
+
     qpath = quantize_dynamic(fpath, tmp_path / "quantized.onnx", per_channel=mode.endswith("channel"),
+                             weight_type=QuantType.QUInt8 if mode.endswith("uint8") else QuantType.QInt8,
                              extra_options={"DefaultTensorType": TensorProto.FLOAT})
     if mode == "static-input":  # onnxruntime's static quantizers leave Attention float: no QLinear rule for it
-        qpath = _with_static_input(qpath, calib)
+        qpath = _with_static_input(qpath, fmodel, calib)
     assert "QAttention" in op_types(qpath)
     lifted, ctx = lift_model(load_model(qpath), qpath)
     assert ctx.fired["qattention"] == ["attention_quant"]
     assert "QAttention" not in op_types(lifted) and "Softmax" in op_types(lifted)
-    held = _feeds(4)
+    held = _feeds(rng, 4)
     # the lifted graph is the float model on the source's dequantized weights, whatever quantized its input
     reference = _dequantized_reference(qpath, fmodel)
     for want, got in zip(run_ort(reference, held), run_ort(lifted, held)):
@@ -122,4 +125,12 @@ def test_qattention_lifts_to_the_source_weights_and_builds(tmp_path, mode):
     source, converted = snr_db(reference, run_ort(qpath, held)), snr_db(reference, run_ort(out, held))
     # measured against the float model, source → converted: dynamic 30.2 → 28.5 dB (a random-weight block, where
     # run-time scales beat static ones), per channel 34.3 → 33.4 dB, static input (the MatMuls dynamic) 32.2 → 31.4 dB
-    assert converted >= source - 3.0, f"{mode}: converted {converted:.1f} dB, source {source:.1f} dB"
+    # the converted SNR against the float model, 3 dB under what was measured (source → converted): a random-weight
+    # block, where the dynamic source's run-time scales beat one calibrated scale by 1-2 dB; the static input's
+    # source (one uint8 scale over the whole range) is beaten by the calibrated conversion. (The source's own SNR
+    # depends on the CPU: onnxruntime's integer kernels saturate 16-bit sums without VNNI.)
+    measured = {"dynamic": (30.18, 28.46), "dynamic-per-channel": (32.23, 30.17), "dynamic-uint8": (31.40, 29.02),
+                "static-input": (24.40, 28.46)}[mode]
+    assert converted >= measured[1] - 3.0, f"{mode}: converted {converted:.1f} dB, source {source:.1f} dB"
+    if mode == "static-input":
+        assert converted >= source - 1.0
