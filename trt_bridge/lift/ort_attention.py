@@ -123,9 +123,9 @@ def through_casts(t: gs.Tensor) -> gs.Tensor:
     return t
 
 
-def write_attention(ctx: LiftContext, base: str, qkv: gs.Tensor, x: gs.Tensor, spec: AttentionSpec,
-                    mask: gs.Tensor | None, attention_bias: gs.Tensor | None, out: gs.Tensor) -> None:
-    """Append the attention over the packed projection ``qkv`` [B, S, q+k+v] of ``x``, producing ``out``."""
+def write_attention(ctx: LiftContext, base: str, qkv: gs.Tensor, spec: AttentionSpec, mask: gs.Tensor | None,
+                    attention_bias: gs.Tensor | None, out: gs.Tensor) -> None:
+    """Append the attention over the packed projection ``qkv`` [B, S, q+k+v], producing ``out``."""
     b = GraphBuilder(ctx.graph, ctx.names, base, qkv.dtype or out.dtype or np.float32)
     q, k, v = b.split(qkv, list(spec.sizes), axis=-1)
     write_heads(b, q, k, v, spec, mask, attention_bias, out)
@@ -205,5 +205,5 @@ class OrtAttention:
         qkv = b.op("MatMul", [x, weights])
         if bias is not None:
             qkv = b.op("Add", [qkv, bias])
-        write_attention(ctx, base, qkv, x, spec, mask, attention_bias, out)
+        write_attention(ctx, base, qkv, spec, mask, attention_bias, out)
         return None

@@ -95,7 +95,7 @@ class QAttention:
             biased = gs.Variable(ctx.names(f"{base}/qkv_bias_out"), dtype=np.float32)
             ctx.graph.nodes.append(gs.Node("Add", ctx.names(f"{base}/qkv_bias"), {}, [qkv, bias], [biased]))
             qkv = biased
-        write_attention(ctx, base, qkv, x, spec, mask, None, out)
+        write_attention(ctx, base, qkv, spec, mask, None, out)
         ctx.annotations.add_activation(x.name, Site(op_name, 0), node.name, scale=static_scale,
                                        source=None if static_scale is None else ScaleSource.MODEL)
         return None
