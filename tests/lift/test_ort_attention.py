@@ -108,3 +108,13 @@ def test_a_key_value_cache_is_declined_with_its_reason(tmp_path):
     src = save(model, tmp_path / "cached.onnx")
     with pytest.raises(UnsupportedPatternError, match=r"Attention 'attention'.*key/value cache 'past'"):
         lift_model(onnx.load(str(src)), src)
+
+
+def test_a_mask_index_whose_form_cannot_be_told_is_declined_with_its_reason(tmp_path):
+    """A 1-D mask_index of a length unrelated to the batch: key lengths [B] or end/start positions [2B]?"""
+    model = _attention_model("lengths")
+    mask = next(i for i in model.graph.input if i.name == "mask")
+    mask.CopyFrom(helper.make_tensor_value_info("mask", TensorProto.INT32, ["M"]))
+    src = save(model, tmp_path / "ambiguous.onnx")
+    with pytest.raises(UnsupportedPatternError, match=r"Attention 'attention'.*cannot be told apart"):
+        lift_model(onnx.load(str(src)), src)
