@@ -165,6 +165,7 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
         declared.update(declared_types(model.graph.value_info))
     model = _upgrade_per_axis_qdq(model, path)
     sort_nodes(model, path)
+    claim_ort_contrib_ops(model, path)  # onnxruntime's contrib ops written in the ONNX domain
     dedupe_initializers(model, path, repairs)  # what onnxruntime runs and onnx rejects, read as onnxruntime does
     import_used_domains(model, path, repairs)
     skeleton = _skeleton(model)
@@ -178,6 +179,29 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
     except Exception as exc:  # onnx raises InferenceError / TypeError-like errors from C++
         raise ModelLoadError(f"{path}: ONNX shape inference fails: {_first_lines(exc)}. The model's declared "
                              "types or shapes contradict its ops; fix them in the exporter.") from exc
+
+
+#: onnxruntime's contrib kernels registered under the ONNX domain, which its transformer optimizer writes there:
+#: SimplifiedLayerNormalization (RMS norm; T5, LLaMA-style models) at any opset, LayerNormalization below
+#: opset 17 (before ONNX had one). onnx.checker rejects them ("No Op registered ... with domain_version").
+_ORT_ONNX_DOMAIN_OPS = {"SimplifiedLayerNormalization": 10 ** 9, "LayerNormalization": 17}
+
+
+def claim_ort_contrib_ops(model: onnx.ModelProto, path="model") -> list[str]:
+    """Move onnxruntime's contrib ops that sit in the ONNX domain to com.microsoft (in place), where
+    ``sanitize.ort_fused`` writes them back as standard ONNX; returns the nodes moved."""
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    moved = [n for n in model.graph.node if n.domain in ("", "ai.onnx")
+             and opset < _ORT_ONNX_DOMAIN_OPS.get(n.op_type, 0)]
+    for node in moved:
+        node.domain = "com.microsoft"
+    if moved and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    if moved:
+        log.warning("%s: %d onnxruntime contrib op(s) in the ONNX domain (%s, opset %d) are read as "
+                    "com.microsoft ops and written back as standard ONNX", path, len(moved),
+                    ", ".join(sorted({n.op_type for n in moved})), opset)
+    return [n.name for n in moved]
 
 
 def sort_nodes(model: onnx.ModelProto, path="model") -> bool:

@@ -40,6 +40,16 @@ LIFT_OUTCOMES = {
     "dequantize-constant": "lifted by rule 'dequantize-constant': weights become symmetric int8 per output channel "
                            "(zero point 0), an int32 bias becomes float",
     "qdq-pair": "lifted by rule 'qdq-pair' to a symmetric int8 Q/DQ (zero point 0) covering the source's range",
+    "ort-attention": "written back by rule 'ort-attention' as standard ONNX (MatMul, Split, Reshape, Transpose, "
+                     "Softmax; the mask as onnxruntime's kernel applies it)",
+    "ort-multihead-attention": "written back by rule 'ort-multihead-attention' as standard ONNX (bias Add, "
+                               "Reshape, Transpose, MatMul, Softmax)",
+    "qattention": "lifted by rule 'qattention' to MatMul on the source's int8 packed Q/K/V weights with a calibrated "
+                  "int8 activation Q/DQ (needs --calib-data for a dynamic source), then standard ONNX attention",
+    "ort-embed-layer-norm": "written back by rule 'ort-embed-layer-norm' as Gather + Add + LayerNormalization "
+                            "(the mask index as ReduceSum)",
+    "qembed-layer-norm": "lifted by rule 'qembed-layer-norm': its tables dequantized to float, then Gather + Add + "
+                         "LayerNormalization (the mask index as ReduceSum)",
 }
 ABSORBED = "removed by lifting (the rule that rewrote its consumers took it in)"
 

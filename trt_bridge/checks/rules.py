@@ -195,4 +195,5 @@ CHECK_RULES: tuple[CheckRule, ...] = (NoImporter(), QDQZeroPoint(), QDQInt32(), 
 def is_int8(graph: gs.Graph) -> bool:
     """The model carries integer quantization of some kind (what convert turns into TensorRT's int8 Q/DQ)."""
     return any(n.op in QDQ or n.op in NO_IMPORTER or n.op.startswith("QLinear") or n.op in (
-        "QGemm", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention") for n in _walk(graph))
+        "QGemm", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention", "QEmbedLayerNormalization")
+        for n in _walk(graph))

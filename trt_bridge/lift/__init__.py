@@ -16,23 +16,29 @@ from trt_bridge.lift.dequantize_gathered import DequantizeGathered
 from trt_bridge.lift.dynamic_integer import DynamicIntegerOp
 from trt_bridge.lift.dynamic_lstm import DynamicQuantizeLSTM
 from trt_bridge.lift.dynamic_passthrough import DynamicPassThrough
+from trt_bridge.lift.embed_layer_norm import OrtEmbedLayerNorm
 from trt_bridge.lift.fused_dynamic_matmul import FusedDynamicMatMul
 from trt_bridge.lift.fused_matmul import FusedMatMul
 from trt_bridge.lift.integer_passthrough import IntegerPassThrough
+from trt_bridge.lift.ort_attention import OrtAttention
+from trt_bridge.lift.ort_multihead_attention import OrtMultiHeadAttention
+from trt_bridge.lift.qattention import QAttention
 from trt_bridge.lift.qdq_pair import QDQPair
+from trt_bridge.lift.qembed_layer_norm import QEmbedLayerNorm
 from trt_bridge.lift.qoperator import QOperatorOps
 from trt_bridge.lift.scale_through_movement import ScaleThroughMovement
 
 #: In order: dynamic patterns (they consume their own QuantizeLinear), then QOperator ops
-#: are written as float ops between DQ and Q, integer pass-through ops likewise, then the
+#: are written as float ops between DQ and Q, onnxruntime's fused attention and embedding ops
+#: (the attention first: it reads the embedding's mask index), integer pass-through ops likewise, then the
 #: dynamically quantized codes that are only moved and dequantized again, quantized tables read
 #: through Gather (embeddings), every DQ of a constant and every activation Q→DQ pair is lifted, a scale
 #: quantized in front of data-movement ops is carried through them to the op they feed, and last a bias
 #: Add left after a lifted Conv is folded into it.
 LIFT_RULES: tuple[LiftRule, ...] = (
     DynamicIntegerOp(), DynamicQuantizeLSTM(), FusedDynamicMatMul(), FusedMatMul(), QOperatorOps(),
-    IntegerPassThrough(), DynamicPassThrough(), DequantizeGathered(), DequantizeConstant(), QDQPair(),
-    ScaleThroughMovement(), FoldConvBias(),
+    QAttention(), OrtAttention(), OrtMultiHeadAttention(), QEmbedLayerNorm(), OrtEmbedLayerNorm(), IntegerPassThrough(),
+    DynamicPassThrough(), DequantizeGathered(), DequantizeConstant(), QDQPair(), ScaleThroughMovement(), FoldConvBias(),
 )
 
 #: Ops that TensorRT's ONNX parser rejects, or that lowering must write anew: none may survive lifting.

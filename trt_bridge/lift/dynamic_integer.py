@@ -83,12 +83,12 @@ def _classify(node: gs.Node, index: int) -> _Activation | _Weight | str:
                     f"{'missing' if zp_in is None else repr(zp_in.name)})")
         return _Activation(producer.inputs[0], monomial_of(producer.outputs[1]), None)
     if producer is not None and producer.op == "QuantizeLinear":
-        return _static_activation(node, index, producer, zp_in)
+        return static_activation(node, index, producer, zp_in)
     return (f"operand {index} ('{tensor.name}') is neither a constant nor produced by "
             "DynamicQuantizeLinear or a per-tensor QuantizeLinear")
 
 
-def _static_activation(node: gs.Node, index: int, producer: gs.Node, zp_in: gs.Tensor | None) -> _Activation | str:
+def static_activation(node: gs.Node, index: int, producer: gs.Node, zp_in: gs.Tensor | None) -> _Activation | str:
     """An operand quantized by a static per-tensor QuantizeLinear(x, s, zp).
 
     The integer op computes with (q − a_zp) = round(x/s) + zp − a_zp, which is x/s only

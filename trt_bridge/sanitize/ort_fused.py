@@ -8,6 +8,7 @@ Each is rewritten into the standard ops it stands for, which TensorRT imports an
                                                     (output 3, when used, is s)
     SkipSimplifiedLayerNormalization(x, skip, γ) →  s = x + skip; s / √(mean(s²) + ε) · γ
     SimplifiedLayerNormalization(x, γ)           →  x / √(mean(x²) + ε) · γ
+    LayerNormalization(x, γ, β) (contrib, < 17)  →  LayerNormalization's decomposition
     Gelu(x)                                      →  0.5·x·(1 + erf(x/√2))
     BiasGelu(x, b)                               →  Gelu(x + b)
     FastGelu(x[, b])                             →  0.5·y·(1 + tanh(√(2/π)·(y + 0.044715·y³))), y = x (+ b)
@@ -95,7 +96,7 @@ def _used(node: gs.Node, i: int, graph_outputs: set[str]) -> bool:
 class DefuseOrtOps:
     name = "defuse-ort-ops"
     OPS = ("SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "SimplifiedLayerNormalization",
-           "Gelu", "BiasGelu", "FastGelu", "QuickGelu", "BiasAdd")
+           "LayerNormalization", "Gelu", "BiasGelu", "FastGelu", "QuickGelu", "BiasAdd")
 
     def apply(self, graph: gs.Graph) -> list[Change]:
         changes: list[Change] = []
@@ -109,6 +110,11 @@ class DefuseOrtOps:
 
     def _rewrite(self, graph: gs.Graph, names: NameAllocator, node: gs.Node, graph_outputs: set[str]) -> str | None:
         op = node.op
+        if op.endswith("LayerNormalization") and not op.startswith("Skip") and (
+                _used(node, 1, graph_outputs) or _used(node, 2, graph_outputs)):
+            return None  # its mean / inverse deviation are read (training graphs): lifting names it
+        if op == "LayerNormalization" and int(node.attrs.get("axis", -1)) != -1:
+            return None  # normalized over several trailing axes: lifting names it
         if op.startswith("Skip") and (_used(node, 1, graph_outputs) or _used(node, 2, graph_outputs)):
             return None  # its mean / inverse deviation are read (training graphs): lifting names it
         ins = [_present(node, i) for i in range(len(node.inputs))] + [None] * 5
@@ -134,6 +140,9 @@ class DefuseOrtOps:
         if op == "SimplifiedLayerNormalization":
             b.rms_norm(x, ins[1], eps, axis, out=out)
             return "SimplifiedLayerNormalization → RMS normalization"
+        if op == "LayerNormalization":
+            b.layer_norm(x, ins[1], ins[2], eps, axis, out=out)
+            return "LayerNormalization (onnxruntime's, below opset 17) → its decomposition"
         if op == "BiasAdd":
             b.op("Add", [b.op("Add", [x, ins[1]]), ins[2]], out=out)
             return "BiasAdd → Add + Add"
