@@ -42,7 +42,7 @@ class ImportedScales:
 
     def to_dict(self) -> dict:
         return {"files": self.files, "qat": self.qat, "match": self.match, "applied": len(self.applied),
-                "unused": self.unused, "warnings": self.warnings}
+                "unused": self.unused, "warnings": self.warnings, "notes": self.table.notes}
 
 
 def load_sources(files: tuple[str, ...], qat: str | None, model) -> ImportedScales | None:
@@ -53,7 +53,7 @@ def load_sources(files: tuple[str, ...], qat: str | None, model) -> ImportedScal
 
     explicit = ScaleTable()
     for path in files:
-        explicit = read_scales(path).merged_over(explicit)  # a later file wins
+        explicit = read_scales(path, model).merged_over(explicit)  # a later file wins
     qat_table, match = ScaleTable(), None
     if qat:
         path = Path(qat)

@@ -109,6 +109,9 @@ class ScaleTable:
     """Scale entries by tensor name (insertion order kept: files are written in it)."""
 
     entries: dict[str, ScaleEntry] = field(default_factory=dict)
+    #: what a reader brought to the nearest thing TensorRT takes (16-bit ranges as int8, block-wise
+    #: weights left out, ...), one line per kind: the conversion report lists them
+    notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name, entry in self.entries.items():
@@ -150,7 +153,7 @@ class ScaleTable:
         (``self`` wins where both have a tensor). Neither table changes."""
         merged = dict(lower.entries)
         merged.update(self.entries)
-        return ScaleTable(merged)
+        return ScaleTable(merged, [*lower.notes, *(n for n in self.notes if n not in lower.notes)])
 
     def activations(self) -> ScaleTable:
         return ScaleTable({k: e for k, e in self.entries.items() if e.kind == "activation"})

@@ -1,0 +1,147 @@
+"""Quantize the corpus's float models with Qualcomm AIMET (aimet-onnx), and export them the ways AIMET users do.
+
+    python scripts/corpus/quantize_aimet.py OUT [--only NAME ...] [--modes ...]
+    python scripts/corpus/quantize_aimet.py --tiny            # the suite's slice: tests/data/corpus/aimet-*
+
+Runs in its own virtualenv (``OUT/venvs/aimet``: torch 2.13 CPU, aimet-onnx 2.42; see ``build.py``).
+Reads ``OUT/float/<name>.onnx`` and its ``.calib.npz``. Each model goes through AIMET's usual recipe:
+batch norms folded into the weights (``fold_all_batch_norms_to_weight``), a
+``QuantizationSimModel`` (int8 weights and activations, min-max ranges, AIMET's default config:
+per-channel weights for Conv/ConvTranspose/Gemm/MatMul, symmetric weights, asymmetric activations,
+output of every op quantized), ``compute_encodings`` on the 16 calibration feeds, then:
+
+- ``encodings``: ``sim.export(dir, name)``, the float model AIMET prepared + its encodings JSON (1.0.0
+  layout): ``OUT/quantized/aimet-encodings/<name>.onnx``, ``<name>.encodings`` and ``<name>.sim.onnx``;
+- ``encodings-legacy``: ``sim.export(..., encoding_version="0.6.1")``, the older layout keyed by tensor
+  name: ``OUT/quantized/aimet-encodings-legacy/...``;
+- ``qdq``: ``sim.to_onnx_qdq()``, ONNX Q/DQ with float weights quantized at run time (Q → DQ) and uint8
+  activations: ``OUT/quantized/aimet-qdq/<name>.onnx``;
+- ``qdq-a16``: as ``qdq`` with 16-bit activations (``activation_type="int16"``, AIMET's W8A16):
+  ``OUT/quantized/aimet-qdq-a16/<name>.onnx``.
+
+``<name>.sim.onnx`` beside an encodings export is the same simulation as Q/DQ (``to_onnx_qdq``): the
+matrix measures the source's SNR on it, since the float model alone is not what AIMET simulates.
+Every model is written as one file (AIMET writes weights as external data; they are loaded back in).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import traceback
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "tests" / "data" / "corpus"
+MODES = ("encodings", "encodings-legacy", "qdq", "qdq-a16")
+
+
+def _feeds(path: Path) -> list[dict]:
+    data = dict(np.load(path))
+    return [{k: v[i] for k, v in data.items()} for i in range(len(next(iter(data.values()))))]
+
+
+def _sim(src: Path, calib: list[dict], activation_type: str):
+    from aimet_onnx import QuantizationSimModel
+    from aimet_onnx.batch_norm_fold import fold_all_batch_norms_to_weight
+
+    model = onnx.load(str(src))
+    fold_all_batch_norms_to_weight(model)
+    sim = QuantizationSimModel(model, param_type="int8", activation_type=activation_type,
+                               quant_scheme="min_max", config_file="default",
+                               session_options_kwargs={"intra_op_num_threads": 1})
+    sim.compute_encodings(calib)
+    return sim
+
+
+def _save_one_file(model: onnx.ModelProto, dst: Path) -> None:
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(dst))
+
+
+def export(sim, mode: str, src: Path, dst: Path) -> list[Path]:
+    """Write ``sim`` the way ``mode`` exports it; returns the files written (``dst`` first)."""
+    if mode.startswith("qdq"):
+        _save_one_file(sim.to_onnx_qdq(), dst)
+        return [dst]
+    version = "0.6.1" if mode == "encodings-legacy" else "1.0.0"
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        sim.export(tmp, src.stem, encoding_version=version)
+        exported = onnx.load(os.path.join(tmp, f"{src.stem}.onnx"))  # loads AIMET's external data file
+        _save_one_file(exported, dst)
+        encodings = dst.with_suffix(".encodings")
+        shutil.copyfile(os.path.join(tmp, f"{src.stem}.encodings"), encodings)
+    sim_path = dst.with_suffix(".sim.onnx")
+    _save_one_file(sim.to_onnx_qdq(), sim_path)
+    return [dst, encodings, sim_path]
+
+
+def run(floats: list[Path], modes: list[str], out_dir, failed_path: Path | None, verbose: bool) -> dict:
+    failed = {}
+    for src in floats:
+        calib = _feeds(src.with_suffix(".calib.npz"))
+        sims = {}  # one simulation per activation type serves every export of it
+        for mode in modes:
+            dst = out_dir(mode) / src.name
+            key = f"aimet-{mode}/{src.name}"
+            activations = "int16" if mode == "qdq-a16" else "int8"
+            try:
+                if activations not in sims:
+                    sims.clear()
+                    sims[activations] = _sim(src, calib, activations)
+                export(sims[activations], mode, src, dst)
+                onnx.load(str(dst), load_external_data=False)
+                print(key, flush=True)
+            except Exception as exc:
+                failed[key] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
+                for suffix in (".onnx", ".encodings", ".sim.onnx"):
+                    dst.with_suffix(suffix).unlink(missing_ok=True)
+                print(f"FAILED {key}: {failed[key]}", file=sys.stderr, flush=True)
+                if verbose:
+                    traceback.print_exc()
+    if failed_path is not None:
+        failed_path.parent.mkdir(parents=True, exist_ok=True)
+        failed_path.write_text(json.dumps(failed, indent=1))
+    return failed
+
+
+def main() -> int:
+    logging.disable(logging.WARNING)
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("out", type=Path, nargs="?")
+    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--modes", nargs="*", default=list(MODES))
+    ap.add_argument("--tiny", action="store_true", help="quantize the suite's slice into tests/data/corpus")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args()
+    if args.tiny:
+        folder = TINY / "float"
+        modes = [m for m in args.modes if m in ("encodings", "qdq")]
+    elif args.out is None:
+        ap.error("give OUT (the corpus folder) or --tiny")
+    else:
+        folder = args.out / "float"
+        modes = args.modes
+    floats = sorted(folder.glob("*.onnx"))
+    if args.only:
+        floats = [p for p in floats if p.stem in args.only]
+    if args.tiny:
+        run(floats, modes, lambda mode: TINY / f"aimet-{mode}", None, args.verbose)
+    else:
+        run(floats, modes, lambda mode: args.out / "quantized" / f"aimet-{mode}",
+            args.out / "quantized" / "aimet-failed.json", args.verbose)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
