@@ -3,6 +3,11 @@
     python scripts/corpus/quantize_aimet.py OUT [--only NAME ...] [--modes ...]
     python scripts/corpus/quantize_aimet.py --tiny            # the suite's slice: tests/data/corpus/aimet-*
 
+``--tiny`` quantizes ``tests/data/corpus/float`` in the modes ``encodings`` and ``qdq`` for
+``tests/corpus/test_aimet_slice.py``: ``aimet-encodings/<name>.encodings`` alone (AIMET's float export of
+these models is the float model itself, same nodes, names and weights: checked here, and the model is
+written too where it is not), ``aimet-qdq/<name>.onnx`` where it stays under 300 KB.
+
 Runs in its own virtualenv (``OUT/venvs/aimet``: torch 2.13 CPU, aimet-onnx 2.42; see ``build.py``).
 Reads ``OUT/float/<name>.onnx`` and its ``.calib.npz``. Each model goes through AIMET's usual recipe:
 batch norms folded into the weights (``fold_all_batch_norms_to_weight``), a
@@ -39,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import onnx.numpy_helper
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "corpus"
@@ -86,7 +92,32 @@ def export(sim, mode: str, src: Path, dst: Path) -> list[Path]:
     return [dst, encodings, sim_path]
 
 
-def run(floats: list[Path], modes: list[str], out_dir, failed_path: Path | None, verbose: bool) -> dict:
+def _same_graph(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
+    def key(m):
+        return ([(n.op_type, list(n.input), list(n.output)) for n in m.graph.node],
+                {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in m.graph.initializer})
+
+    return key(a) == key(b)
+
+
+def tiny(sim, mode: str, src: Path, dst: Path) -> None:
+    """The suite's fixtures: the encodings alone where AIMET's export is the float model, small Q/DQ models."""
+    with tempfile.TemporaryDirectory() as tmp:
+        written = export(sim, mode, src, Path(tmp) / src.name)
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if mode == "qdq":
+            if written[0].stat().st_size < 300_000:
+                shutil.copyfile(written[0], dst)
+            else:
+                print(f"{mode}/{src.name}: {written[0].stat().st_size} bytes, over the fixtures' 300 KB; not kept")
+            return
+        shutil.copyfile(written[1], dst.with_suffix(".encodings"))
+        if not _same_graph(onnx.load(str(written[0])), onnx.load(str(src))):
+            shutil.copyfile(written[0], dst)
+
+
+def run(floats: list[Path], modes: list[str], out_dir, failed_path: Path | None, verbose: bool,
+        write=None) -> dict:
     failed = {}
     for src in floats:
         calib = _feeds(src.with_suffix(".calib.npz"))
@@ -99,8 +130,9 @@ def run(floats: list[Path], modes: list[str], out_dir, failed_path: Path | None,
                 if activations not in sims:
                     sims.clear()
                     sims[activations] = _sim(src, calib, activations)
-                export(sims[activations], mode, src, dst)
-                onnx.load(str(dst), load_external_data=False)
+                (write or export)(sims[activations], mode, src, dst)
+                if write is None:
+                    onnx.load(str(dst), load_external_data=False)
                 print(key, flush=True)
             except Exception as exc:
                 failed[key] = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:300]}"
@@ -136,7 +168,7 @@ def main() -> int:
     if args.only:
         floats = [p for p in floats if p.stem in args.only]
     if args.tiny:
-        run(floats, modes, lambda mode: TINY / f"aimet-{mode}", None, args.verbose)
+        run(floats, modes, lambda mode: TINY / f"aimet-{mode}", None, args.verbose, write=tiny)
     else:
         run(floats, modes, lambda mode: args.out / "quantized" / f"aimet-{mode}",
             args.out / "quantized" / "aimet-failed.json", args.verbose)
