@@ -116,7 +116,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     if imported is not None:
         from trt_bridge.scales.apply import apply
 
-        apply(graph, ctx.annotations, imported)
+        apply(graph, ctx.annotations, imported, calibrating=feeds is not None)
     check_quantizable(graph, ctx.annotations)
     seconds["lift"] = time.perf_counter() - t0
 

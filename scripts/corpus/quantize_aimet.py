@@ -141,9 +141,12 @@ def run(floats: list[Path], modes: list[str], out_dir, failed_path: Path | None,
                 print(f"FAILED {key}: {failed[key]}", file=sys.stderr, flush=True)
                 if verbose:
                     traceback.print_exc()
-    if failed_path is not None:
+    if failed_path is not None:  # kept for the models not run this time (--only)
         failed_path.parent.mkdir(parents=True, exist_ok=True)
-        failed_path.write_text(json.dumps(failed, indent=1))
+        ran = {f"aimet-{mode}/{src.name}" for src in floats for mode in modes}
+        old = json.loads(failed_path.read_text()) if failed_path.is_file() else {}
+        failed = {**{k: v for k, v in old.items() if k not in ran}, **failed}
+        failed_path.write_text(json.dumps(dict(sorted(failed.items())), indent=1))
     return failed
 
 

@@ -27,7 +27,8 @@ do not store: it is the one dimension of the weight as long as the list, or else
 axis of the op that reads it (Conv 0, ConvTranspose 1, Gemm by ``transB``, MatMul last), as AIMET
 itself resolves it; this needs the model (``convert`` passes the source). AIMET quantizes the
 outputs of data-movement ops (Reshape, Transpose, Slice, MaxPool, ...) with their input's encoding and
-writes none for them: the output of such an op without an entry takes its input's.
+writes none for them: the output of such an op without an entry takes its input's (source
+``aimet-derived:<file>``), unless calibration data is given, which then measures it.
 
 What TensorRT has no equivalent for is brought to the nearest thing it builds, each noted in
 :attr:`ScaleTable.notes` (the conversion report's ``imported_scales.notes``) and logged once per kind:
@@ -55,6 +56,9 @@ SECTIONS = ("activation_encodings", "param_encodings")
 _WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 #: ops that move or select values: their output lies on their input's grid, so it takes the input's
 #: encoding where the file has none (AIMET leaves them unquantized, and derives the same at export in 2.x)
+#: the provenance of those derived entries: calibration data, when given, measures such a tensor instead
+#: (AIMET ties RNN hidden-state ranges, so an input's range can be much wider than what the op passes on)
+DERIVED = "aimet-derived"
 DATA_MOVEMENT = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Expand", "Slice",
                            "Gather", "Split", "Tile", "DepthToSpace", "SpaceToDepth", "MaxPool", "Pad"})
 
@@ -251,7 +255,7 @@ class _Reader:
                 continue
             for out in node.output:
                 if out and out not in self.table:
-                    self.table.add(ScaleEntry(out, entry.amax, None, "activation", entry.source))
+                    self.table.add(ScaleEntry(out, entry.amax, None, "activation", f"{DERIVED}:{self.path.name}"))
 
     def finish(self) -> ScaleTable:
         self.derive_data_movement()

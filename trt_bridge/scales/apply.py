@@ -77,8 +77,14 @@ def _source(entry: ScaleEntry) -> ScaleSource:
     return ScaleSource.QAT if entry.source.split(":", 1)[0] in ("qat", "modelopt") else ScaleSource.FILE
 
 
-def apply(graph, annotations: Annotations, imported: ImportedScales) -> None:
-    """Lay the imported scales over the annotations (in place); record what was applied and what not."""
+def _derived(entry: ScaleEntry) -> bool:
+    """An entry a reader inferred rather than read (``<format>-derived:<file>``: AIMET's data-movement outputs)."""
+    return entry.source.split(":", 1)[0].endswith("-derived")
+
+
+def apply(graph, annotations: Annotations, imported: ImportedScales, calibrating: bool = False) -> None:
+    """Lay the imported scales over the annotations (in place); record what was applied and what not.
+    With calibration data (``calibrating``), entries a reader derived rather than read are left to it."""
     import onnx_graphsurgeon as gs
 
     used: set[str] = set()
@@ -86,6 +92,8 @@ def apply(graph, annotations: Annotations, imported: ImportedScales) -> None:
         # the Q/DQ-pair lift annotates '<x>_clipped' where a source's zero point made its Q also a ReLU
         key = next((k for k in (name, name.removesuffix("_clipped")) if k in imported.table), None)
         entry = imported.table.get(key) if key else None
+        if entry is not None and calibrating and _derived(entry):
+            entry = None
         if entry is not None and entry.kind == "activation":
             spec.scale = max(entry.amax / QMAX, float(np.finfo(np.float32).tiny))  # amax 0: the smallest scale
             spec.source, spec.model_range = _source(entry), None
@@ -117,7 +125,7 @@ def apply(graph, annotations: Annotations, imported: ImportedScales) -> None:
         spec.source = _source(entry)
         used.add(entry.tensor)
         imported.applied.append(name)
-    imported.unused = sorted(set(imported.table) - used)
+    imported.unused = sorted(k for k in set(imported.table) - used if not _derived(imported.table[k]))
 
 
 def _weight_entry(table: ScaleTable, spec) -> ScaleEntry | None:
