@@ -19,10 +19,16 @@ output of every op quantized), ``compute_encodings`` on the 16 calibration feeds
   layout): ``OUT/quantized/aimet-encodings/<name>.onnx``, ``<name>.encodings`` and ``<name>.sim.onnx``;
 - ``encodings-legacy``: ``sim.export(..., encoding_version="0.6.1")``, the older layout keyed by tensor
   name: ``OUT/quantized/aimet-encodings-legacy/...``;
+- ``encodings-v2``: ``sim.export(..., encoding_version="2.0.0")``: one ONNX-style list with axes, int32
+  biases and the data-movement outputs' encodings (shared initializers duplicated first, as AIMET asks
+  for int32 biases): ``OUT/quantized/aimet-encodings-v2/...``;
 - ``qdq``: ``sim.to_onnx_qdq()``, ONNX Q/DQ with float weights quantized at run time (Q → DQ) and uint8
   activations: ``OUT/quantized/aimet-qdq/<name>.onnx``;
 - ``qdq-a16``: as ``qdq`` with 16-bit activations (``activation_type="int16"``, AIMET's W8A16):
-  ``OUT/quantized/aimet-qdq-a16/<name>.onnx``.
+  ``OUT/quantized/aimet-qdq-a16/<name>.onnx``;
+- ``qdq-int``: ``sim.to_onnx_qdq(prequantize_constants=True, export_int32_bias=True)``: int8 weight
+  initializers → DQ and int32 biases → DQ (shared initializers duplicated first):
+  ``OUT/quantized/aimet-qdq-int/<name>.onnx``.
 
 ``<name>.sim.onnx`` beside an encodings export is the same simulation as Q/DQ (``to_onnx_qdq``): the
 matrix measures the source's SNR on it, since the float model alone is not what AIMET simulates.
@@ -48,7 +54,9 @@ import onnx.numpy_helper
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "corpus"
-MODES = ("encodings", "encodings-legacy", "qdq", "qdq-a16")
+MODES = ("encodings", "encodings-legacy", "encodings-v2", "qdq", "qdq-a16", "qdq-int")
+#: the exports with int32 biases, which AIMET computes per bias: shared initializers are duplicated first, as it asks
+SHARED_DUPLICATED = ("encodings-v2", "qdq-int")
 
 
 def _feeds(path: Path) -> list[dict]:
@@ -56,11 +64,14 @@ def _feeds(path: Path) -> list[dict]:
     return [{k: v[i] for k, v in data.items()} for i in range(len(next(iter(data.values()))))]
 
 
-def _sim(src: Path, calib: list[dict], activation_type: str):
+def _sim(src: Path, calib: list[dict], activation_type: str, duplicate: bool = False):
     from aimet_onnx import QuantizationSimModel
     from aimet_onnx.batch_norm_fold import fold_all_batch_norms_to_weight
+    from aimet_onnx.utils import duplicate_shared_initializers
 
     model = onnx.load(str(src))
+    if duplicate:
+        duplicate_shared_initializers(model.graph)
     fold_all_batch_norms_to_weight(model)
     sim = QuantizationSimModel(model, param_type="int8", activation_type=activation_type,
                                quant_scheme="min_max", config_file="default",
@@ -77,9 +88,10 @@ def _save_one_file(model: onnx.ModelProto, dst: Path) -> None:
 def export(sim, mode: str, src: Path, dst: Path) -> list[Path]:
     """Write ``sim`` the way ``mode`` exports it; returns the files written (``dst`` first)."""
     if mode.startswith("qdq"):
-        _save_one_file(sim.to_onnx_qdq(), dst)
+        int_export = mode == "qdq-int"
+        _save_one_file(sim.to_onnx_qdq(prequantize_constants=int_export, export_int32_bias=int_export), dst)
         return [dst]
-    version = "0.6.1" if mode == "encodings-legacy" else "1.0.0"
+    version = {"encodings-legacy": "0.6.1", "encodings-v2": "2.0.0"}.get(mode, "1.0.0")
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         sim.export(tmp, src.stem, encoding_version=version)
@@ -125,12 +137,12 @@ def run(floats: list[Path], modes: list[str], out_dir, failed_path: Path | None,
         for mode in modes:
             dst = out_dir(mode) / src.name
             key = f"aimet-{mode}/{src.name}"
-            activations = "int16" if mode == "qdq-a16" else "int8"
+            kind = ("int16" if mode == "qdq-a16" else "int8", mode in SHARED_DUPLICATED)
             try:
-                if activations not in sims:
+                if kind not in sims:
                     sims.clear()
-                    sims[activations] = _sim(src, calib, activations)
-                (write or export)(sims[activations], mode, src, dst)
+                    sims[kind] = _sim(src, calib, *kind)
+                (write or export)(sims[kind], mode, src, dst)
                 if write is None:
                     onnx.load(str(dst), load_external_data=False)
                 print(key, flush=True)

@@ -34,7 +34,8 @@ What TensorRT has no equivalent for is brought to the nearest thing it builds, e
 :attr:`ScaleTable.notes` (the conversion report's ``imported_scales.notes``) and logged once per kind:
 16-bit (or other non-8-bit) encodings become int8 over the same range; block-wise weight encodings
 (``PER_BLOCK``, ``LPBQ``) are left out, so those weights are quantized per channel from their
-values; float16 (``dtype: float``) encodings quantize nothing and are left out. A scale that is
+values; float16 (``dtype: float``) encodings quantize nothing and int32 bias encodings (TensorRT
+adds biases in float) are left out. A scale that is
 not finite and positive, or an entry that cannot be read, is an error naming the file and tensor.
 """
 
@@ -91,6 +92,10 @@ class _Reader:
     # ------------------------------------------------------------ one entry, any layout
 
     def add(self, name: str, kind: str, scale, lo, hi, symmetric: bool, bits: int, axis: int | None) -> None:
+        if bits >= 32:  # AIMET's int32 bias encodings (2.x, export_int32_bias): TensorRT adds biases in float
+            self.note("int32 (bias) encodings left out: TensorRT takes biases in float, as trt-bridge writes them",
+                      name)
+            return
         scale = np.asarray(scale, np.float64).reshape(-1)
         if scale.size == 0:
             raise self.error(name, "no scale; re-export the encodings with aimet")
