@@ -64,15 +64,34 @@ def _feeds(path: Path) -> list[dict]:
     return [{k: v[i] for k, v in data.items()} for i in range(len(next(iter(data.values()))))]
 
 
+def _inline_identity_constants(model: onnx.ModelProto) -> None:
+    """TorchScript shares equal constants as ``Identity(initializer)``: give each Identity its own copy (what
+    onnx-simplifier does), so AIMET's ``duplicate_shared_initializers`` can separate the biases it sees."""
+    inits = {t.name: t for t in model.graph.initializer}
+    keep = []
+    for node in model.graph.node:
+        if node.op_type == "Identity" and node.input[0] in inits and node.output[0] not in inits:
+            copy = onnx.TensorProto()
+            copy.CopyFrom(inits[node.input[0]])
+            copy.name = node.output[0]
+            model.graph.initializer.append(copy)
+            inits[copy.name] = copy
+        else:
+            keep.append(node)
+    del model.graph.node[:]
+    model.graph.node.extend(keep)
+
+
 def _sim(src: Path, calib: list[dict], activation_type: str, duplicate: bool = False):
     from aimet_onnx import QuantizationSimModel
     from aimet_onnx.batch_norm_fold import fold_all_batch_norms_to_weight
     from aimet_onnx.utils import duplicate_shared_initializers
 
     model = onnx.load(str(src))
-    if duplicate:
-        duplicate_shared_initializers(model.graph)
     fold_all_batch_norms_to_weight(model)
+    if duplicate:  # after folding, which writes the Conv biases
+        _inline_identity_constants(model)
+        duplicate_shared_initializers(model.graph)
     sim = QuantizationSimModel(model, param_type="int8", activation_type=activation_type,
                                quant_scheme="min_max", config_file="default",
                                session_options_kwargs={"intra_op_num_threads": 1})
