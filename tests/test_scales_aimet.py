@@ -175,6 +175,7 @@ def test_what_tensorrt_lacks_is_brought_to_int8_and_noted(setup, tmp_path, caplo
     report = convert(setup["path"], out, ConvertOptions(scale_files=(str(path),), calib_data=None,
                                                         calib_random=4, progress=False))
     assert report.imported_scales["notes"] == table.notes
+    assert report.summary().count("brought to the nearest form TensorRT builds: mixed.encodings: ") == 3
     sources = {q["tensor"]: q["source"] for q in report.quantized}
     assert sources["g"] == "file" and sources["Wg"] == "requantized-weights"  # Wg per channel from its values
     assert_qdq_contract(out)
