@@ -22,7 +22,11 @@ Three layouts, told apart by ``"version"`` (a file without one is the legacy lay
 Each entry becomes a symmetric int8 amax: a symmetric encoding keeps its grid (amax =
 ``scale · (2^(bw−1) − 1)``, 127·scale at 8 bits: the scale itself is kept, only the −128 code goes,
 as TensorRT has none); an asymmetric one gives the amax covering its range
-``max(|min|, |max|)``. Per-channel weight scales need their axis, which the legacy and 1.0.0 layouts
+``max(|min|, |max|)``, and with calibration data that amax is narrowed to what the data reaches, never
+below 127 of AIMET's own steps (``ScaleEntry.step``; :func:`trt_bridge.scales.apply.check_against_data`):
+AIMET ties ranges (an RNN's hidden states, the inputs of a Concat), so a range can be several
+times wider than what a tensor holds, and the symmetric cover of a one-sided range doubles the step.
+Per-channel weight scales need their axis, which the legacy and 1.0.0 layouts
 do not store: it is the one dimension of the weight as long as the list, or else the output-channel
 axis of the op that reads it (Conv 0, ConvTranspose 1, Gemm by ``transB``, MatMul last), as AIMET
 itself resolves it; this needs the model (``convert`` passes the source). AIMET quantizes the
@@ -114,7 +118,8 @@ class _Reader:
             self.note(f"{bits}-bit encodings imported as int8 over the same range (TensorRT quantizes to int8)",
                       name)
         if amax.size == 1:
-            self.table.add(ScaleEntry(name, float(amax[0]), None, kind, self.source))
+            step = float(scale[0]) if not symmetric and kind == "activation" else None
+            self.table.add(ScaleEntry(name, float(amax[0]), None, kind, self.source, step))
             return
         if kind == "activation":
             self.note("per-channel activation encodings imported per tensor (their largest range; TensorRT "

@@ -68,6 +68,10 @@ class ScaleEntry:
     axis: int | None = None
     kind: str = "activation"
     source: str = ""
+    #: the source quantizer's own step when ``amax`` covers an asymmetric range (an AIMET uint8 encoding):
+    #: calibration data may then narrow ``amax`` to what the data reaches, never below 127 such steps.
+    #: Not written to files (informational, like ``source``).
+    step: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.tensor, str) or not self.tensor:
@@ -87,6 +91,9 @@ class ScaleEntry:
                                      "give the output-channel axis (Conv: 0, MatMul: last).")
         elif self.axis is not None:
             object.__setattr__(self, "axis", None)  # a per-tensor value has no axis
+        if self.step is not None and (isinstance(amax, tuple) or not math.isfinite(self.step) or self.step <= 0):
+            raise TrtBridgeError(f"tensor '{self.tensor}': step {self.step!r} must be a finite positive number "
+                                 "of a per-tensor entry.")
 
     @property
     def per_channel(self) -> bool:
