@@ -3,10 +3,11 @@
     python scripts/corpus/quantize_aimet.py OUT [--only NAME ...] [--modes ...]
     python scripts/corpus/quantize_aimet.py --tiny            # the suite's slice: tests/data/corpus/aimet-*
 
-``--tiny`` quantizes ``tests/data/corpus/float`` in the modes ``encodings`` and ``qdq`` for
-``tests/corpus/test_aimet_slice.py``: ``aimet-encodings/<name>.encodings`` alone (AIMET's float export of
-these models is the float model itself, same nodes, names and weights: checked here, and the model is
-written too where it is not), ``aimet-qdq/<name>.onnx`` where it stays under 300 KB.
+``--tiny`` quantizes ``tests/data/corpus/float`` in the modes ``encodings``, ``encodings-legacy``,
+``encodings-v2`` and ``qdq`` for ``tests/corpus/test_aimet_slice.py``: ``aimet-encodings*/<name>.encodings``
+alone where AIMET's float export is the float model itself (same nodes, names and weights: checked here),
+with its model where it is not (``encodings-v2`` duplicates shared initializers), and
+``aimet-qdq/<name>.onnx``; a file over the fixtures' 300 KB is not kept.
 
 Runs in its own virtualenv (``OUT/venvs/aimet``: torch 2.13 CPU, aimet-onnx 2.42; see ``build.py``).
 Reads ``OUT/float/<name>.onnx`` and its ``.calib.npz``. Each model goes through AIMET's usual recipe:
@@ -132,19 +133,20 @@ def _same_graph(a: onnx.ModelProto, b: onnx.ModelProto) -> bool:
 
 
 def tiny(sim, mode: str, src: Path, dst: Path) -> None:
-    """The suite's fixtures: the encodings alone where AIMET's export is the float model, small Q/DQ models."""
+    """The suite's fixtures: the encodings alone where AIMET's export is the float model, small models."""
     with tempfile.TemporaryDirectory() as tmp:
         written = export(sim, mode, src, Path(tmp) / src.name)
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        if mode == "qdq":
-            if written[0].stat().st_size < 300_000:
-                shutil.copyfile(written[0], dst)
-            else:
-                print(f"{mode}/{src.name}: {written[0].stat().st_size} bytes, over the fixtures' 300 KB; not kept")
+        model_needed = mode == "qdq" or not _same_graph(onnx.load(str(written[0])), onnx.load(str(src)))
+        kept = [written[0]] * model_needed + written[1:2] * (mode != "qdq")
+        too_big = [p for p in kept if p.stat().st_size >= 300_000]
+        if too_big:
+            print(f"{mode}/{too_big[0].name}: {too_big[0].stat().st_size} bytes, over the fixtures' 300 KB; not kept")
             return
-        shutil.copyfile(written[1], dst.with_suffix(".encodings"))
-        if not _same_graph(onnx.load(str(written[0])), onnx.load(str(src))):
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        if model_needed:
             shutil.copyfile(written[0], dst)
+        if mode != "qdq":
+            shutil.copyfile(written[1], dst.with_suffix(".encodings"))
 
 
 def run(floats: list[Path], modes: list[str], out_dir, failed_path: Path | None, verbose: bool,
@@ -192,7 +194,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.tiny:
         folder = TINY / "float"
-        modes = [m for m in args.modes if m in ("encodings", "qdq")]
+        modes = [m for m in args.modes if m in ("encodings", "encodings-legacy", "encodings-v2", "qdq")]
     elif args.out is None:
         ap.error("give OUT (the corpus folder) or --tiny")
     else:
