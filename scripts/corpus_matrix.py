@@ -8,7 +8,9 @@ OUT (default ``.corpus``) is what ``scripts/corpus/build.py`` made: ``OUT/float/
 - the source's SNR against the float model on the held-out feeds (onnxruntime runs the source as it
   is, its own integer kernels; '-' where onnxruntime cannot run it);
 - ``trt-bridge convert``: dynamic sources and float models calibrated on the 16 calibration feeds,
-  static sources with their own scales (``--scales model``), an AIMET float export with its encodings;
+  static sources with their own scales (``--scales model``), an AIMET float export with its encodings
+  (``<arch>.encodings`` beside it, as ``--scales``; its source SNR is that of ``<arch>.sim.onnx``, the same
+  quantization as AIMET simulates it, exported as Q/DQ);
 - the converted model's SNR (Q/DQ simulated in float, as TensorRT computes) on the same feeds;
 - whether TensorRT-RTX parses it and builds it ahead of time for SM 8.9.
 
@@ -73,8 +75,11 @@ def measure(arch: str, column: str, source: Path, float_dir: Path, work: Path, r
     cell = Cell(arch, column)
     held_out = _feeds(float_dir / f"{arch}.eval.npz")
     if column != "float":
+        # a float export with its encodings (AIMET) is measured as its quantizer simulates it: '<arch>.sim.onnx'
+        simulated = source.with_suffix(".sim.onnx")
         try:
-            cell.source_snr = round(snr_db(reference, _outputs(source, held_out, simulate=False)), 2)
+            cell.source_snr = round(snr_db(reference, _outputs(simulated if simulated.is_file() else source,
+                                                               held_out, simulate=False)), 2)
         except Exception:  # onnxruntime cannot run some quantizers' custom ops
             cell.source_snr = None
     calib = str(float_dir / f"{arch}.calib.npz")

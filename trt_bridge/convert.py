@@ -116,7 +116,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     if imported is not None:
         from trt_bridge.scales.apply import apply
 
-        apply(graph, ctx.annotations, imported)
+        apply(graph, ctx.annotations, imported, calibrating=feeds is not None)
     check_quantizable(graph, ctx.annotations)
     seconds["lift"] = time.perf_counter() - t0
 
@@ -148,7 +148,8 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         from trt_bridge.scales.apply import check_against_data
 
         t0 = time.perf_counter()
-        check_against_data(lifted, ctx.annotations, imported, feeds, options.progress)
+        keep = frozenset({t for group in placement.shared_scales for t in group} | {r.tensor for r in recentered})
+        check_against_data(lifted, ctx.annotations, imported, feeds, options.progress, keep)
         seconds["calibrate"] = seconds.get("calibrate", 0.0) + time.perf_counter() - t0
 
     ranges = None

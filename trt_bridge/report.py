@@ -37,7 +37,7 @@ class ConversionReport:
     scales: str = "model"  # where the source model's activation scales were taken from (model | data)
     sanitized: list[dict] = field(default_factory=list)  # sanitize.Change as dicts: casts, Dropout, Identity, ...
     check: dict | None = None  # checks.CheckReport of the output model, as a dict (None: not run)
-    imported_scales: dict | None = None  # --scales FILE / --qat: files, matching, applied, unused, warnings
+    imported_scales: dict | None = None  # --scales FILE / --qat: files, matching, applied, unused, warnings, notes
     accuracy: dict | None = None  # --accuracy-target: the ranking, every probe, the chosen tradeoff
     precision: dict | None = None  # layers by the precision TensorRT runs them in; --high-precision's fp32 keeps
     #: lift.Approximation as dicts: source quantization with no exact TensorRT equivalent, lifted to the nearest
@@ -83,6 +83,7 @@ class ConversionReport:
                          + ", ".join([*imp["files"], *([imp["qat"]] if imp["qat"] else [])])
                          + (f"; {len(imp['unused'])} entr(ies) unused" if imp["unused"] else "")
                          + (f"; {len(imp['warnings'])} disagree with the calibration data" if imp["warnings"] else ""))
+            lines += [f"    brought to the nearest form TensorRT builds: {note}" for note in imp.get("notes") or []]
         if self.sanitized:
             kinds: dict[str, int] = {}
             for change in self.sanitized:

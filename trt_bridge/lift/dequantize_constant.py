@@ -8,10 +8,21 @@
     Before:  k_q ─ DQ(s, z) ─ Add|Mul|… (any other use)  After: (k_q − z)·s (float) ─ Add|Mul|…
 
 A weight written as float → QuantizeLinear → DequantizeLinear is quantized here
-with the Q's own rounding and saturation first, so it lifts the same way.
+with the Q's own rounding and saturation first, so it lifts the same way (AIMET's and other
+QAT-style Q/DQ exports quantize their float weights at run time).
+
+Block-wise weights (opset 21 ``block_size``: AIMET's int4 block-wise and LPBQ weights, whose
+per-block scale is itself a DequantizeLinear of integers, lifted first) have no TensorRT int8 form:
+the weight is dequantized exactly, block by block, and re-quantized symmetric int8 per output
+channel, the nearest thing TensorRT builds (logged; the report lists the weight as re-quantized)::
+
+    Before:  W_q:int4 ─ DQ(s[blocks, C], block_size 32, axis 0) ─ MatMul
+    After:   W = (W_q − z)·s, each block with its scale ─ MatMul   annotation: W → int8 per channel
 """
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -22,18 +33,40 @@ from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
 from trt_bridge.lift.weights import lift_integer_weight
 from trt_bridge.placement import weight_axis
 
+log = logging.getLogger("trt_bridge.lift")
+
 WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
 
 
-def quantize_like(values: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int) -> np.ndarray:
-    """What ``QuantizeLinear(values, scale, zp, axis)`` computes (round half to even, saturate)."""
+def integer_range(dtype: np.dtype) -> tuple[int, int]:
+    """The codes of an integer type, int4/uint4 (ml_dtypes) included."""
+    try:
+        info = np.iinfo(dtype)
+    except ValueError:
+        import ml_dtypes
+
+        info = ml_dtypes.iinfo(dtype)
+    return int(info.min), int(info.max)
+
+
+def broadcast_param(param: np.ndarray, values: np.ndarray, axis: int, block: int = 0) -> np.ndarray:
+    """A scale or zero point shaped to broadcast against ``values``: 0-d (per tensor), per ``axis``, or
+    per block of ``block`` elements along ``axis`` (``param`` then has the rank of ``values``)."""
+    param = param.astype(np.float64)
+    if param.size == 1:
+        return param.reshape(())
+    if block:
+        return np.repeat(param, block, axis=axis).take(range(values.shape[axis]), axis=axis)
     shape = [1] * values.ndim
-    if scale.size > 1:
-        shape[axis] = -1
-    s = scale.astype(np.float64).reshape(shape if scale.size > 1 else ())
-    z = zp.astype(np.float64).reshape(shape if zp.size > 1 else ())
-    info = np.iinfo(zp.dtype)
-    return np.clip(np.rint(values.astype(np.float64) / s) + z, info.min, info.max).astype(zp.dtype)
+    shape[axis] = -1
+    return param.reshape(shape)
+
+
+def quantize_like(values: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int, block: int = 0) -> np.ndarray:
+    """What ``QuantizeLinear(values, scale, zp, axis, block_size)`` computes (round half to even, saturate)."""
+    s, z = broadcast_param(scale, values, axis, block), broadcast_param(zp, values, axis, block)
+    lo, hi = integer_range(zp.dtype)
+    return np.clip(np.rint(values.astype(np.float64) / s) + z, lo, hi).astype(zp.dtype)
 
 
 def integer_constant(tensor: gs.Tensor) -> np.ndarray | None:
@@ -49,7 +82,7 @@ def integer_constant(tensor: gs.Tensor) -> np.ndarray | None:
     if floats is None or scale is None or zp is None:
         return None
     axis = int(producer.attrs.get("axis", 1)) % max(floats.ndim, 1)
-    return quantize_like(floats, scale, zp, axis)
+    return quantize_like(floats, scale, zp, axis, int(producer.attrs.get("block_size", 0)))
 
 
 class DequantizeConstant:
@@ -60,8 +93,7 @@ class DequantizeConstant:
         values = integer_constant(node.inputs[0])
         if values is None:
             return NOT_MINE  # an activation: the Q/DQ pair rule's
-        if node.attrs.get("block_size", 0):
-            return "blocked quantization (block_size) is not lifted"
+        block = int(node.attrs.get("block_size", 0))
         scale, zp = constant_values(node.inputs[1]), quantizer_zero_point(node)
         if scale is None or zp is None:
             return "the scale and zero point must be constants"
@@ -69,13 +101,15 @@ class DequantizeConstant:
         if any(t is out for t in ctx.graph.outputs):
             return f"'{out.name}' is a graph output"
         axis = int(node.attrs.get("axis", 1)) % max(values.ndim, 1)
+        if block and (scale.ndim != values.ndim or scale.shape[axis] * block < values.shape[axis]):
+            return f"block-wise scale of shape {list(scale.shape)} does not cover the weight {list(values.shape)}"
+        floats = ((values.astype(np.int64) - broadcast_param(zp.astype(np.int64), values, axis, block))
+                  * broadcast_param(scale, values, axis, block)).astype(np.float32)
+        if block:
+            log.warning("DequantizeLinear '%s': block-wise weights (block_size %d) re-quantized as int8 per output "
+                        "channel, the nearest form TensorRT builds", node.name, block)
         scale = scale.astype(np.float64).reshape(-1) if scale.size > 1 else scale.astype(np.float64).reshape(())
         zp = zp.astype(np.int64).reshape(-1) if zp.size > 1 else zp.astype(np.int64).reshape(())
-        shape = [1] * values.ndim
-        if values.ndim:
-            shape[axis] = -1
-        floats = ((values.astype(np.float64) - (zp.reshape(shape) if zp.ndim else zp))
-                  * (scale.reshape(shape) if scale.ndim else scale)).astype(np.float32)
         source = node.inputs[0]
         for consumer in list(out.outputs):
             for index, tensor in enumerate(consumer.inputs):
@@ -87,10 +121,10 @@ class DequantizeConstant:
                                                           ("dequantized", source.name, node.name))
                     continue
                 site, c_axis = Site(consumer.name, index), weight_axis(consumer, values.ndim)
-                if scale.ndim == 0 or axis == c_axis:
+                if not block and (scale.ndim == 0 or axis == c_axis):
                     consumer.inputs[index] = lift_integer_weight(ctx, source, values, zp, scale, c_axis, site,
                                                                  node.name)
-                else:  # per-channel on another axis: the float weight, re-quantized on the right one
+                else:  # per-channel on another axis, or block-wise: the float weight, re-quantized per channel
                     const = ctx.constant(f"{source.name}_float", floats, ("dequantized", source.name, node.name))
                     ctx.annotations.add_weight(WeightSpec(const.name, [site], c_axis, node.name,
                                                           source=ScaleSource.REQUANTIZED))

@@ -39,10 +39,12 @@ class ImportedScales:
     applied: list[str] = field(default_factory=list)  # tensors whose scale came from the table
     unused: list[str] = field(default_factory=list)  # entries nothing in the converted model quantizes
     warnings: list[dict] = field(default_factory=list)  # imported ranges that disagree with calibration data
+    narrowed: list[dict] = field(default_factory=list)  # asymmetric imported ranges narrowed to the data
 
     def to_dict(self) -> dict:
         return {"files": self.files, "qat": self.qat, "match": self.match, "applied": len(self.applied),
-                "unused": self.unused, "warnings": self.warnings}
+                "unused": self.unused, "warnings": self.warnings, "notes": self.table.notes,
+                "narrowed": self.narrowed}
 
 
 def load_sources(files: tuple[str, ...], qat: str | None, model) -> ImportedScales | None:
@@ -53,7 +55,7 @@ def load_sources(files: tuple[str, ...], qat: str | None, model) -> ImportedScal
 
     explicit = ScaleTable()
     for path in files:
-        explicit = read_scales(path).merged_over(explicit)  # a later file wins
+        explicit = read_scales(path, model).merged_over(explicit)  # a later file wins
     qat_table, match = ScaleTable(), None
     if qat:
         path = Path(qat)
@@ -77,8 +79,14 @@ def _source(entry: ScaleEntry) -> ScaleSource:
     return ScaleSource.QAT if entry.source.split(":", 1)[0] in ("qat", "modelopt") else ScaleSource.FILE
 
 
-def apply(graph, annotations: Annotations, imported: ImportedScales) -> None:
-    """Lay the imported scales over the annotations (in place); record what was applied and what not."""
+def _derived(entry: ScaleEntry) -> bool:
+    """An entry a reader inferred rather than read (``<format>-derived:<file>``: AIMET's data-movement outputs)."""
+    return entry.source.split(":", 1)[0].endswith("-derived")
+
+
+def apply(graph, annotations: Annotations, imported: ImportedScales, calibrating: bool = False) -> None:
+    """Lay the imported scales over the annotations (in place); record what was applied and what not.
+    With calibration data (``calibrating``), entries a reader derived rather than read are left to it."""
     import onnx_graphsurgeon as gs
 
     used: set[str] = set()
@@ -86,6 +94,8 @@ def apply(graph, annotations: Annotations, imported: ImportedScales) -> None:
         # the Q/DQ-pair lift annotates '<x>_clipped' where a source's zero point made its Q also a ReLU
         key = next((k for k in (name, name.removesuffix("_clipped")) if k in imported.table), None)
         entry = imported.table.get(key) if key else None
+        if entry is not None and calibrating and _derived(entry):
+            entry = None
         if entry is not None and entry.kind == "activation":
             spec.scale = max(entry.amax / QMAX, float(np.finfo(np.float32).tiny))  # amax 0: the smallest scale
             spec.source, spec.model_range = _source(entry), None
@@ -117,7 +127,7 @@ def apply(graph, annotations: Annotations, imported: ImportedScales) -> None:
         spec.source = _source(entry)
         used.add(entry.tensor)
         imported.applied.append(name)
-    imported.unused = sorted(set(imported.table) - used)
+    imported.unused = sorted(k for k in set(imported.table) - used if not _derived(imported.table[k]))
 
 
 def _weight_entry(table: ScaleTable, spec) -> ScaleEntry | None:
@@ -151,8 +161,14 @@ class _ClipObserver:
             self.max = max(self.max, float(v.max()))
 
 
-def check_against_data(lifted, annotations: Annotations, imported: ImportedScales, feeds, progress: bool) -> None:
-    """Run the calibration feeds once and flag imported activation ranges that clip much or waste resolution."""
+def check_against_data(lifted, annotations: Annotations, imported: ImportedScales, feeds, progress: bool,
+                       keep: frozenset[str] = frozenset()) -> None:
+    """Run the calibration feeds once and flag imported activation ranges that clip much or waste resolution.
+
+    An asymmetric imported range (an entry with the source's ``step``) is narrowed to what the data reaches:
+    amax = max(observed, 127 · step), at most the covering amax, so it never clips what the source's own
+    codes held on these feeds and never gets finer than the source's grid. Tensors in ``keep`` (shared or
+    re-centred scales) are left as they are."""
     from trt_bridge.calibration.runner import CalibrationSession
 
     names = [n for n in imported.applied if n in annotations.activations]
@@ -162,6 +178,14 @@ def check_against_data(lifted, annotations: Annotations, imported: ImportedScale
     with CalibrationSession(lifted, names) as session:
         session.run(observers, feeds, progress, desc="checking imported scales")
     for name, obs in observers.items():
+        entry = imported.table.get(name) or imported.table.get(name.removesuffix("_clipped"))
+        if entry is not None and entry.step is not None and name not in keep and obs.max > 0:
+            amax = min(obs.amax, max(obs.max, QMAX * entry.step))
+            if amax < obs.amax:
+                annotations.activations[name].scale = amax / QMAX
+                imported.narrowed.append({"tensor": name, "amax": obs.amax, "narrowed": amax,
+                                          "observed_max": obs.max})
+                continue
         fraction = obs.clipped / max(obs.count, 1)
         if fraction > CLIP_WARNING:
             message = (f"the imported amax {obs.amax:.4g} clips {100 * fraction:.2f}% of the calibration values "

@@ -65,9 +65,11 @@ _HEX = re.compile(r"[0-9a-fA-F]{1,8}")
 # ---------------------------------------------------------------- dispatch
 
 
-def read_scales(path: str | os.PathLike) -> ScaleTable:
+def read_scales(path: str | os.PathLike, model: onnx.ModelProto | None = None) -> ScaleTable:
     """Read a scale file, recognized by its content: a TensorRT calibration cache, trt-bridge JSON,
-    or an onnxruntime calibration table (JSON, text cache or flatbuffers)."""
+    an AIMET encodings file (:mod:`trt_bridge.scales.aimet`; ``model``, the ONNX model the file
+    belongs to, gives its per-channel weights their axis) or an onnxruntime calibration table
+    (JSON, text cache or flatbuffers)."""
     path = Path(path)
     text, data = _decoded(path)
     if text is None:
@@ -79,14 +81,19 @@ def read_scales(path: str | os.PathLike) -> ScaleTable:
         obj = _json(text, path)
         if isinstance(obj, dict) and "format" in obj:
             return _trt_bridge_json(obj, path)
+        from trt_bridge.scales.aimet import is_aimet, read_aimet
+
+        if is_aimet(obj):
+            return read_aimet(obj, path, model)
         return _ort_json(obj, path)
     first = next((line for line in text.splitlines() if line.strip()), "")
     if first and _ort_text_line(first) is not None:
         return _ort_text(text, path)
     raise TrtBridgeError(
         f"{path}: not a scale file trt-bridge knows. Expected a TensorRT calibration cache "
-        "(first line TRT-<version>-<algorithm>), trt-bridge JSON ({\"format\": \"trt-bridge-scales\", ...}) "
-        "or an onnxruntime calibration table (calibration.json, calibration.cache or calibration.flatbuffers).")
+        "(first line TRT-<version>-<algorithm>), trt-bridge JSON ({\"format\": \"trt-bridge-scales\", ...}), "
+        "AIMET encodings (sim.export's <name>.encodings) or an onnxruntime calibration table (calibration.json, "
+        "calibration.cache or calibration.flatbuffers).")
 
 
 def _decoded(path: Path) -> tuple[str | None, bytes]:

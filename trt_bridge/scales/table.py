@@ -68,6 +68,10 @@ class ScaleEntry:
     axis: int | None = None
     kind: str = "activation"
     source: str = ""
+    #: the source quantizer's own step when ``amax`` covers an asymmetric range (an AIMET uint8 encoding):
+    #: calibration data may then narrow ``amax`` to what the data reaches, never below 127 such steps.
+    #: Not written to files (informational, like ``source``).
+    step: float | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.tensor, str) or not self.tensor:
@@ -87,6 +91,9 @@ class ScaleEntry:
                                      "give the output-channel axis (Conv: 0, MatMul: last).")
         elif self.axis is not None:
             object.__setattr__(self, "axis", None)  # a per-tensor value has no axis
+        if self.step is not None and (isinstance(amax, tuple) or not math.isfinite(self.step) or self.step <= 0):
+            raise TrtBridgeError(f"tensor '{self.tensor}': step {self.step!r} must be a finite positive number "
+                                 "of a per-tensor entry.")
 
     @property
     def per_channel(self) -> bool:
@@ -109,6 +116,9 @@ class ScaleTable:
     """Scale entries by tensor name (insertion order kept: files are written in it)."""
 
     entries: dict[str, ScaleEntry] = field(default_factory=dict)
+    #: what a reader brought to the nearest thing TensorRT takes (16-bit ranges as int8, block-wise
+    #: weights left out, ...), one line per kind: the conversion report lists them
+    notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         for name, entry in self.entries.items():
@@ -150,7 +160,7 @@ class ScaleTable:
         (``self`` wins where both have a tensor). Neither table changes."""
         merged = dict(lower.entries)
         merged.update(self.entries)
-        return ScaleTable(merged)
+        return ScaleTable(merged, [*lower.notes, *(n for n in self.notes if n not in lower.notes)])
 
     def activations(self) -> ScaleTable:
         return ScaleTable({k: e for k, e in self.entries.items() if e.kind == "activation"})
