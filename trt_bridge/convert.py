@@ -187,7 +187,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         + [FloatLeftover(d.node, d.op, d.reason) for d in ctx.declined],
         calibration=calibration, seconds=seconds, recentered=[asdict(r) for r in recentered],
         smoothed=[asdict(x) for x in smoothed], placement=options.placement.value, scales=scales.value,
-        sanitized=[asdict(c) for c in ctx.prepared],
+        sanitized=[asdict(c) for c in ctx.prepared], approximated=[asdict(a) for a in ctx.approximated],
         imported_scales=None if imported is None else imported.to_dict(),
         precision=_precision_report(out_model, options, kept_fp32),
     )

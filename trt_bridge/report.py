@@ -39,6 +39,9 @@ class ConversionReport:
     check: dict | None = None  # checks.CheckReport of the output model, as a dict (None: not run)
     imported_scales: dict | None = None  # --scales FILE / --qat: files, matching, applied, unused, warnings
     accuracy: dict | None = None  # --accuracy-target: the ranking, every probe, the chosen tradeoff
+    #: nodes lifted to the nearest form TensorRT builds rather than to what they computed (int16
+    #: activations narrowed to int8, block floating point calibrated as int8): lift.Approximation as dicts
+    approximated: list[dict] = field(default_factory=list)
     precision: dict | None = None  # layers by the precision TensorRT runs them in; --high-precision's fp32 keeps
 
     def __bool__(self) -> bool:
@@ -81,6 +84,10 @@ class ConversionReport:
                          + ", ".join([*imp["files"], *([imp["qat"]] if imp["qat"] else [])])
                          + (f"; {len(imp['unused'])} entr(ies) unused" if imp["unused"] else "")
                          + (f"; {len(imp['warnings'])} disagree with the calibration data" if imp["warnings"] else ""))
+        if self.approximated:
+            first = self.approximated[0]
+            lines.append(f"  approximated: {len(self.approximated)} node(s) with no TensorRT equivalent, converted to "
+                         f"the nearest form it builds (e.g. '{first['node']}': {first['what']})")
         if self.sanitized:
             kinds: dict[str, int] = {}
             for change in self.sanitized:
