@@ -126,7 +126,8 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         if feeds is None:
             raise CalibrationDataError(
                 f"{model_path}: {len(needed)} activation(s) (e.g. '{needed[0]}') have no static scale in "
-                "the model (dynamic quantization computes them at run time). Pass --calib-data with "
+                "the model (dynamic quantization computes them at run time; block floating point has none "
+                "TensorRT can use). Pass --calib-data with "
                 "representative inputs, or --calib-random N for a quick smoke test."
             )
         t0 = time.perf_counter()

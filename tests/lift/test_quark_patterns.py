@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save, snr_db  # noqa: E402
 
 from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
-from trt_bridge.errors import TrtBridgeError  # noqa: E402
+from trt_bridge.errors import CalibrationDataError, TrtBridgeError  # noqa: E402
 from trt_bridge.sanitize import sanitize  # noqa: E402
 
 RNG = np.random.default_rng(0)
@@ -95,6 +95,12 @@ def test_block_floating_point_becomes_int8_with_calibration(tmp_path, caplog):
     # rounding); int8 activations and per-channel weights measured 43.5 dB against it (bar 3 dB under)
     held_out = _feeds(4, 2)
     assert snr_db(run_ort(_without_bfp(model), held_out), run_ort(out, held_out)) > 40.5
+
+
+def test_block_floating_point_without_calibration_data_asks_for_it(tmp_path):
+    source = save(_bfp_model(), tmp_path / "bfp.onnx")
+    with pytest.raises(CalibrationDataError, match="'x'.*block floating point has none.*--calib-data"):
+        convert(source, tmp_path / "out.onnx", ConvertOptions(progress=False))
 
 
 def test_block_floating_point_of_another_domain_is_refused_by_name(tmp_path):
