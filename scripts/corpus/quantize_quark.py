@@ -13,10 +13,11 @@ feeds); writes ``OUT/quantized/quark-<mode>/<name>.onnx`` with ``quark.onnx.Mode
 | a8w8 | ``A8W8_QCONFIG``: int8 symmetric activations and weights, float scales (percentile) |
 | a16w8 | ``A16W8_QCONFIG``: int16 activations (com.microsoft QuantizeLinear/DequantizeLinear), int8 weights |
 | bfp16 | ``BFP16_QCONFIG``: block floating point, com.amd.quark ``BFPQuantizeDequantize`` on activations and weights |
+| mxint8 | ``MXInt8Spec()`` for both: OCP MX int8, com.amd.quark ``MXQuantizeDequantize`` (blocks of 32) |
 | u8s8 | ``QConfig(QLayerConfig(activation=UInt8Spec(), weight=Int8Spec(per channel)))``: asymmetric uint8 activations |
 
 Failures are recorded in ``OUT/quantized/quark-failed.json``; one failing model never stops the rest.
-The source's own SNR for modes whose custom ops plain onnxruntime cannot run (bfp16) is measured here,
+The source's own SNR for modes whose custom ops plain onnxruntime cannot run (bfp16, mxint8) is measured here,
 with Quark's custom-op library, into ``OUT/quantized/quark-source-snr.json``.
 """
 
@@ -36,7 +37,7 @@ import onnx
 ROOT = Path(__file__).resolve().parents[2]
 #: the suite's slice (--tiny): SegFormer's quantized models are over the 300 KB a committed fixture may take
 TINY = ("bert", "bert-dynamo", "t5-encoder")
-MODES = ("xint8", "a8w8", "a16w8", "bfp16", "u8s8")
+MODES = ("xint8", "a8w8", "a16w8", "bfp16", "mxint8", "u8s8")
 
 
 class _Reader:
@@ -69,6 +70,8 @@ def config(mode: str):
         return q.A16W8_QCONFIG
     if mode == "bfp16":
         return q.BFP16_QCONFIG
+    if mode == "mxint8":
+        return q.QConfig(q.QLayerConfig(activation=q.MXInt8Spec(), weight=q.MXInt8Spec()))
     if mode == "u8s8":
         return q.QConfig(q.QLayerConfig(activation=q.UInt8Spec(),
                                         weight=q.Int8Spec(quant_granularity=q.QuantGranularity.Channel)),

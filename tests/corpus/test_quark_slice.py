@@ -1,15 +1,16 @@
 """AMD Quark's real output on the suite's slice of the corpus (``tests/data/corpus/quark-<mode>/``).
 
 The fixtures are the tiny float models of ``tests/data/corpus/float`` (BERT by both exporters, a T5
-encoder; hidden size 32) quantized by amd-quark 0.13's ``ModelQuantizer`` in five modes: ``xint8``
-(power-of-two scales), ``a8w8``, ``a16w8`` (int16 activations, com.microsoft Q/DQ), ``bfp16`` (com.amd.quark
-BFPQuantizeDequantize), ``u8s8`` (asymmetric uint8 activations). Regenerate them with Quark's own venv
+encoder; hidden size 32) quantized by amd-quark 0.13's ``ModelQuantizer`` in six modes: ``xint8``
+(power-of-two scales; its T5 encoder's nodes are out of topological order), ``a8w8``, ``a16w8`` (int16
+activations, com.microsoft Q/DQ), ``bfp16`` and ``mxint8`` (com.amd.quark BFPQuantizeDequantize /
+MXQuantizeDequantize), ``u8s8`` (asymmetric uint8 activations). Regenerate them with Quark's own venv
 (``scripts/corpus/build.py`` makes it):
 
     .corpus/venvs/quark/bin/python scripts/corpus/quantize_quark.py --tiny
 
-Each is converted (static sources with their own scales; BFP16, which carries none, calibrated on the
-calibration feeds), checked for blockers and the Q/DQ contract, parsed and built ahead of time by
+Each is converted (static sources with their own scales; the block formats, which carry none, calibrated
+on the calibration feeds), checked for blockers and the Q/DQ contract, parsed and built ahead of time by
 TensorRT-RTX, and compared with its source against the float model on the held-out feeds.
 """
 
@@ -29,13 +30,15 @@ from trt_bridge.runtime import session  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "corpus"
 FLOAT = DATA / "float"
-MODES = ("xint8", "a8w8", "a16w8", "bfp16", "u8s8")
+MODES = ("xint8", "a8w8", "a16w8", "bfp16", "mxint8", "u8s8")
 ARCHS = ("bert", "bert-dynamo", "t5-encoder")
 
 #: Where the source cannot be the bar (onnxruntime cannot run com.amd.quark ops here), the converted model's
-#: measured SNR (dB), barred 3 dB under. With Quark's custom-op library the BFP16 sources measured 37.1 (bert,
-#: bert-dynamo) and 17.8 dB (t5-encoder): the int8 conversions are better than their sources.
-MEASURED = {("bfp16", "bert"): 76.2, ("bfp16", "bert-dynamo"): 76.2, ("bfp16", "t5-encoder"): 39.7}
+#: measured SNR (dB), barred 3 dB under. With Quark's custom-op library the sources measured: BFP16 37.1 (bert,
+#: bert-dynamo) and 17.8 dB (t5-encoder), MXINT8 35.9 and 32.7 dB: the int8 conversions are better.
+MEASURED = {(mode, arch): snr for mode in ("bfp16", "mxint8")
+            for arch, snr in (("bert", 76.2), ("bert-dynamo", 76.2), ("t5-encoder", 39.7))}
+BLOCK_FORMATS = ("bfp16", "mxint8")
 
 
 def _feeds(path: Path) -> list[dict]:
@@ -58,13 +61,14 @@ def test_the_slice_is_there():
 def test_quark_output_converts_builds_and_keeps_its_accuracy(tmp_path, arch, mode):
     source = DATA / f"quark-{mode}" / f"{arch}.onnx"
     out = tmp_path / "converted.onnx"
-    calib = str(FLOAT / f"{arch}.calib.npz") if mode == "bfp16" else None  # BFP16 has no scales to keep
+    calib = str(FLOAT / f"{arch}.calib.npz") if mode in BLOCK_FORMATS else None  # no scales to keep
     report = convert(source, out, ConvertOptions(calib_data=calib, progress=False))
     assert not report.remaining_blockers
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)
     approximated = {a["rule"] for a in report.approximated}
-    assert approximated == {"a16w8": {"qdq-pair"}, "bfp16": {"block-quantize-dequantize"}}.get(mode, set())
+    assert approximated == ({"block-quantize-dequantize"} if mode in BLOCK_FORMATS else
+                            {"qdq-pair"} if mode == "a16w8" else set())
     held_out = _feeds(FLOAT / f"{arch}.eval.npz")
     reference = _outputs(FLOAT / f"{arch}.onnx", held_out, simulate=False)
     converted = snr_db(reference, _outputs(out, held_out, simulate=True))
