@@ -344,8 +344,12 @@ def _share_scales(annotations, groups: list[list[str]]) -> None:
 
 
 def fold_constants(graph: gs.Graph) -> None:
-    """Fold constant subgraphs (a Reshape/Transpose of a weight) in place; Q/DQ stay (exact integer data)."""
-    graph.fold_constants(should_exclude_node=lambda n: n.op in _NO_FOLD).cleanup()
+    """Fold constant subgraphs (a Reshape/Transpose of a weight) in place; Q/DQ stay (exact integer data), and
+    so do AMD Quark's custom ops (onnxruntime cannot run them: one in the subgraph would stop all folding)."""
+    from trt_bridge.lift.block_quantize_dequantize import QUARK_DOMAINS
+
+    graph.fold_constants(should_exclude_node=lambda n: n.op in _NO_FOLD or (n.domain or "") in QUARK_DOMAINS
+                         ).cleanup()
 
 
 def unique_node_names(nodes: list[tuple[str, str]]) -> list[str]:
