@@ -6,7 +6,8 @@ OUT (default ``.corpus``) is what ``scripts/corpus/build.py`` made: ``OUT/float/
 ``.calib.npz`` / ``.eval.npz``, and ``OUT/quantized/<tool>-<mode>/<arch>.onnx``. For each cell:
 
 - the source's SNR against the float model on the held-out feeds (onnxruntime runs the source as it
-  is, its own integer kernels; '-' where onnxruntime cannot run it);
+  is, its own integer kernels; where it cannot, the value the quantizer's script measured with its
+  own custom-op library in ``OUT/quantized/<tool>-source-snr.json``, else '-');
 - ``trt-bridge convert``: dynamic sources and float models calibrated on the 16 calibration feeds,
   static sources with their own scales (``--scales model``), an AIMET float export with its encodings
   (``<arch>.encodings`` beside it, as ``--scales``; its source SNR is that of ``<arch>.sim.onnx``, the same
@@ -69,6 +70,16 @@ def _is_dynamic(column: str) -> bool:
     return "dynamic" in column or column == "float"
 
 
+def _measured_by_quantizer(column: str, source: Path) -> float | None:
+    """The source's SNR as its quantizer script measured it with its own custom-op library
+    (``OUT/quantized/<tool>-source-snr.json``, keyed ``<tool>-<mode>/<arch>.onnx``), if it did."""
+    table = source.parents[1] / f"{column.split('-')[0]}-source-snr.json"
+    if not table.is_file():
+        return None
+    value = json.loads(table.read_text()).get(f"{column}/{source.name}")
+    return round(float(value), 2) if isinstance(value, int | float) else None
+
+
 def measure(arch: str, column: str, source: Path, float_dir: Path, work: Path, reference: np.ndarray) -> Cell:
     from trt_bridge.tensorrt.build import build_engine, parse
 
@@ -80,8 +91,8 @@ def measure(arch: str, column: str, source: Path, float_dir: Path, work: Path, r
         try:
             cell.source_snr = round(snr_db(reference, _outputs(simulated if simulated.is_file() else source,
                                                                held_out, simulate=False)), 2)
-        except Exception:  # onnxruntime cannot run some quantizers' custom ops
-            cell.source_snr = None
+        except Exception:  # onnxruntime cannot run some quantizers' custom ops: their script may have measured it
+            cell.source_snr = _measured_by_quantizer(column, source)
     calib = str(float_dir / f"{arch}.calib.npz")
     scales = tuple(str(p) for p in (source.with_suffix(".encodings"),) if p.is_file())
     options = ConvertOptions(calib_data=calib if _is_dynamic(column) or scales else None, scale_files=scales,

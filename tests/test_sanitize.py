@@ -474,5 +474,5 @@ def test_holds_every_value_table(source):
 
 
 def test_pipeline_order():
-    assert [p.name for p in SANITIZE_PASSES] == ["defuse-ort-ops", "remove-dropout", "fold-cast-chains",
-                                                 "remove-identity"]
+    assert [p.name for p in SANITIZE_PASSES] == ["standard-qdq-domain", "defuse-ort-ops", "remove-dropout",
+                                                 "fold-cast-chains", "remove-identity"]

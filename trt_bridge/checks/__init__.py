@@ -50,6 +50,9 @@ LIFT_OUTCOMES = {
                             "(the mask index as ReduceSum)",
     "qembed-layer-norm": "lifted by rule 'qembed-layer-norm': its tables dequantized to float, then Gather + Add + "
                          "LayerNormalization (the mask index as ReduceSum)",
+    "block-quantize-dequantize": "lifted by rule 'block-quantize-dequantize': TensorRT has no block floating "
+                                 "point, so the tensor becomes int8 (activations calibrated: needs --calib-data; "
+                                 "weights per output channel)",
 }
 ABSORBED = "removed by lifting (the rule that rewrote its consumers took it in)"
 
@@ -204,8 +207,12 @@ def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: di
     for finding in findings:
         if finding.fix or not finding.node:
             continue
-        if finding.node in by_node and finding.rule != "type-mismatch":
-            finding.fix, finding.fixable = "; ".join(c.what for c in by_node[finding.node]), True
+        sanitized = "; ".join(c.what for c in by_node.get(finding.node, []))
+        if sanitized and finding.rule != "type-mismatch" and finding.node in fired:  # renamed, then lifted
+            finding.fix = f"{sanitized}; then {LIFT_OUTCOMES.get(fired[finding.node], 'lifted')}"
+            finding.fixable = True
+        elif sanitized and finding.rule != "type-mismatch" and finding.node not in left:
+            finding.fix, finding.fixable = sanitized, True
         elif finding.node in left:
             finding.fix = (f"it sits in a control-flow subgraph ({left[finding.node]}), which convert does not "
                            "rewrite" if left[finding.node] else declined.get(

@@ -7,9 +7,12 @@ and an entry here.
 
 from __future__ import annotations
 
+import logging
+
 import onnx_graphsurgeon as gs
 
-from trt_bridge.lift.base import NOT_MINE, Decline, LiftContext, LiftRule
+from trt_bridge.lift.base import NOT_MINE, Approximation, Decline, LiftContext, LiftRule
+from trt_bridge.lift.block_quantize_dequantize import BlockQuantizeDequantize
 from trt_bridge.lift.conv_bias import FoldConvBias
 from trt_bridge.lift.dequantize_constant import DequantizeConstant
 from trt_bridge.lift.dequantize_gathered import DequantizeGathered
@@ -32,14 +35,18 @@ from trt_bridge.lift.scale_through_movement import ScaleThroughMovement
 #: are written as float ops between DQ and Q, onnxruntime's fused attention and embedding ops
 #: (the attention first: it reads the embedding's mask index), integer pass-through ops likewise, then the
 #: dynamically quantized codes that are only moved and dequantized again, quantized tables read
-#: through Gather (embeddings), every DQ of a constant and every activation Q→DQ pair is lifted, a scale
+#: through Gather (embeddings), every DQ of a constant and every activation Q→DQ pair is lifted,
+#: AMD Quark's block formats (BFP16, MX) become float tensors to calibrate or re-quantize, a scale
 #: quantized in front of data-movement ops is carried through them to the op they feed, and last a bias
 #: Add left after a lifted Conv is folded into it.
 LIFT_RULES: tuple[LiftRule, ...] = (
     DynamicIntegerOp(), DynamicQuantizeLSTM(), FusedDynamicMatMul(), FusedMatMul(), QOperatorOps(),
     QAttention(), OrtAttention(), OrtMultiHeadAttention(), QEmbedLayerNorm(), OrtEmbedLayerNorm(), IntegerPassThrough(),
-    DynamicPassThrough(), DequantizeGathered(), DequantizeConstant(), QDQPair(), ScaleThroughMovement(), FoldConvBias(),
+    DynamicPassThrough(), DequantizeGathered(), DequantizeConstant(), QDQPair(), BlockQuantizeDequantize(),
+    ScaleThroughMovement(), FoldConvBias(),
 )
+
+log = logging.getLogger("trt_bridge.lift")
 
 #: Ops that TensorRT's ONNX parser rejects, or that lowering must write anew: none may survive lifting.
 TENSORRT_REJECTS = frozenset({
@@ -59,6 +66,13 @@ def lift(graph: gs.Graph, rules: tuple[LiftRule, ...] = LIFT_RULES) -> LiftConte
             elif reason != NOT_MINE:
                 ctx.declined.append(Decline(rule.name, node.name, node.op, reason))
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    by_rule: dict[str, list[Approximation]] = {}
+    for approx in ctx.approximated:
+        by_rule.setdefault(approx.rule, []).append(approx)
+    for rule, found in by_rule.items():
+        log.warning("%s: %d node(s) have no TensorRT equivalent and were converted to the nearest form it "
+                    "builds, e.g. '%s': %s (see the report's 'approximated')", rule, len(found), found[0].node,
+                    found[0].what)
     return ctx
 
 
@@ -81,4 +95,4 @@ def leftover_blockers(graph: gs.Graph) -> list[tuple[gs.Node, str]]:
     return found
 
 
-__all__ = ["LIFT_RULES", "Decline", "LiftContext", "lift", "leftover_blockers"]
+__all__ = ["LIFT_RULES", "Approximation", "Decline", "LiftContext", "lift", "leftover_blockers"]

@@ -42,7 +42,7 @@ class NameAllocator:
 
 @dataclass(frozen=True)
 class Approximation:
-    """A rule lifted ``node`` to the nearest thing TensorRT builds, not to an exact equivalent: ``what``."""
+    """A rule lifted ``node`` to the nearest thing TensorRT builds, not to what it computed."""
 
     rule: str
     node: str
@@ -58,11 +58,15 @@ class LiftContext:
     constants: dict[tuple, gs.Constant] = field(default_factory=dict)  # dedup of lifted weights
     names: NameAllocator | None = None
     prepared: list = field(default_factory=list)  # sanitize.Change records of the steps before lifting
-    approximated: list[Approximation] = field(default_factory=list)  # no exact TensorRT equivalent: the nearest
+    approximated: list[Approximation] = field(default_factory=list)  # lifted to the nearest TensorRT form
 
     def __post_init__(self) -> None:
         if self.names is None:
             self.names = NameAllocator(self.graph)
+
+    def approximate(self, rule: str, node: str, what: str) -> None:
+        """Record that ``rule`` lifted ``node`` to an approximation (reported, and warned about once per rule)."""
+        self.approximated.append(Approximation(rule, node, what))
 
     def constant(self, base: str, values: np.ndarray, key: tuple) -> gs.Constant:
         """A float constant, shared between rules that derive the same values from the same source."""

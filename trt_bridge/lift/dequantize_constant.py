@@ -22,8 +22,6 @@ channel, the nearest thing TensorRT builds (logged; the report lists the weight 
 
 from __future__ import annotations
 
-import logging
-
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -32,8 +30,6 @@ from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
 from trt_bridge.lift.weights import lift_integer_weight
 from trt_bridge.placement import weight_axis
-
-log = logging.getLogger("trt_bridge.lift")
 
 WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
 
@@ -106,8 +102,8 @@ class DequantizeConstant:
         floats = ((values.astype(np.int64) - broadcast_param(zp.astype(np.int64), values, axis, block))
                   * broadcast_param(scale, values, axis, block)).astype(np.float32)
         if block:
-            log.warning("DequantizeLinear '%s': block-wise weights (block_size %d) re-quantized as int8 per output "
-                        "channel, the nearest form TensorRT builds", node.name, block)
+            ctx.approximate(self.name, node.name, f"block-wise weights (block_size {block}) re-quantized as int8 per "
+                            "output channel, the nearest form TensorRT builds")
         scale = scale.astype(np.float64).reshape(-1) if scale.size > 1 else scale.astype(np.float64).reshape(())
         zp = zp.astype(np.int64).reshape(-1) if zp.size > 1 else zp.astype(np.int64).reshape(())
         source = node.inputs[0]

@@ -22,21 +22,25 @@ pair is lifted to the float tensor, unquantized, and recorded the same way.
 
     Before:  x ─ Q(s[c], z[c], axis) ─ DQ(s[c], z[c], axis) ─ op
     After:   x ─ op      annotation: x → activation, scale max_c(|lo_c|, |hi_c|)/127
+
+16-bit codes (int16/uint16: AMD Quark's A16W8, written as com.microsoft QuantizeLinear/DequantizeLinear)
+have no TensorRT equivalent: they are narrowed to the int8 scale covering the same range and listed in
+the report's ``approximated`` entries. Measured against re-calibrating those tensors on data (SNR against
+the float model), the source's own range did better on ConvNeXt (30.7 against 30.2 dB) and the suite's
+SegFormer slice (28.7 against 27.6 dB), worse on the CRNN-LSTM (41.7 against 42.2 dB), equal on BERT; int8
+costs what it costs either way (those int16 sources measured 34.0 and 49.3 dB, the float models converted
+to int8 32.5 and 42.5 dB).
 """
 
 from __future__ import annotations
-
-import logging
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site
 from trt_bridge.calibration.observers import QMAX
-from trt_bridge.lift.base import NOT_MINE, Approximation, LiftContext
+from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
-
-log = logging.getLogger("trt_bridge.lift.qdq_pair")
 
 
 def _params(node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:
@@ -100,8 +104,7 @@ class QDQPair:
             bad = float(scale.reshape(-1)[~usable.reshape(-1)][0])
             what = (f"scale {bad:g} of '{x.name}' is not a positive finite number (a range that overflowed "
                     "float32 while calibrating): TensorRT rejects it; the tensor stays in float")
-            log.warning("QuantizeLinear '%s': %s", node.name, what)
-            ctx.approximated.append(Approximation(self.name, node.name, what))
+            ctx.approximate(self.name, node.name, what)
             _read_float(ctx, dqs, x)
             return None
         per_axis = scale.size > 1
@@ -112,8 +115,7 @@ class QDQPair:
             what = (f"per-axis activation quantization of '{x.name}' ({scale.size} scales on axis "
                     f"{node.attrs.get('axis', 1)}): TensorRT quantizes activations per tensor; one scale covering "
                     f"all channels' range [{lo:.4g}, {hi:.4g}] instead")
-            log.warning("QuantizeLinear '%s': %s", node.name, what)
-            ctx.approximated.append(Approximation(self.name, node.name, what))
+            ctx.approximate(self.name, node.name, what)
         if lo == 0.0:  # the Q clamps at zero: keep the ReLU it stands for
             clipped = gs.Variable(ctx.names(f"{x.name}_clipped"), dtype=np.float32, shape=x.shape)
             ctx.graph.nodes.append(gs.Node("Clip", ctx.names(f"{node.name}/clip"), {},
@@ -123,6 +125,9 @@ class QDQPair:
                                                          ("clip", float(np.float32(hi))))], [clipped]))
             x = clipped
         covering = max(abs(lo), abs(hi)) / QMAX if per_axis else covering_scale(s, zp)
+        if zp.dtype.itemsize > 1:  # int16/uint16 (AMD Quark's A16W8, com.microsoft Q/DQ): TensorRT has int8 only
+            ctx.approximate(self.name, node.name, f"{zp.dtype} activation codes narrowed to int8 (TensorRT has no "
+                            f"{zp.dtype} Q/DQ): scale {covering:.6g} covers the source's range [{lo:.6g}, {hi:.6g}]")
         for site in _read_float(ctx, dqs, x):
             ctx.annotations.add_activation(x.name, site, node.name, covering, ScaleSource.MODEL)
         spec = ctx.annotations.activations.get(x.name)

@@ -23,6 +23,7 @@ from trt_bridge.sanitize.change import Change
 from trt_bridge.sanitize.dropout import RemoveDropout
 from trt_bridge.sanitize.identity import RemoveIdentity
 from trt_bridge.sanitize.ort_fused import DefuseOrtOps
+from trt_bridge.sanitize.qdq_domain import StandardQDQDomain
 
 
 class SanitizePass(Protocol):
@@ -39,6 +40,8 @@ class SanitizePass(Protocol):
 
 
 #: In order:
+#: - StandardQDQDomain names vendor-domain QuantizeLinear/DequantizeLinear (com.microsoft, AMD Quark's
+#:   Extended*) as the standard ops they compute, for every rule after it.
 #: - DefuseOrtOps writes onnxruntime's fused com.microsoft transformer ops (SkipLayerNormalization,
 #:   Gelu, FastGelu, ...) back as the standard ops they stand for.
 #: - RemoveDropout first: a Dropout between two Casts or two Identities hides the chain
@@ -52,6 +55,7 @@ class SanitizePass(Protocol):
 #: their op's schema) work on the ModelProto and run before these (``convert.prepare``), so
 #: FoldCastChains also sees the Casts they insert.
 SANITIZE_PASSES: tuple[SanitizePass, ...] = (
+    StandardQDQDomain(),
     DefuseOrtOps(),
     RemoveDropout(),
     FoldCastChains(),
@@ -74,4 +78,4 @@ def sanitize(graph: gs.Graph, passes: tuple[SanitizePass, ...] = SANITIZE_PASSES
 
 
 __all__ = ["SANITIZE_PASSES", "Change", "DefuseOrtOps", "FoldCastChains", "RemoveDropout", "RemoveIdentity",
-           "SanitizePass", "sanitize"]
+           "SanitizePass", "StandardQDQDomain", "sanitize"]
