@@ -139,21 +139,40 @@ def _mark(cell: Cell) -> str:
     return f"{cell.snr:.1f} ({src})" if cell.column != "float" else f"{cell.snr:.1f}"
 
 
-def markdown(cells: list[Cell]) -> str:
-    columns = sorted({c.column for c in cells}, key=lambda c: (c != "float", c))
-    archs = sorted({c.arch for c in cells})
+def _table(cells: list[Cell], columns: list[str]) -> list[str]:
+    archs = sorted({c.arch for c in cells if c.column in columns})
     by = {(c.arch, c.column): c for c in cells}
     lines = ["| architecture | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
     for arch in archs:
         lines.append(f"| {arch} | " + " | ".join(_mark(by[arch, col]) if (arch, col) in by else ""
                                                   for col in columns) + " |")
+    return lines
+
+
+def _counts(cells: list[Cell]) -> tuple[int, int, int, int]:
+    """(cells that convert and build, cells, quantized cells within 1 dB of their source, measurable ones)"""
     ok = sum(1 for c in cells if c.converted and c.builds)
-    quantized = [c for c in cells if c.column != "float"]
-    measured = [c for c in quantized if c.builds and c.source_snr is not None and c.snr is not None]
-    within = [c for c in measured if c.snr >= c.source_snr - 1.0]
-    lines += ["", f"{ok} of {len(cells)} cells convert and build for SM 8.9; "
-              f"{len(within)} of {len(measured)} quantized cells with a measurable source are within 1 dB "
-              "of their source's SNR or better."]
+    measured = [c for c in cells if c.column != "float" and c.builds and c.source_snr is not None
+                and c.snr is not None]
+    return ok, len(cells), sum(1 for c in measured if c.snr >= c.source_snr - 1.0), len(measured)
+
+
+def markdown(cells: list[Cell]) -> str:
+    """One table per quantizer (columns ``<tool>-<mode>``; onnxruntime's first, with the float column), then the
+    totals."""
+    quantized = sorted({c.column for c in cells} - {"float"}, key=lambda c: (not c.startswith("ort-"), c))
+    tools: dict[str, list[str]] = {}
+    for column in ["float"] * any(c.column == "float" for c in cells) + quantized:
+        tool = (quantized[0] if quantized else column).split("-")[0] if column == "float" else column.split("-")[0]
+        tools.setdefault(tool, []).append(column)
+    lines: list[str] = []
+    for tool, columns in tools.items():
+        ok, total, within, measured = _counts([c for c in cells if c.column in columns and c.column != "float"])
+        lines += [*_table(cells, columns), "", f"{tool}: {ok} of {total} quantized cells convert and build; "
+                  f"{within} of {measured} with a measurable source are within 1 dB of it or better.", ""]
+    ok, total, within, measured = _counts(cells)
+    lines += [f"{ok} of {total} cells convert and build for SM 8.9; {within} of {measured} quantized cells with a "
+              "measurable source are within 1 dB of their source's SNR or better."]
     failures = [c for c in cells if not (c.converted and c.builds)]
     if failures:
         lines += ["", "Cells that do not convert or build:", ""]
@@ -168,7 +187,14 @@ def main() -> int:
     ap.add_argument("--cells", nargs="*", help="columns (tool-mode, or 'float')")
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--from-json", type=Path, help="write the tables of a matrix measured before (its --json)")
     args = ap.parse_args()
+    if args.from_json:
+        table = markdown([Cell(**c) for c in json.loads(args.from_json.read_text())])
+        print(table)
+        if args.markdown:
+            args.markdown.write_text(table)
+        return 0
     logging.disable(logging.WARNING)
     import onnxruntime
 
