@@ -125,3 +125,19 @@ def quantize_static(float_path: Path, out_path: Path, feeds: list[dict[str, np.n
 
     ort_quantize_static(str(float_path), str(out_path), Reader(), **kwargs)
     return out_path
+
+
+def corpus_feeds(path: Path) -> list[dict[str, np.ndarray]]:
+    """The feeds of a corpus ``.npz`` (keyed by input name, one feed per index of axis 0)."""
+    data = dict(np.load(path))
+    return [{k: v[i] for k, v in data.items()} for i in range(len(next(iter(data.values()))))]
+
+
+def corpus_outputs(model: Path, feeds: list[dict[str, np.ndarray]], simulate: bool) -> np.ndarray:
+    """The first output over every feed, flattened; ``simulate``: Q/DQ as TensorRT computes it."""
+    from trt_bridge.runtime import session
+
+    sess = session(model, simulate_qdq=simulate)
+    names = {i.name for i in sess.get_inputs()}
+    return np.concatenate([np.asarray(sess.run(None, {k: v for k, v in f.items() if k in names})[0]).ravel()
+                           for f in feeds])

@@ -22,14 +22,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types  # noqa: E402
+from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs, op_types  # noqa: E402
 
 from trt_bridge.convert import ConvertOptions, convert, snr_db  # noqa: E402
-from trt_bridge.runtime import session  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "corpus"
 FLOAT = DATA / "float"
@@ -42,26 +40,16 @@ QDQ = sorted(p.stem for p in (DATA / "aimet-qdq").glob("*.onnx"))
 MEASURED = {"segformer": 29.4 - 3.0}
 
 
-def _feeds(path: Path) -> list[dict]:
-    data = dict(np.load(path))
-    return [{k: v[i] for k, v in data.items()} for i in range(len(next(iter(data.values()))))]
-
-
-def _outputs(model: Path, feeds: list[dict], simulate: bool) -> np.ndarray:
-    sess = session(model, simulate_qdq=simulate)
-    return np.concatenate([sess.run(None, f)[0].ravel() for f in feeds])
-
-
 def _check(arch: str, source: Path | None, out: Path, report) -> None:
     assert not report.remaining_blockers
     assert {"QuantizeLinear", "DequantizeLinear", "MatMul"} <= op_types(out)  # int8 MatMuls through Q/DQ
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)
-    held_out = _feeds(FLOAT / f"{arch}.eval.npz")
-    reference = _outputs(FLOAT / f"{arch}.onnx", held_out, simulate=False)
-    converted = snr_db(reference, _outputs(out, held_out, simulate=True))
+    held_out = corpus_feeds(FLOAT / f"{arch}.eval.npz")
+    reference = corpus_outputs(FLOAT / f"{arch}.onnx", held_out, simulate=False)
+    converted = snr_db(reference, corpus_outputs(out, held_out, simulate=True))
     if source is not None:
-        bar = snr_db(reference, _outputs(source, held_out, simulate=False)) - 1.0  # the bar
+        bar = snr_db(reference, corpus_outputs(source, held_out, simulate=False)) - 1.0  # the bar
     else:
         bar = MEASURED[arch]
     assert converted >= bar, f"{arch}: {converted:.1f} dB, bar {bar:.1f} dB"

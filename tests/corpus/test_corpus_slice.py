@@ -12,28 +12,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import assert_qdq_contract, assert_tensorrt_ready, quantize_static  # noqa: E402
+from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs, quantize_static  # noqa: E402
 
 from trt_bridge.convert import ConvertOptions, convert, snr_db  # noqa: E402
-from trt_bridge.runtime import session  # noqa: E402
 
 SLICE = Path(__file__).resolve().parents[1] / "data" / "corpus" / "float"
 MODELS = sorted(p.stem for p in SLICE.glob("*.onnx"))
 MODES = ("dynamic", "dynamic-pc", "static-qdq", "static-qop")
-
-
-def _feeds(path: Path) -> list[dict]:
-    data = dict(np.load(path))
-    return [{k: v[i] for k, v in data.items()} for i in range(len(next(iter(data.values()))))]
-
-
-def _outputs(model: Path, feeds: list[dict], simulate: bool) -> np.ndarray:
-    sess = session(model, simulate_qdq=simulate)
-    return np.concatenate([sess.run(None, f)[0].ravel() for f in feeds])
 
 
 def _quantize(mode: str, src: Path, dst: Path) -> Path:
@@ -48,7 +36,7 @@ def _quantize(mode: str, src: Path, dst: Path) -> Path:
     pre = dst.with_suffix(".pre.onnx")
     quant_pre_process(str(src), str(pre), skip_symbolic_shape=True)
     fmt = QuantFormat.QDQ if mode == "static-qdq" else QuantFormat.QOperator
-    return quantize_static(pre, dst, _feeds(src.with_suffix(".calib.npz")), quant_format=fmt, per_channel=True,
+    return quantize_static(pre, dst, corpus_feeds(src.with_suffix(".calib.npz")), quant_format=fmt, per_channel=True,
                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
 
 
@@ -70,11 +58,11 @@ def test_real_export_converts_builds_and_keeps_its_accuracy(tmp_path, arch, mode
     assert not report.remaining_blockers
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)
-    held_out = _feeds(SLICE / f"{arch}.eval.npz")
-    reference = _outputs(src, held_out, simulate=False)
-    converted_snr = snr_db(reference, _outputs(out, held_out, simulate=True))
+    held_out = corpus_feeds(SLICE / f"{arch}.eval.npz")
+    reference = corpus_outputs(src, held_out, simulate=False)
+    converted_snr = snr_db(reference, corpus_outputs(out, held_out, simulate=True))
     try:
-        source_snr = snr_db(reference, _outputs(quantized, held_out, simulate=False))
+        source_snr = snr_db(reference, corpus_outputs(quantized, held_out, simulate=False))
     except Exception as exc:
         # onnxruntime 1.2x's QOperator BERT shares a LayerNormalization bias as a QGemm's uint8 bias: its own
         # model fails to load ("Type 'tensor(uint8)' of input parameter ... of operator (QGemm)"), while the

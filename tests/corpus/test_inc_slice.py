@@ -24,28 +24,15 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import assert_qdq_contract, assert_tensorrt_ready  # noqa: E402
+from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs  # noqa: E402
 
 from trt_bridge.convert import ConvertOptions, convert, snr_db  # noqa: E402
-from trt_bridge.runtime import session  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "corpus"
 CELLS = sorted((p.parent.name.removeprefix("inc-"), p.stem) for p in DATA.glob("inc-*/*.onnx"))
-
-
-def _feeds(path: Path) -> list[dict]:
-    data = dict(np.load(path))
-    return [{k: v[i] for k, v in data.items()} for i in range(len(next(iter(data.values()))))]
-
-
-def _outputs(model: Path, feeds: list[dict], simulate: bool) -> np.ndarray:
-    sess = session(model, simulate_qdq=simulate)
-    names = {i.name for i in sess.get_inputs()}
-    return np.concatenate([sess.run(None, {k: v for k, v in f.items() if k in names})[0].ravel() for f in feeds])
 
 
 def test_the_slice_is_there():
@@ -64,9 +51,9 @@ def test_inc_model_converts_builds_and_keeps_its_accuracy(tmp_path, mode, arch):
     assert not report.remaining_blockers
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)
-    held_out = _feeds(DATA / "float" / f"{arch}.eval.npz")
-    reference = _outputs(DATA / "float" / f"{arch}.onnx", held_out, simulate=False)
-    converted_snr = snr_db(reference, _outputs(out, held_out, simulate=True))
-    source_snr = snr_db(reference, _outputs(source, held_out, simulate=False))  # onnxruntime runs every one
+    held_out = corpus_feeds(DATA / "float" / f"{arch}.eval.npz")
+    reference = corpus_outputs(DATA / "float" / f"{arch}.onnx", held_out, simulate=False)
+    converted_snr = snr_db(reference, corpus_outputs(out, held_out, simulate=True))
+    source_snr = snr_db(reference, corpus_outputs(source, held_out, simulate=False))  # onnxruntime runs every one
     # the bar: within 1 dB of the source's own SNR against the float model, or better
     assert converted_snr >= source_snr - 1.0, f"{arch} {mode}: {converted_snr:.1f} dB vs source {source_snr:.1f} dB"

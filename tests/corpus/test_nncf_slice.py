@@ -27,23 +27,12 @@ import pytest
 from onnx import numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import assert_qdq_contract, assert_tensorrt_ready  # noqa: E402
+from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs  # noqa: E402
 
 from trt_bridge.convert import ConvertOptions, convert, snr_db  # noqa: E402
-from trt_bridge.runtime import session  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "corpus"
 CELLS = sorted((p.parent.name, p.stem) for p in DATA.glob("nncf-*/*.onnx"))
-
-
-def _feeds(path: Path) -> list[dict]:
-    data = dict(np.load(path))
-    return [{k: v[i] for k, v in data.items()} for i in range(len(next(iter(data.values()))))]
-
-
-def _outputs(model: Path, feeds: list[dict], simulate: bool) -> np.ndarray:
-    sess = session(model, simulate_qdq=simulate)
-    return np.concatenate([sess.run(None, f)[0].ravel() for f in feeds])
 
 
 def _untranslatable(path: Path) -> set[str]:
@@ -68,9 +57,9 @@ def test_nncf_output_converts_builds_and_keeps_its_accuracy(tmp_path, mode, arch
     assert {a["node"] for a in report.approximated} == _untranslatable(source)
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)
-    held_out = _feeds(DATA / "float" / f"{arch}.eval.npz")
-    reference = _outputs(DATA / "float" / f"{arch}.onnx", held_out, simulate=False)
-    converted_snr = snr_db(reference, _outputs(out, held_out, simulate=True))
-    source_snr = snr_db(reference, _outputs(source, held_out, simulate=False))
+    held_out = corpus_feeds(DATA / "float" / f"{arch}.eval.npz")
+    reference = corpus_outputs(DATA / "float" / f"{arch}.onnx", held_out, simulate=False)
+    converted_snr = snr_db(reference, corpus_outputs(out, held_out, simulate=True))
+    source_snr = snr_db(reference, corpus_outputs(source, held_out, simulate=False))
     # the bar: within 1 dB of the source's own SNR against the float model, or better
     assert converted_snr >= source_snr - 1.0, f"{mode} {arch}: {converted_snr:.1f} dB vs source {source_snr:.1f} dB"

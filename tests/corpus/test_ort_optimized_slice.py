@@ -20,15 +20,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import onnx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import assert_qdq_contract, assert_tensorrt_ready  # noqa: E402
+from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs  # noqa: E402
 
 from trt_bridge.convert import ConvertOptions, convert, snr_db  # noqa: E402
-from trt_bridge.runtime import session  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"
 #: (mode, arch) -> (onnxruntime's ops the source carries, lift rules that must fire)
@@ -48,16 +46,6 @@ CELLS = {
 }
 
 
-def _feeds(path: Path) -> list[dict]:
-    data = dict(np.load(path))
-    return [{k: v[i] for k, v in data.items()} for i in range(len(next(iter(data.values()))))]
-
-
-def _outputs(model: Path, feeds: list[dict], simulate: bool) -> np.ndarray:
-    sess = session(model, simulate_qdq=simulate)
-    return np.concatenate([sess.run(None, f)[0].ravel() for f in feeds])
-
-
 @pytest.mark.parametrize(("mode", "arch"), list(CELLS), ids=[f"{m}-{a}" for m, a in CELLS])
 def test_optimized_transformer_quantized_by_onnxruntime_converts_builds_and_keeps_its_accuracy(tmp_path, mode, arch):
     source = CORPUS / f"ort-{mode}" / f"{arch}.onnx"
@@ -73,10 +61,10 @@ def test_optimized_transformer_quantized_by_onnxruntime_converts_builds_and_keep
     assert rules <= {hit.rule for hit in report.rules}
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)
-    held_out = _feeds(CORPUS / "float" / f"{arch}.eval.npz")
-    reference = _outputs(CORPUS / "float" / f"{arch}.onnx", held_out, simulate=False)
-    source_snr = snr_db(reference, _outputs(source, held_out, simulate=False))
-    converted_snr = snr_db(reference, _outputs(out, held_out, simulate=True))
+    held_out = corpus_feeds(CORPUS / "float" / f"{arch}.eval.npz")
+    reference = corpus_outputs(CORPUS / "float" / f"{arch}.onnx", held_out, simulate=False)
+    source_snr = snr_db(reference, corpus_outputs(source, held_out, simulate=False))
+    converted_snr = snr_db(reference, corpus_outputs(out, held_out, simulate=True))
     # measured, source → converted: BERT dynamic-attn 43.5 → 43.5 dB, static-qop-attn 43.5 → 43.5, static-qdq-attn
     # 37.9 → 43.5, dynamic-mha-attn 43.6 → 43.5, dynamic-opt 44.9 → 44.9; T5 encoder dynamic-opt 37.0 → 36.3
     assert converted_snr >= source_snr - 1.0, f"{mode}: {converted_snr:.1f} dB vs source {source_snr:.1f} dB"

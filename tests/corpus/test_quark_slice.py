@@ -19,14 +19,12 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import assert_qdq_contract, assert_tensorrt_ready  # noqa: E402
+from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs  # noqa: E402
 
 from trt_bridge.convert import ConvertOptions, convert, snr_db  # noqa: E402
-from trt_bridge.runtime import session  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "corpus"
 FLOAT = DATA / "float"
@@ -39,16 +37,6 @@ ARCHS = ("bert", "bert-dynamo", "t5-encoder")
 MEASURED = {(mode, arch): snr for mode in ("bfp16", "mxint8")
             for arch, snr in (("bert", 76.2), ("bert-dynamo", 76.2), ("t5-encoder", 39.7))}
 BLOCK_FORMATS = ("bfp16", "mxint8")
-
-
-def _feeds(path: Path) -> list[dict]:
-    data = dict(np.load(path))
-    return [{k: v[i] for k, v in data.items()} for i in range(len(next(iter(data.values()))))]
-
-
-def _outputs(model: Path, feeds: list[dict], simulate: bool) -> np.ndarray:
-    sess = session(model, simulate_qdq=simulate)
-    return np.concatenate([sess.run(None, f)[0].ravel() for f in feeds])
 
 
 def test_the_slice_is_there():
@@ -69,12 +57,12 @@ def test_quark_output_converts_builds_and_keeps_its_accuracy(tmp_path, arch, mod
     approximated = {a["rule"] for a in report.approximated}
     assert approximated == ({"block-quantize-dequantize"} if mode in BLOCK_FORMATS else
                             {"qdq-pair"} if mode == "a16w8" else set())
-    held_out = _feeds(FLOAT / f"{arch}.eval.npz")
-    reference = _outputs(FLOAT / f"{arch}.onnx", held_out, simulate=False)
-    converted = snr_db(reference, _outputs(out, held_out, simulate=True))
+    held_out = corpus_feeds(FLOAT / f"{arch}.eval.npz")
+    reference = corpus_outputs(FLOAT / f"{arch}.onnx", held_out, simulate=False)
+    converted = snr_db(reference, corpus_outputs(out, held_out, simulate=True))
     if (mode, arch) in MEASURED:
         assert converted >= MEASURED[mode, arch] - 3.0, f"{arch} {mode}: {converted:.1f} dB"
         return
-    source_snr = snr_db(reference, _outputs(source, held_out, simulate=False))
+    source_snr = snr_db(reference, corpus_outputs(source, held_out, simulate=False))
     # the bar: within 1 dB of the source's own SNR against the float model, or better
     assert converted >= source_snr - 1.0, f"{arch} {mode}: {converted:.1f} dB vs source {source_snr:.1f} dB"
