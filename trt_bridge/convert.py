@@ -17,6 +17,7 @@ from trt_bridge.calibration import CalibMethod, model_inputs, open_feeds
 from trt_bridge.errors import CalibrationDataError, InternalError, TrtBridgeError, UnsupportedPatternError
 from trt_bridge.model import (
     MIN_QDQ_OPSET,
+    check_name_lengths,
     check_writable,
     default_opset,
     external_data_files,
@@ -78,14 +79,19 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     from trt_bridge.recenter import recenter
 
     model_path, output_path = Path(model_path), Path(output_path)
+    check_name_lengths(output_path, "output model")
     if output_path.resolve() == model_path.resolve():
         raise TrtBridgeError(f"the output path {output_path} is the input model; choose another with -o.")
+    _check_not_an_input(output_path, model_path, options)
     _check_precision_options(options)
     check_writable(output_path, "output model")
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     declared: dict[str, int] = {}
     model = load_model(model_path, declared)
+    from trt_bridge.values import check_output_finite, check_source_scales, nonfinite_count
+
+    check_source_scales(model, model_path)
     source_opset = default_opset(model)
     inputs = feed_types(model_inputs(model), options.bf16)
     # Open (and check) the calibration source before any work, so a bad path fails fast.
@@ -101,6 +107,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     t0 = time.perf_counter()
     lifted, ctx = lift_model(model, model_path, options.bf16, declared)
     del model
+    lifted_nonfinite = nonfinite_count(lifted)  # -inf attention masks are fine; new ones are overflows
     graph = gs.import_onnx(lifted)  # keeps referring to lifted's weights: no copy
     scales = options.scales or (ScalePolicy.DATA if options.calib_data is not None else ScalePolicy.MODEL)
     if scales is ScalePolicy.DATA:
@@ -118,6 +125,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
 
         apply(graph, ctx.annotations, imported)
     check_quantizable(graph, ctx.annotations)
+    _check_weights_finite(graph, ctx.annotations)
     seconds["lift"] = time.perf_counter() - t0
 
     calibration, smoothed, recentered, result = None, [], [], None
@@ -134,7 +142,8 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         for name in needed:
             spec = ctx.annotations.activations[name]
             spec.scale, spec.source = result.scale(name), ScaleSource.CALIBRATION
-        calibration = {"feeds": result.feeds, "method": result.method.value, "seconds": result.seconds,
+        calibration = {"feeds": result.feeds, "skipped_feeds": result.skipped, "method": result.method.value,
+                       "seconds": result.seconds,
                        "percentile": options.percentile if result.method is CalibMethod.PERCENTILE else None,
                        "ranges": {k: {"min": o.lo, "max": o.hi, "amax": result.amax(k)}
                                   for k, o in sorted(result.observers.items())}}
@@ -172,6 +181,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         out_model = _finalize(out_model, default_opset(out_model), check=True, min_opset=19)
     seconds["lower"] = time.perf_counter() - t0
 
+    check_output_finite(out_model, lifted_nonfinite, model_path)
     t0 = time.perf_counter()
     written = save_model(out_model, output_path, protect=(model_path, *external_data_files(model_path)))
     if is_large(out_model):
@@ -291,7 +301,42 @@ def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, op
             smoothed, factors = smooth(graph, ctx.annotations, {t: m.max for t, m in maxima.items()}, options.smooth)
             session.run({t: Rescaled(observers[t], 1.0 / f) for t, f in factors.items()}, feeds, options.progress,
                         desc="calibrating (2/2)")
-    return finish(observers, count, time.perf_counter() - start, options.calib_method), smoothed
+        skipped = len(session.skipped)
+    return finish(observers, count, time.perf_counter() - start, options.calib_method, skipped), smoothed
+
+
+def _check_weights_finite(graph, annotations) -> None:
+    """Refuse a float weight that will be quantized and holds NaN or Inf, before calibration runs on it."""
+    import onnx_graphsurgeon as gs
+
+    from trt_bridge.values import check_finite_weight
+
+    tensors = graph.tensors()
+    for name, spec in annotations.weights.items():
+        tensor = tensors.get(name)
+        if spec.int8 is None and isinstance(tensor, gs.Constant):
+            check_finite_weight(name, np.asarray(tensor.values))
+
+
+def input_files(model_path: str | Path, options: ConvertOptions) -> list[Path]:
+    """Every file a conversion reads besides the model itself: feeds, a loader script, scale files, a QAT file."""
+    paths = []
+    for spec in (options.calib_data, *options.scale_files, options.qat):
+        if spec is not None:
+            text = str(spec)
+            paths.append(Path(text.split(":", 1)[0] if ".py:" in text else text))
+    return paths
+
+
+def _check_not_an_input(output_path: Path, model_path: Path, options: ConvertOptions) -> None:
+    """The output model (and its ``.data`` file) must not replace a file the conversion reads."""
+    from trt_bridge.model import same_file
+
+    for target in (output_path, output_path.with_name(output_path.name + ".data")):
+        for source in input_files(model_path, options):
+            if same_file(target, source):
+                raise TrtBridgeError(f"the output model {output_path} would overwrite {source}, which this "
+                                     "conversion reads; choose another output path with -o.")
 
 
 def _check_precision_options(options: ConvertOptions) -> None:

@@ -29,6 +29,9 @@ def load_model(path: str | os.PathLike, declared: dict[str, int] | None = None) 
     """Load ``path`` with its external data, checked and with inferred shapes (:func:`validate_model`);
     raise ModelLoadError with the fix on failure."""
     path = Path(path)
+    check_name_lengths(path, "model")
+    if path.is_dir():
+        raise ModelLoadError(f"{path}: is a directory, not an ONNX model file. Give the .onnx file inside it.")
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such file. Check the path to the ONNX model.")
     try:
@@ -45,7 +48,46 @@ def load_model(path: str | os.PathLike, declared: dict[str, int] | None = None) 
         raise ModelLoadError(f"{path}: cannot read its external data ({exc}).") from exc
     if not model.graph.node:
         raise ModelLoadError(f"{path}: the graph has no nodes; nothing to convert.")
+    if not model.graph.output:
+        raise ModelLoadError(f"{path}: the graph has no outputs, so it computes nothing; fix the exporter (a model "
+                             "needs at least one graph output).")
+    _check_input_dims(model, path)
     return validate_model(model, path, declared=declared)
+
+
+def _check_input_dims(model: onnx.ModelProto, path) -> None:
+    """A graph input dimension must be a positive size, a name, or unknown: a negative or zero one is refused."""
+    initializers = {t.name for t in model.graph.initializer}
+    for value in model.graph.input:
+        if value.name in initializers or not value.type.tensor_type.HasField("shape"):
+            continue
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value < 0:
+                raise ModelLoadError(f"{path}: input '{value.name}' declares dimension {dim.dim_value} at axis {axis}; "
+                                     "a dimension is a positive size or a name (dynamic). Fix the exporter's "
+                                     "input shape.")
+
+
+def check_name_lengths(path: str | os.PathLike, what: str) -> None:
+    """Refuse a path with a component longer than the file system takes (``NAME_MAX``, 255 bytes on most), which
+    the operating system would only report as errno 36 deep inside a read or a write."""
+    path = Path(path)
+    for part in path.parts:
+        size = len(os.fsencode(part))
+        if size > 255:
+            raise TrtBridgeError(f"the {what} path {str(path)[:80]}... has a file name of {size} bytes: too long "
+                                 "(file systems take at most 255). Choose a shorter name.")
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether ``a`` and ``b`` name the same file (through links and ``..``; a file that does not exist yet
+    compares by its resolved path)."""
+    try:
+        if Path(a).exists() and Path(b).exists():
+            return os.path.samefile(a, b)
+        return Path(a).resolve() == Path(b).resolve()
+    except (OSError, RuntimeError):
+        return os.path.abspath(a) == os.path.abspath(b)
 
 
 def _external_locations(model: onnx.ModelProto) -> dict[str, list[str]]:
@@ -320,6 +362,7 @@ def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
 def check_writable(path: str | os.PathLike, what: str) -> None:
     """Fail before any work if ``path`` cannot be written (``what``: 'output model', 'report', ...)."""
     path = Path(path)
+    check_name_lengths(path, what)
     if path.is_dir():
         raise TrtBridgeError(f"the {what} path {path} is a directory; give a file name (e.g. {path / 'model.onnx'}).")
     parent = path.absolute().parent

@@ -51,7 +51,7 @@ import onnx
 from onnx import numpy_helper
 
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
-from trt_bridge.scales.table import QMAX, ScaleEntry, ScaleTable
+from trt_bridge.scales.table import FLOAT32_TINY, QMAX, ScaleEntry, ScaleTable
 
 log = logging.getLogger("trt_bridge.scales")
 
@@ -153,9 +153,10 @@ def _trt_cache(text: str, path: Path) -> ScaleTable:
             raise TrtBridgeError(f"{path}:{lineno}: '{line[:80]}' is not '<tensor name>: <8 hex digits>' "
                                  "(the float32 bits of the scale). Fix or remove the line.")
         scale = struct.unpack(">f", int(value, 16).to_bytes(4, "big"))[0]
-        if not math.isfinite(scale) or scale < 0:
+        if not math.isfinite(scale) or not scale >= FLOAT32_TINY:
             raise TrtBridgeError(f"{path}:{lineno}: tensor '{name}' has scale {scale} (bits {value}); "
-                                 "a scale must be finite and positive.")
+                                 "a scale must be finite and positive (float32's smallest normal or more). Fix or "
+                                 "remove the line.")
         if name in table:
             raise TrtBridgeError(f"{path}:{lineno}: tensor '{name}' is listed twice; keep one line.")
         table.add(ScaleEntry(name, scale * QMAX, None, "activation", source))  # exact in float64
@@ -207,6 +208,9 @@ def _json(text: str, path: Path):
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise TrtBridgeError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}, column {exc.colno}).") from exc
+    except RecursionError:
+        raise TrtBridgeError(f"{path}: JSON nested too deeply to be a scale table (a scale table is two objects "
+                             "deep).") from None
 
 
 _ENTRY_KEYS = frozenset({"amax", "axis", "kind", "source"})
