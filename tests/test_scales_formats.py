@@ -74,8 +74,10 @@ def test_entry_validation_and_scale():
     w = ScaleEntry("w", [1.27, 2.54], axis=0, kind="weight")
     assert w.amax == (1.27, 2.54) and w.per_channel and w.scale == (1.27 / 127, 2.54 / 127)
     # issue 16: 0 (it would zero the tensor or become a subnormal scale), subnormal and negative amax are refused
-    for bad, match in [(dict(tensor="x", amax=-1.0), "finite positive"), (dict(tensor="x", amax=float("nan")), "finite"),
-                       (dict(tensor="z", amax=0.0), "finite positive"), (dict(tensor="z", amax=1e-40), "smallest normal"),
+    for bad, match in [(dict(tensor="x", amax=-1.0), "finite positive"),
+                       (dict(tensor="x", amax=float("nan")), "finite"),
+                       (dict(tensor="z", amax=0.0), "finite positive"),
+                       (dict(tensor="z", amax=1e-40), "smallest normal"),
                        (dict(tensor="w", amax=[1.0, 0.0], axis=0, kind="weight"), "finite positive"),
                        (dict(tensor="x", amax="1"), "not a number"), (dict(tensor="x", amax=[1.0, 2.0], axis=0),
                                                                       "per tensor"),
@@ -108,7 +110,8 @@ def test_precedence_merging():
 #: float32 scales that are awkward to carry through text: tiny (subnormal), near 1, with all mantissa bits set,
 #: a value not representable in decimal, huge
 # float32's smallest normal and its successor (subnormal and zero scales are refused, issue 16)
-AWKWARD = [np.finfo(np.float32).tiny, np.nextafter(np.finfo(np.float32).tiny, np.float32(1)), np.nextafter(np.float32(1), np.float32(2)),
+TINY = np.finfo(np.float32).tiny
+AWKWARD = [TINY, np.nextafter(TINY, np.float32(1)), np.nextafter(np.float32(1), np.float32(2)),
            np.float32(1 / 3), np.float32(np.pi), np.float32(0.1), np.float32(3.0e36),
            np.frombuffer(bytes.fromhex("3fffffff"), ">f4")[0]]
 

@@ -373,6 +373,12 @@ def check_writable(path: str | os.PathLike, what: str) -> None:
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise TrtBridgeError(f"cannot write the {what} {path}: permission denied in {parent}. "
                              "Choose a writable location.")
+    try:  # os.access trusts the mode bits: a read-only mount, /proc or root squash only show when writing
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".trt-bridge-probe-"):
+            pass
+    except OSError as exc:
+        raise TrtBridgeError(f"cannot write the {what} {path}: {exc.strerror or exc} in {parent}. Choose a writable "
+                             "location.") from None
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple[Path, ...] = ()) -> Path:

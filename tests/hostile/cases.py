@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -41,7 +41,7 @@ class Case:
     subprocess: bool = False  # run `python -m trt_bridge` (pipes, signals)
     pipe_to_true: bool = False  # stdout is a pipe closed at once (`| true`)
     preamble: str = ""  # python run in the subprocess before the CLI (fault injection)
-    extra: dict = field(default_factory=dict)
+    then: Callable[[Path], None] | None = None  # further assertions on the case's folder
 
 
 def nothing(d: Path) -> None:
@@ -129,6 +129,35 @@ def one_huge(x):
     x.flat[0] = 3e38
 
 
+def feeds_one_nan(x):
+    x[1].flat[0] = np.nan
+
+
+def _skipped_in_report(d: Path, skipped: int, used: int) -> None:
+    calibration = json.loads((d / "r.json").read_text())["calibration"]
+    assert (calibration["skipped_feeds"], calibration["feeds"]) == (skipped, used), calibration
+    model = onnx.load(str(d / "out.onnx"))
+    assert all(np.isfinite(numpy_helper.to_array(t)).all() for t in model.graph.initializer
+               if t.data_type == onnx.TensorProto.FLOAT)
+
+
+def qat_scale(value: float):
+    """A QAT export (the converted b1.onnx stands in for one) whose input scale is ``value``."""
+    def make(d: Path) -> None:
+        model = onnx.load(str(d / "b1.onnx"))
+        q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear")
+        _edit_initializer(d / "b1.onnx", d / "qat.onnx", lambda t: t.name == q.input[1],
+                          lambda a: np.full_like(a, value))
+    return make
+
+
+def modelopt_amax(value: float):
+    def make(d: Path) -> None:
+        np.savez(d / "amax.npz", **{"conv1.input_quantizer._amax": np.array(value, np.float32),
+                                    "conv1.weight_quantizer._amax": np.full((8, 1, 1, 1), 0.5, np.float32)})
+    return make
+
+
 def write(name: str, text: str):
     def make(d: Path) -> None:
         (d / name).write_text(text)
@@ -211,6 +240,18 @@ CASES = [
     Case("calib-one-huge-value", "G4", feeds_with(one_huge),
          ["convert", "{d}/float.onnx", "-o", "{d}/out.onnx", "--calib-data", "{d}/bad.npz"], 2, "",
          absent=("out.onnx",)),
+    Case("calib-one-nan-feed", "G4", feeds_with(feeds_one_nan),  # skipped, counted, and the rest calibrate
+         ["convert", "{d}/float.onnx", "-o", "{d}/out.onnx", "--calib-data", "{d}/bad.npz", "--report",
+          "{d}/r.json"], 0, "1 calibration feed(s) of 4 skipped", then=lambda d: _skipped_in_report(d, 1, 3)),
+    # ---- QAT imports (G3)
+    *[Case(f"qat-onnx-scale-{name}", "G3", qat_scale(value),
+           [*CONVERT, "-o", "{d}/out.onnx", "--qat", "{d}/qat.onnx"], 2, "scale", absent=("out.onnx",))
+      for name, value in (("0", 0.0), ("inf", np.inf), ("nan", np.nan), ("negative", -0.05))],
+    *[Case(f"modelopt-amax-{name}", "G3", modelopt_amax(value),
+           [*CONVERT, "-o", "{d}/out.onnx", "--qat", "{d}/amax.npz"], 2, "amax", absent=("out.onnx",))
+      for name, value in (("0", 0.0), ("inf", np.inf), ("nan", np.nan), ("negative", -1.0))],
+    Case("check-zero-source-scale", "G3", source_scale(0.0), ["check", "{d}/bad.onnx", "--trt", "off"], 1,
+         "convert refuses the model"),
     Case("calib-random-huge-input", "G5", input_dims(1, 3, 100_000, 100_000),
          ["convert", "{d}/bad.onnx", "-o", "{d}/out.onnx", "--calib-random", "2"], 2, "too large",
          absent=("out.onnx",)),
@@ -252,6 +293,8 @@ CASES = [
     Case("report-name-too-long", "G5", nothing, [*CONVERT, "-o", "{d}/out.onnx", "--report", "{d}/" + LONG],
          2, "too long", absent=("out.onnx",)),
     # ---- also found
+    Case("report-unwritable", "G2", nothing, [*CONVERT, "-o", "{d}/out.onnx", "--report", "/proc/report.json"], 2,
+         "cannot write the report", absent=("out.onnx",)),
     Case("model-is-directory", "G5", lambda d: (d / "dir.onnx").mkdir(),
          ["convert", "{d}/dir.onnx", "-o", "{d}/out.onnx", "--calib-random", "2"], 2, "directory",
          absent=("out.onnx",)),
