@@ -408,6 +408,47 @@ def scales_of_model(model: onnx.ModelProto, source: str = "model") -> ScaleTable
     return table
 
 
+def uncentered(table: ScaleTable, model: onnx.ModelProto) -> tuple[ScaleTable, list[str]]:
+    """``table`` with each activation convert re-centred (``x ─ Sub(c) [─ Pad] ─ Q``) given back under the
+    network's own tensor ``x``, with the range that covers it, ``amax = |c| + amax_centred``
+    (= max(|lo|, |hi|) for a range [lo, hi] centred on c): the scale TensorRT ≤ 10, onnxruntime's TensorRT
+    provider and ``convert --scales`` expect for ``x``. Returns the table and the names given back.
+    A tensor with a scale of its own keeps the larger of the two."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    constants = Constants(model)
+    originals: dict[str, float] = {}
+    replaced = []
+    for name, entry in table.entries.items():
+        if entry.kind != "activation" or entry.per_channel:
+            continue
+        tensor = name
+        while tensor in producers and producers[tensor].op_type == "Pad":
+            tensor = producers[tensor].input[0]
+        node = producers.get(tensor)
+        if node is None or node.op_type != "Sub" or len(node.input) != 2 or node.input[1] not in constants:
+            continue
+        center = constants.array(node.input[1])
+        if center.size != 1:
+            continue
+        amax = abs(float(center.ravel()[0])) + float(entry.amax)
+        original = node.input[0]
+        originals[original] = max(originals.get(original, 0.0), amax)
+        replaced.append(name)
+    if not replaced:
+        return table, []
+    out = ScaleTable()
+    for name, entry in table.entries.items():
+        if name in replaced:
+            continue
+        if name in originals:
+            entry = ScaleEntry(name, max(float(entry.amax), originals.pop(name)), None, "activation", entry.source)
+        out.add(entry)
+    source = next(iter(table.entries.values())).source
+    for name, amax in originals.items():
+        out.add(ScaleEntry(name, amax, None, "activation", source))
+    return out, replaced
+
+
 def weight_name(int8_name: str) -> str:
     stripped = re.sub(r"_int8(_\d+)?$", "", int8_name)
     return stripped or int8_name
