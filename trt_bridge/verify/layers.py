@@ -146,7 +146,7 @@ def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str,
                         accumulators[name].add(feed[name], feed[name])
     # None: exact; a NaN tensor counts as the worst possible (-inf)
     snr = {name: _exact_or_worst(acc.snr_db()) for name, acc in accumulators.items() if acc.count}
-    isolated = isolated_errors(run_cand, feeds, batch)
+    isolated = isolated_errors(cand_model, feeds, batch)
     tensors = [TensorSnr(name, node.name, node.op_type, index, snr[name]) for name, node, index in order
                if name in snr]
     layers = []
