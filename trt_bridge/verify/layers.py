@@ -287,7 +287,7 @@ def isolated_errors(candidate: str | Path | onnx.ModelProto, feeds: list[dict[st
         chunk = layers[start:start + step]
         work = onnx.ModelProto()
         work.CopyFrom(model)
-        fetch = []
+        fetch, casts = [], set()
         for node, _ in chunk:
             inputs = []
             for name in node.input:
@@ -298,8 +298,10 @@ def isolated_errors(candidate: str | Path | onnx.ModelProto, feeds: list[dict[st
                     continue
                 source = q.input[0]
                 if types.get(source) != types.get(name) and types.get(name):  # a float32 layer of a bf16 graph
-                    work.graph.node.append(onnx.helper.make_node("Cast", [source], [f"{source}__as_{name}"],
-                                                                 name=f"{source}__as_{name}", to=types[name]))
+                    if f"{source}__as_{name}" not in casts:  # one Cast per tensor, however many layers read it
+                        casts.add(f"{source}__as_{name}")
+                        work.graph.node.append(onnx.helper.make_node("Cast", [source], [f"{source}__as_{name}"],
+                                                                     name=f"{source}__as_{name}", to=types[name]))
                     source = f"{source}__as_{name}"
                 inputs.append(source)
             copy = onnx.helper.make_node(node.op_type, inputs, [f"{o}__unquantized" for o in node.output],
