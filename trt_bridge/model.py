@@ -415,19 +415,61 @@ def _save_model(model: onnx.ModelProto, path: Path, protect: tuple[Path, ...]) -
         tmp_model = Path(tmp) / path.name
         if external:
             log.info("model is over 2 GB: writing weights to %s", data_name)
-            onnx.save_model(
-                model,
-                str(tmp_model),
-                save_as_external_data=True,
-                all_tensors_to_one_file=True,
-                location=data_name,
-                size_threshold=1024,
-            )
+            onnx.save_model(write_external_data(model, Path(tmp), data_name), str(tmp_model))
+            umask = os.umask(0)
+            os.umask(umask)
+            for written in (Path(tmp) / data_name, tmp_model):
+                os.chmod(written, 0o666 & ~umask)
             os.replace(Path(tmp) / data_name, path.parent / data_name)
         else:
             onnx.save_model(model, str(tmp_model))
         os.replace(tmp_model, path)
     return path
+
+
+def write_external_data(model: onnx.ModelProto, folder: Path, location: str, threshold: int = 1024,
+                        align: int = 4096) -> onnx.ModelProto:
+    """Write ``model``'s initializers of ``threshold`` bytes or more, one after the other, into
+    ``folder/location``; return a model that refers to them there. ``model`` is left as it is:
+    ``onnx.save_model(..., save_as_external_data=True)`` would empty its tensors, so a model saved for an
+    onnxruntime session lost its weights to the session's temporary folder. Nothing is copied beyond one
+    tensor at a time (a tensor stored in fields rather than raw bytes is converted alone)."""
+    from onnx import numpy_helper
+
+    skeleton = onnx.ModelProto()
+    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        setattr(skeleton, field, getattr(model, field))
+    skeleton.opset_import.extend(model.opset_import)
+    skeleton.metadata_props.extend(model.metadata_props)
+    skeleton.functions.extend(model.functions)
+    graph = skeleton.graph
+    for field in ("node", "input", "output", "value_info", "sparse_initializer", "quantization_annotation"):
+        getattr(graph, field).extend(getattr(model.graph, field))
+    graph.name, graph.doc_string = model.graph.name, model.graph.doc_string
+    with open(folder / location, "wb") as data:
+        for tensor in model.graph.initializer:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                raise TrtBridgeError(f"tensor '{tensor.name}' has no data loaded (it refers to external data); "
+                                     "this is a trt-bridge bug, please report it.")
+            payload = tensor.raw_data if tensor.HasField("raw_data") else None
+            if payload is None and tensor.ByteSize() >= threshold:
+                payload = numpy_helper.to_array(tensor).tobytes()
+            if payload is None or len(payload) < threshold:
+                graph.initializer.append(tensor)
+                continue
+            offset = data.tell()
+            if offset % align:
+                data.write(b"\0" * (align - offset % align))
+                offset = data.tell()
+            data.write(payload)
+            ref = graph.initializer.add()
+            ref.name, ref.data_type, ref.doc_string = tensor.name, tensor.data_type, tensor.doc_string
+            ref.dims.extend(tensor.dims)
+            ref.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", location), ("offset", str(offset)), ("length", str(len(payload)))):
+                entry = ref.external_data.add()
+                entry.key, entry.value = key, value
+    return skeleton
 
 
 def serialize_for_session(model: onnx.ModelProto, workdir: str) -> str | bytes:
@@ -439,10 +481,7 @@ def serialize_for_session(model: onnx.ModelProto, workdir: str) -> str | bytes:
     if not is_large(model):
         return model.SerializeToString()
     target = Path(workdir) / "model.onnx"
-    onnx.save_model(
-        model, str(target), save_as_external_data=True, all_tensors_to_one_file=True,
-        location="model.onnx.data", size_threshold=1024,
-    )
+    onnx.save_model(write_external_data(model, Path(workdir), "model.onnx.data"), str(target))
     return str(target)
 
 
