@@ -89,9 +89,10 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     t0 = time.perf_counter()
     declared: dict[str, int] = {}
     model = load_model(model_path, declared)
-    from trt_bridge.values import check_output_finite, check_source_scales, nonfinite_count
+    from trt_bridge.values import check_output_finite, check_source_scales, check_source_weights, nonfinite_count
 
     check_source_scales(model, model_path)
+    check_source_weights(model, model_path)
     source_opset = default_opset(model)
     inputs = feed_types(model_inputs(model), options.bf16)
     # Open (and check) the calibration source before any work, so a bad path fails fast.

@@ -69,6 +69,33 @@ def check_source_scales(model: onnx.ModelProto, where) -> None:
                     "with --calib-data).")
 
 
+#: op types whose constant inputs are weights (their values must be finite); Gather: an embedding table
+WEIGHTED_OPS = {"Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul": (0, 1), "Gather": (0,),
+                "LayerNormalization": (1, 2), "BatchNormalization": (1, 2, 3, 4), "InstanceNormalization": (1, 2)}
+
+
+def check_source_weights(model: onnx.ModelProto, where) -> None:
+    """Refuse a source model whose weights (the constant inputs of Conv, Gemm, MatMul, an embedding Gather and
+    normalizations) hold NaN or Inf: every output would be non-finite, and a NaN would quantize to int8 0.
+    (Other constants may hold -Inf on purpose, as attention masks do.) One tensor at a time."""
+    constants = _constants(model)
+    seen = set()
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        for i in WEIGHTED_OPS.get(node.op_type, ()):
+            name = node.input[i] if i < len(node.input) else ""
+            tensor = constants.get(name)
+            if tensor is None or name in seen or tensor.data_type not in (
+                    onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
+                continue
+            seen.add(name)
+            try:
+                check_finite_weight(name, numpy_helper.to_array(tensor))
+            except UnsupportedPatternError as exc:
+                raise UnsupportedPatternError(f"{where}: {node.op_type} '{node.name}' reads {exc}") from None
+
+
 def check_finite_weight(name: str, values: np.ndarray) -> None:
     """Refuse a weight with NaN or Inf before it is quantized (a NaN would become int8 0, an Inf a NaN scale)."""
     finite = np.isfinite(values)

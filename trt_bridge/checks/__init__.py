@@ -211,18 +211,20 @@ def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: di
 
 
 def _source_scales(model, path: Path, ops: dict) -> list[Finding]:
-    """A quantization scale that is 0, negative, subnormal or not finite: convert refuses the model."""
+    """A quantization scale that is 0, negative, subnormal or not finite, or a weight holding NaN or Inf:
+    convert refuses the model."""
     from trt_bridge.errors import UnsupportedPatternError
-    from trt_bridge.values import check_source_scales
+    from trt_bridge.values import check_source_scales, check_source_weights
 
     try:
         check_source_scales(model, path)
+        check_source_weights(model, path)
     except UnsupportedPatternError as exc:
         message = str(exc).split(": ", 1)[-1]
         node = _node_named_in(message, ops)
         return [Finding("qdq-scale", Severity.BLOCKER, node.name if node else "", node.op if node else "",
                         [tensor_info(t) for t in node.inputs if t.name] if node else [], message,
-                        "convert refuses the model: a scale must be finite and positive", False)]
+                        "convert refuses the model: scales must be finite and positive, weights finite", False)]
     return []
 
 
