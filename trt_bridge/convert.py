@@ -126,7 +126,6 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
 
         apply(graph, ctx.annotations, imported)
     check_quantizable(graph, ctx.annotations)
-    _check_weights_finite(graph, ctx.annotations)
     seconds["lift"] = time.perf_counter() - t0
 
     calibration, smoothed, recentered, result = None, [], [], None
@@ -304,19 +303,6 @@ def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, op
                         desc="calibrating (2/2)")
         skipped = len(session.skipped)
     return finish(observers, count, time.perf_counter() - start, options.calib_method, skipped), smoothed
-
-
-def _check_weights_finite(graph, annotations) -> None:
-    """Refuse a float weight that will be quantized and holds NaN or Inf, before calibration runs on it."""
-    import onnx_graphsurgeon as gs
-
-    from trt_bridge.values import check_finite_weight
-
-    tensors = graph.tensors()
-    for name, spec in annotations.weights.items():
-        tensor = tensors.get(name)
-        if spec.int8 is None and isinstance(tensor, gs.Constant):
-            check_finite_weight(name, np.asarray(tensor.values))
 
 
 def input_files(model_path: str | Path, options: ConvertOptions) -> list[Path]:
