@@ -169,8 +169,10 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         seconds["calibrate"] = seconds.get("calibrate", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
     quantized = lower(graph, ctx.annotations)
-    out_model = _finalize(gs.export_onnx(graph), default_opset(lifted), check=True, min_opset=needs_opset(quantized))
-    del graph, lifted
+    exported, lifted_opset = gs.export_onnx(graph), default_opset(lifted)
+    del graph, lifted  # the float model goes before the output is checked (a model over 2 GB held it twice)
+    out_model = _finalize(exported, lifted_opset, check=True, min_opset=needs_opset(quantized))
+    del exported
     kept_fp32 = None
     if options.high_precision != "fp32":
         from trt_bridge.precision import to_low_precision
@@ -272,7 +274,11 @@ def lift_model(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
     if lifting.blockers:
         raise UnsupportedPatternError(_blocker_message(where, lifting.blockers, lifting.ctx.declined))
     lifting.ctx.prepared = lifting.changes
-    return _finalize(gs.export_onnx(lifting.graph), source_opset), lifting.ctx
+    lifted = gs.export_onnx(lifting.graph)
+    # The lifting graph refers to the source model's tensors (and the lifted weights to their own arrays): let
+    # them go with the source, so the float model is held once from here on (a model over 2 GB kept 1× more).
+    lifting.ctx.graph, lifting.ctx.constants, lifting.graph = None, {}, None
+    return _finalize(lifted, source_opset), lifting.ctx
 
 
 def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, options: ConvertOptions):

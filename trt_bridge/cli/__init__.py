@@ -64,6 +64,20 @@ def _stdout_gone() -> None:
         pass
 
 
+def _return_freed_memory() -> None:
+    """Have glibc's malloc serve allocations of 4 MiB and more (weights) with mmap, always: its default raises that
+    threshold as large blocks are freed, after which freed weights stay in the heap, counted against the process.
+    With it, a model over 2 GB is held about once less through convert. No-op where there is no glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, 4 << 20)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     """The CLI. Whatever happens, it ends with an exit status and at most one line on stderr: 0/1 as each command
     documents, 2 for an error in the input (or an unexpected one, whose traceback ``-vv`` shows), 130 on Ctrl-C,
@@ -74,6 +88,7 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    _return_freed_memory()
     verbose = getattr(args, "verbose", 0)
     _configure_logging(verbose, getattr(args, "quiet", False))
     _quiet_graphsurgeon(verbose)
