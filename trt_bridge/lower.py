@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from trt_bridge.annotations import Annotations, ScaleSource, WeightSpec
 from trt_bridge.calibration.observers import QMAX
@@ -140,7 +141,10 @@ def _weight_values(spec: WeightSpec, tensor: gs.Tensor, ftype=np.float32) -> tup
     if not isinstance(tensor, gs.Constant):
         raise InternalError(f"weight '{spec.tensor}' is not a constant at lowering")
     spec.source = ScaleSource.REQUANTIZED
-    values = np.asarray(tensor.values)
+    # A weight still in its TensorProto is read without keeping the float copy on the Constant (the int8 one
+    # replaces it): a model over 2 GB would otherwise hold every weight twice while lowering.
+    lazy = getattr(tensor, "_values", None)
+    values = np.asarray(lazy.load() if isinstance(lazy, LazyValues) else tensor.values)
     check_finite_weight(spec.tensor, values)
     return quantize_weight(values, spec.axis, ftype)
 

@@ -65,7 +65,7 @@ def _stdout_gone() -> None:
 
 
 def _return_freed_memory() -> None:
-    """Have glibc's malloc serve allocations of 4 MiB and more (weights) with mmap, always: its default raises that
+    """Have glibc's malloc serve allocations of 1 MiB and more (weights) with mmap, always: its default raises that
     threshold as large blocks are freed, after which freed weights stay in the heap, counted against the process.
     With it, a model over 2 GB is held about once less through convert. No-op where there is no glibc."""
     import ctypes
@@ -73,7 +73,7 @@ def _return_freed_memory() -> None:
 
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        libc.mallopt(-3, 4 << 20)  # M_MMAP_THRESHOLD
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         pass
 
