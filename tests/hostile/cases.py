@@ -198,6 +198,10 @@ CASES = [
                                                  " np.float32)}]\n"),
          ["convert", "{d}/float.onnx", "-o", "{d}/out.onnx", "--calib-data", "{d}/loader.py", "--report",
           "{d}/loader.py"], 2, "loader.py", unchanged=("loader.py",), absent=("out.onnx",)),
+    Case("scales-export-over-external-data", "G1", lambda d: onnx.save(
+        onnx.load(str(d / "b1.onnx")), str(d / "ext.onnx"), save_as_external_data=True, location="ext.onnx.data",
+        size_threshold=0), ["scales", "export", "{d}/ext.onnx", "--format", "json", "-o", "{d}/ext.onnx.data"], 2,
+         "ext.onnx.data", unchanged=("ext.onnx.data",)),
     Case("pipeline-json-is-source", "G1", manifest(""),
          ["pipeline", "{d}/m.yaml", "--json", "{d}/float.onnx"], 2, "float.onnx", unchanged=("float.onnx",)),
     Case("no-graph-outputs", "G2", no_outputs,

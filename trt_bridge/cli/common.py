@@ -28,12 +28,22 @@ def check_output_path(path, protected, what: str) -> None:
     """Fail before any work if the file ``path`` (a report, an export, a model) would overwrite one of
     ``protected`` (every file the command reads: models, their external data, feeds, scale files, loader
     scripts, and its other outputs), or cannot be written."""
+    from pathlib import Path
 
     from trt_bridge.errors import TrtBridgeError
     from trt_bridge.model import check_writable, same_file
 
     if path is None or str(path) == "-":
         return
+    protected = [p for p in protected if p is not None and str(p) != "-"]
+    for model in list(protected):  # a model's external data is as much an input as the model
+        if str(model).endswith(".onnx") and Path(model).is_file():
+            try:
+                from trt_bridge.model import external_data_files
+
+                protected += external_data_files(model)
+            except Exception:  # noqa: BLE001 - an unreadable model fails later, with its own message
+                pass
     for other in protected:
         if other is not None and str(other) != "-" and same_file(path, other):
             raise TrtBridgeError(f"the {what} {path} is also {other}, which this command reads or writes; it would "
