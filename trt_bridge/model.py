@@ -449,8 +449,9 @@ def write_external_data(model: onnx.ModelProto, folder: Path, location: str, thr
     with open(folder / location, "wb") as data:
         for tensor in model.graph.initializer:
             if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                raise TrtBridgeError(f"tensor '{tensor.name}' has no data loaded (it refers to external data); "
-                                     "this is a trt-bridge bug, please report it.")
+                from trt_bridge.errors import InternalError
+
+                raise InternalError(f"tensor '{tensor.name}' has no data loaded (it refers to external data)")
             payload = tensor.raw_data if tensor.HasField("raw_data") else None
             if payload is None and tensor.ByteSize() >= threshold:
                 payload = numpy_helper.to_array(tensor).tobytes()
