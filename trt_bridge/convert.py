@@ -24,6 +24,7 @@ from trt_bridge.model import (
     infer_shapes,
     is_large,
     load_model,
+    release_memory,
     save_model,
 )
 from trt_bridge.placement import PlacementOptions, PlacementPolicy, place
@@ -108,6 +109,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     t0 = time.perf_counter()
     lifted, ctx = lift_model(model, model_path, options.bf16, declared)
     del model
+    release_memory()
     lifted_nonfinite = nonfinite_count(lifted)  # -inf attention masks are fine; new ones are overflows
     graph = gs.import_onnx(lifted)  # keeps referring to lifted's weights: no copy
     scales = options.scales or (ScalePolicy.DATA if options.calib_data is not None else ScalePolicy.MODEL)
@@ -171,6 +173,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     quantized = lower(graph, ctx.annotations)
     exported, lifted_opset = gs.export_onnx(graph), default_opset(lifted)
     del graph, lifted  # the float model goes before the output is checked (a model over 2 GB held it twice)
+    release_memory()
     out_model = _finalize(exported, lifted_opset, check=True, min_opset=needs_opset(quantized))
     del exported
     kept_fp32 = None

@@ -359,6 +359,18 @@ def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     return skeleton
 
 
+def release_memory() -> None:
+    """Hand freed heap memory back to the operating system (glibc's ``malloc_trim``): after a copy of a large
+    model is dropped, its pages would otherwise stay counted against the process. No-op without glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def check_writable(path: str | os.PathLike, what: str) -> None:
     """Fail before any work if ``path`` cannot be written (``what``: 'output model', 'report', ...)."""
     path = Path(path)

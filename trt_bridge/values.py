@@ -50,8 +50,14 @@ def _constants(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
 
 
 def check_source_scales(model: onnx.ModelProto, where) -> None:
-    """Refuse a source model whose constant quantization scales are not all finite, positive and normal
-    (a 0 would become a subnormal, a negative one its absolute value, an Inf a non-finite model)."""
+    """Refuse a source model with a constant quantization scale that is NaN, negative, or (per tensor) 0 or
+    subnormal: a 0 would become a subnormal scale, a negative one its absolute value. An Inf scale is what
+    quantizers write for a tensor that holds -Inf (an attention mask): it is logged here, and refused later
+    only if the conversion would keep it (:func:`check_output_finite`, and lowering). A per-channel 0 (an
+    all-zero channel) is logged too."""
+    import logging
+
+    log = logging.getLogger("trt_bridge.values")
     constants = _constants(model)
     for node in model.graph.node:
         for name in _scale_inputs(node):
@@ -60,13 +66,20 @@ def check_source_scales(model: onnx.ModelProto, where) -> None:
                                                           onnx.TensorProto.DOUBLE):
                 continue
             values = numpy_helper.to_array(tensor).astype(np.float64).ravel()
-            bad = values[~(np.isfinite(values) & (values >= FLOAT32_TINY))]
-            if bad.size:
+            broken = values[np.isnan(values) | (values < 0)]
+            if values.size == 1:
+                broken = values[np.isnan(values) | ~(values >= FLOAT32_TINY) & ~np.isinf(values)]
+            if broken.size:
                 raise UnsupportedPatternError(
-                    f"{where}: {node.op_type} '{node.name}' has scale '{name}' = {bad[0]:g}"
-                    f"{f' (and {bad.size - 1} more)' if bad.size > 1 else ''}; a quantization scale must be finite "
-                    "and positive. The quantizer wrote a broken model: re-quantize it (or convert its float model "
-                    "with --calib-data).")
+                    f"{where}: {node.op_type} '{node.name}' has scale '{name}' = {broken[0]:g}"
+                    f"{f' (and {broken.size - 1} more)' if broken.size > 1 else ''}; a quantization scale must be "
+                    "finite and positive. The quantizer wrote a broken model: re-quantize it (or convert its float "
+                    "model with --calib-data).")
+            odd = values[~(np.isfinite(values) & (values >= FLOAT32_TINY))]
+            if odd.size:
+                log.warning("%s: %s '%s' has scale '%s' = %g%s; conversion refuses it if the output would keep it",
+                            where, node.op_type, node.name, name, odd[0],
+                            f" (and {odd.size - 1} more)" if odd.size > 1 else "")
 
 
 #: op types whose constant inputs are weights (their values must be finite); Gather: an embedding table
