@@ -7,6 +7,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 
 from trt_bridge.calibration.feeds import FeedSource
@@ -126,8 +127,11 @@ class CalibrationSession:
                 ) from exc
             values = [(name, _as_float32(value)) for name, value in zip(fetch, outputs)]
             values += [(name, _as_float32(feed[name])) for name in observers if name in self.graph_inputs]
-            bad = next((name for name, value in values if not _finite(value)), None)
-            if bad is not None:  # one feed's NaN/Inf must not decide a range: leave the whole feed out
+            # A feed with NaN or Inf, or one that makes a NaN anywhere, must not decide a range: leave it out.
+            # (An activation may hold -Inf on purpose, an attention mask: the observers leave those values out.)
+            bad = next((name for name, value in feed.items() if not _finite(np.asarray(value))), None) or \
+                next((name for name, value in values if _has_nan(value)), None)
+            if bad is not None:
                 if index not in self.skipped:
                     log.warning("calibration feed %d skipped: '%s' holds NaN or Inf", index, bad)
                 self.skipped.add(index)
@@ -138,16 +142,18 @@ class CalibrationSession:
             count += 1
         if count == 0 and first_bad is not None:
             raise CalibrationDataError(
-                f"every calibration feed ({len(self.skipped)}) gives non-finite values (NaN or Inf; feed "
+                f"every calibration feed ({len(self.skipped)}) holds or gives non-finite values (NaN or Inf; feed "
                 f"{first_bad[0]} first in '{first_bad[1]}'), so no range can be measured. Check the calibration "
                 "data for NaN, Inf or values near float32's limit.")
         return count
 
 
 def _finite(value) -> bool:
-    import numpy as np
-
     return not np.issubdtype(value.dtype, np.inexact) or bool(np.isfinite(value).all())
+
+
+def _has_nan(value) -> bool:
+    return np.issubdtype(value.dtype, np.inexact) and bool(np.isnan(value).any())
 
 
 def _as_float32(value):
