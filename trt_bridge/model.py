@@ -371,10 +371,28 @@ def release_memory() -> None:
         pass
 
 
+def is_special_file(path: str | os.PathLike) -> bool:
+    """``path`` (through links) exists and is neither a regular file nor a folder: a device (``/dev/null``), a
+    pipe, a socket. Such a target is written into, never replaced."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
 def check_writable(path: str | os.PathLike, what: str) -> None:
     """Fail before any work if ``path`` cannot be written (``what``: 'output model', 'report', ...)."""
     path = Path(path)
     check_name_lengths(path, what)
+    if is_special_file(path) and what == "output model":
+        raise TrtBridgeError(f"the {what} {path} is not a regular file (a device, a pipe or a socket): a model is "
+                             "written atomically, by replacing the file, which would replace that node. Give a regular "
+                             "file path.")
+    if is_special_file(path):
+        return  # a device or a pipe (a report to /dev/stdout): written into, never replaced
     if path.is_dir():
         raise TrtBridgeError(f"the {what} path {path} is a directory; give a file name (e.g. {path / 'model.onnx'}).")
     parent = path.absolute().parent
@@ -407,6 +425,9 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tupl
             raise TrtBridgeError(
                 f"refusing to overwrite the input model {p}; choose another output path with -o."
             )
+    if is_special_file(path):
+        raise TrtBridgeError(f"the output model {path} is not a regular file (a device, a pipe or a socket); give a "
+                             "regular file path with -o.")
     try:
         return _save_model(model, path, protect)
     except OSError as exc:
@@ -509,6 +530,15 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, what: str = "file")
     """Write ``data`` to ``path`` atomically: a temporary file beside it, then a rename. The file gets the
     usual mode (0666 less the umask), not the temporary file's private 0600."""
     path = Path(path)
+    if is_special_file(path):  # /dev/stdout, /dev/null, a pipe: written into, never replaced
+        try:
+            with open(path, "wb") as f:
+                f.write(data)
+        except OSError as exc:
+            raise TrtBridgeError(f"cannot write the {what} {path}: {exc.strerror or exc}.") from exc
+        return path
+    if path.is_symlink():  # replace what the link points to, and keep the link
+        path = path.resolve()
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

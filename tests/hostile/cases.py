@@ -158,6 +158,25 @@ def modelopt_amax(value: float):
     return make
 
 
+def device(d: Path) -> None:
+    """``d/null``: a private character device like /dev/null (a real /dev node would be at stake otherwise)."""
+    import os
+    import stat
+
+    import pytest
+
+    try:
+        os.mknod(d / "null", 0o666 | stat.S_IFCHR, os.makedev(1, 3))
+    except (PermissionError, AttributeError, OSError):
+        pytest.skip("no permission to make a device node here")
+
+
+def _still_a_device(d: Path) -> None:
+    import stat
+
+    assert stat.S_ISCHR((d / "null").stat().st_mode), "the device node was replaced by a file"
+
+
 def write(name: str, text: str):
     def make(d: Path) -> None:
         (d / name).write_text(text)
@@ -290,6 +309,8 @@ CASES = [
     Case("manifest-output-is-file", "G5", lambda d: (manifest("")(d), (d / "m.yaml").write_text(
         "output: calib.npz\n" + (d / "m.yaml").read_text())), ["pipeline", "{d}/m.yaml"], 2, "calib.npz",
          unchanged=("calib.npz",)),
+    Case("manifest-not-yaml", "G5", write("m.yaml", "models: [\n  {name: m,\n"), ["pipeline", "{d}/m.yaml"], 2,
+         "not valid YAML"),
     Case("manifest-alias-bomb", "G6", write("m.yaml", ALIAS_BOMB), ["pipeline", "{d}/m.yaml"], 2, "alias"),
     Case("manifest-output-outside", "G6", lambda d: (manifest("")(d), (d / "m.yaml").write_text(
         "output: ../../../../somewhere-outside\n" + (d / "m.yaml").read_text())), ["pipeline", "{d}/m.yaml"], 2,
@@ -305,6 +326,10 @@ CASES = [
     Case("report-name-too-long", "G5", nothing, [*CONVERT, "-o", "{d}/out.onnx", "--report", "{d}/" + LONG],
          2, "too long", absent=("out.onnx",)),
     # ---- also found
+    Case("output-is-a-device", "G1", device, [*CONVERT, "-o", "{d}/null"], 2, "not a regular file",
+         then=_still_a_device),
+    Case("report-to-a-device", "G1", device, [*CONVERT, "-o", "{d}/out.onnx", "--report", "{d}/null", "-q"], 0, "",
+         then=_still_a_device),
     Case("report-unwritable", "G2", nothing, [*CONVERT, "-o", "{d}/out.onnx", "--report", "/proc/report.json"], 2,
          "cannot write the report", absent=("out.onnx",)),
     Case("model-is-directory", "G5", lambda d: (d / "dir.onnx").mkdir(),

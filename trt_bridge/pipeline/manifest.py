@@ -88,7 +88,7 @@ def load_manifest(path: str | Path, output: str | Path | None = None) -> Manifes
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ManifestError(f"{path}: not valid YAML: {exc}") from exc
+        raise ManifestError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
     except UnicodeDecodeError as exc:
         raise ManifestError(f"{path}: not a text file ({exc.reason}); a manifest is UTF-8 YAML.") from exc
     _check_expansion(data, path)
