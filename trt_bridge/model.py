@@ -360,11 +360,15 @@ def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def release_memory() -> None:
-    """Hand freed heap memory back to the operating system (glibc's ``malloc_trim``): after a copy of a large
-    model is dropped, its pages would otherwise stay counted against the process. No-op without glibc."""
+    """Free a dropped copy of a model now and hand the memory back to the operating system. An
+    onnx-graphsurgeon graph is a web of cycles (nodes and tensors refer to each other), so it, and the
+    TensorProtos its constants refer to, go only when the cycle collector runs; then glibc's ``malloc_trim``
+    returns the freed heap pages."""
     import ctypes
     import ctypes.util
+    import gc
 
+    gc.collect()
     try:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
