@@ -19,12 +19,12 @@ from ``getrusage(RUSAGE_CHILDREN)``. Defaults (hidden 1536, 20 layers, vocabular
 ``--build`` also builds the output with TensorRT-RTX ahead of time for SM 8.9.
 
 Measured here (2 cores, shared; ``--hidden 1408 --layers 22``: 566 M parameters, 2.27 GB of float32, 8 feeds of
-128 tokens): convert exits 0 in about 2 minutes and writes a 0.70 GB TensorRT-ready INT8 model (220 tensors
-quantized; TensorRT-RTX's parser accepts it and builds a 713 MB SM 8.9 engine). Peak RSS 8.5 GB (3.7× the float
-model; 10.5 GB, 4.6×, before this script's fixes). Where it goes: the source and the lifted float model are both
-held while lifting exports (2×, plus onnx.helper.make_model's transient copy), onnxruntime's calibration session
-holds its own copy of the weights, and the final check runs TensorRT's parser on the output. Reaching 2× needs
-one weight store shared by the graph and the session (onnxruntime external initializers), not done yet.
+128 tokens): convert exits 0 in about 1.5 minutes and writes a 0.70 GB TensorRT-ready INT8 model (220 tensors
+quantized; TensorRT-RTX's parser accepts it and builds a 713 MB SM 8.9 engine). Peak RSS 4.80 GB: 2.12× the float
+model (about 0.3 GB of it is the process itself: Python, onnxruntime, TensorRT), reached while calibrating
+(the float model once, onnxruntime's session holding its own copy). Before issue 16's fixes: 10.5 GB (4.6×), and
+a model over the limit failed its final check.
+
 Small sizes (``--hidden 64 --layers 2 --vocab 1000``) with ``--threshold BYTES`` exercise the same
 external-data path on a model of a few MB (what tests/test_large_model.py does).
 """

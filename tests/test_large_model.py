@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 
 from tests.helpers import assert_qdq_contract, run_ort, snr_db
 from trt_bridge.cli import main
@@ -25,6 +26,16 @@ def _script():
     spec.loader.exec_module(module)
     return module
 
+
+
+@pytest.fixture(autouse=True)
+def _keep_log_levels():
+    """The CLI (run in-process here) sets the trt_bridge logger's level; later tests expect it as it was."""
+    import logging
+
+    level = logging.getLogger("trt_bridge").level
+    yield
+    logging.getLogger("trt_bridge").setLevel(level)
 
 def test_a_large_model_converts_through_external_data(tmp_path, monkeypatch):
     import trt_bridge.model

@@ -17,6 +17,16 @@ from trt_bridge.cli import main
 from trt_bridge.scales.formats import read_scales
 
 
+@pytest.fixture(autouse=True)
+def _keep_log_levels():
+    """The CLI (run in-process here) sets the trt_bridge logger's level; later tests expect it as it was."""
+    import logging
+
+    level = logging.getLogger("trt_bridge").level
+    yield
+    logging.getLogger("trt_bridge").setLevel(level)
+
+
 @pytest.mark.parametrize("fmt", ["trt-cache", "json"])
 def test_exported_scales_convert_the_source_alone(tmp_path, fmt):
     src = save(samples.conv_net(), tmp_path / "float.onnx")

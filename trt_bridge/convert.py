@@ -171,7 +171,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         seconds["calibrate"] = seconds.get("calibrate", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
     quantized = lower(graph, ctx.annotations)
-    exported, lifted_opset = gs.export_onnx(graph), default_opset(lifted)
+    exported, lifted_opset = export_model(graph), default_opset(lifted)
     del graph, lifted  # the float model goes before the output is checked (a model over 2 GB held it twice)
     release_memory()
     out_model = _finalize(exported, lifted_opset, check=True, min_opset=needs_opset(quantized))
@@ -270,18 +270,50 @@ def lift_model(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
     (dequantized) weights; raises UnsupportedPatternError if anything TensorRT
     cannot import is left. ``ctx.prepared`` lists the sanitizing changes.
     """
-    import onnx_graphsurgeon as gs
 
     source_opset = default_opset(model)
     lifting = lift_graph(model, where, bf16, declared=declared)
     if lifting.blockers:
         raise UnsupportedPatternError(_blocker_message(where, lifting.blockers, lifting.ctx.declined))
     lifting.ctx.prepared = lifting.changes
-    lifted = gs.export_onnx(lifting.graph)
+    lifted = export_model(lifting.graph)
     # The lifting graph refers to the source model's tensors (and the lifted weights to their own arrays): let
     # them go with the source, so the float model is held once from here on (a model over 2 GB kept 1× more).
     lifting.ctx.graph, lifting.ctx.constants, lifting.graph = None, {}, None
     return _finalize(lifted, source_opset), lifting.ctx
+
+
+#: constants at least this large are copied once into an exported model (see :func:`export_model`)
+_BIG_CONSTANT = 1 << 20
+
+
+def export_model(graph: gs.Graph) -> onnx.ModelProto:
+    """``gs.export_onnx(graph)``, copying each large weight that still lives in its source TensorProto once.
+
+    onnx-graphsurgeon puts the source protos into a GraphProto and ``onnx.helper.make_model`` copies that
+    into the ModelProto: while both exist, with the source, a model over 2 GB is held three times. Here the
+    large protos are exported as weightless stand-ins and copied into the finished model one by one."""
+    import onnx_graphsurgeon as gs
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    swapped = {}
+    for tensor in graph.tensors().values():
+        lazy = getattr(tensor, "_values", None)
+        if isinstance(tensor, gs.Constant) and isinstance(lazy, LazyValues) and lazy.nbytes >= _BIG_CONSTANT \
+                and isinstance(lazy.tensor, onnx.TensorProto):
+            stand_in = onnx.TensorProto(name=tensor.name, data_type=lazy.tensor.data_type, dims=lazy.tensor.dims)
+            swapped[tensor.name] = (tensor, lazy)
+            tensor._values = LazyValues(stand_in)
+    try:
+        model = gs.export_onnx(graph)
+    finally:
+        for tensor, lazy in swapped.values():
+            tensor._values = lazy
+    for init in model.graph.initializer:
+        if init.name in swapped:
+            init.CopyFrom(swapped[init.name][1].tensor)
+            init.name = swapped[init.name][0].name
+    return model
 
 
 def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, options: ConvertOptions):

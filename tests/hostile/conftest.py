@@ -44,11 +44,14 @@ def feeds(count: int = 4, seed: int = 1) -> np.ndarray:
 def base_dir(tmp_path_factory) -> Path:
     """float.onnx, qop.onnx (quantize_static QOperator), calib.npz, b1.onnx (float.onnx converted) and s.json
     (b1's scales)."""
+    import logging
+
     from onnxruntime.quantization import QuantFormat
 
     from tests.helpers import quantize_static
     from trt_bridge.cli import main
 
+    level = logging.getLogger("trt_bridge").level
     d = tmp_path_factory.mktemp("hostile-base")
     onnx.save(float_net(), str(d / "float.onnx"))
     data = feeds()
@@ -57,6 +60,7 @@ def base_dir(tmp_path_factory) -> Path:
     assert main(["convert", str(d / "float.onnx"), "-o", str(d / "b1.onnx"), "--calib-data", str(d / "calib.npz"),
                  "-q", "--skip-check"]) == 0
     assert main(["scales", "export", str(d / "b1.onnx"), "--format", "json", "-o", str(d / "s.json"), "-q"]) == 0
+    logging.getLogger("trt_bridge").setLevel(level)  # -q set it to errors only
     return d
 
 
@@ -65,3 +69,14 @@ def case_dir(base_dir, tmp_path) -> Path:
     for p in base_dir.iterdir():
         shutil.copy(p, tmp_path / p.name)
     return tmp_path
+
+
+@pytest.fixture(autouse=True)
+def _keep_log_levels():
+    """The CLI sets the trt_bridge logger's level (-q: errors only); the tests after these expect it as it was."""
+    import logging
+
+    logger = logging.getLogger("trt_bridge")
+    level = logger.level
+    yield
+    logger.setLevel(level)
