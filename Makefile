@@ -34,7 +34,7 @@ corpus: $(STAMP)
 # benchmarked (onnxruntime) and built ahead of time for SM 8.9; engine runs are skipped without a GPU.
 pipeline-example: $(STAMP)
 	$(PY) scripts/pipeline/make_fixtures.py
-	$(VENV)/bin/trt-bridge pipeline scripts/pipeline/example.yaml
+	$(VENV)/bin/trt-bridge pipeline scripts/pipeline/example.yaml --output pipeline-output
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache demo-output pipeline-example pipeline-output

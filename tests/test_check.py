@@ -322,7 +322,7 @@ def test_reports_never_overwrite_a_model(tmp_path):
                  ("convert", fpath, "-o", tmp_path / "o.onnx", "--calib-random", "1", "--json", tmp_path / "o.onnx"),
                  ("verify", fpath, fpath, "--random", "1", "--html", fpath)):
         result = cli(*args)
-        assert result.returncode == 2 and "a model of this command; choose another file name" in result.stderr
+        assert result.returncode == 2 and "which this command reads or writes; it would be overwritten" in result.stderr
     assert fpath.read_bytes() == before and not (tmp_path / "o.onnx").exists()
 
 

@@ -140,3 +140,22 @@ def test_junit_xml_holds_any_message():
     error = root.find("./testsuite/testcase/error")
     assert error.get("message") == "bad [31mred <&>" and error.text == "trace "
     assert "&lt;&amp;&gt;" in report.markdown()
+
+
+def test_manifest_output_stays_inside_unless_given_on_the_command_line(tmp_path):
+    """Issue 16: a manifest's `output` may not leave its folder (`../`, an absolute path elsewhere); `--output DIR`
+    chooses any folder explicitly. A YAML alias is fine while the manifest stays small."""
+    from trt_bridge.pipeline.manifest import ManifestError, load_manifest
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    save(samples.conv_net(), folder / "float.onnx")
+    body = "defaults: &d {calib_random: 2}\nmodels:\n  - {name: a, source: float.onnx, bench: {iterations: 3}}\n"
+    for output in ("../out", str(tmp_path / "elsewhere"), "sub/../../out"):
+        (folder / "m.yaml").write_text(f"output: '{output}'\n" + body)
+        with pytest.raises(ManifestError, match="outside the manifest's folder"):
+            load_manifest(folder / "m.yaml")
+        assert load_manifest(folder / "m.yaml", tmp_path / "chosen").output == tmp_path / "chosen"
+    (folder / "m.yaml").write_text("output: runs/today\n" + body)
+    manifest = load_manifest(folder / "m.yaml")
+    assert manifest.output == folder / "runs" / "today" and manifest.models[0].calib_random == 2

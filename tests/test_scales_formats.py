@@ -73,8 +73,12 @@ def test_entry_validation_and_scale():
     assert isinstance(e.amax, float) and e.scale == e.amax / 127 and e.axis is None and e.kind == "activation"
     w = ScaleEntry("w", [1.27, 2.54], axis=0, kind="weight")
     assert w.amax == (1.27, 2.54) and w.per_channel and w.scale == (1.27 / 127, 2.54 / 127)
-    assert ScaleEntry("z", 0.0).scale == 0.0  # an all-zero tensor is representable
-    for bad, match in [(dict(tensor="x", amax=-1.0), "non-negative"), (dict(tensor="x", amax=float("nan")), "finite"),
+    # issue 16: 0 (it would zero the tensor or become a subnormal scale), subnormal and negative amax are refused
+    for bad, match in [(dict(tensor="x", amax=-1.0), "finite positive"),
+                       (dict(tensor="x", amax=float("nan")), "finite"),
+                       (dict(tensor="z", amax=0.0), "finite positive"),
+                       (dict(tensor="z", amax=1e-40), "smallest normal"),
+                       (dict(tensor="w", amax=[1.0, 0.0], axis=0, kind="weight"), "finite positive"),
                        (dict(tensor="x", amax="1"), "not a number"), (dict(tensor="x", amax=[1.0, 2.0], axis=0),
                                                                       "per tensor"),
                        (dict(tensor="w", amax=[1.0, 2.0], kind="weight"), "no axis"),
@@ -105,7 +109,9 @@ def test_precedence_merging():
 
 #: float32 scales that are awkward to carry through text: tiny (subnormal), near 1, with all mantissa bits set,
 #: a value not representable in decimal, huge
-AWKWARD = [np.float32(1e-40), np.float32(1.4e-45), np.nextafter(np.float32(1), np.float32(2)),
+# float32's smallest normal and its successor (subnormal and zero scales are refused, issue 16)
+TINY = np.finfo(np.float32).tiny
+AWKWARD = [TINY, np.nextafter(TINY, np.float32(1)), np.nextafter(np.float32(1), np.float32(2)),
            np.float32(1 / 3), np.float32(np.pi), np.float32(0.1), np.float32(3.0e36),
            np.frombuffer(bytes.fromhex("3fffffff"), ">f4")[0]]
 
@@ -151,13 +157,13 @@ def test_written_cache_parses_the_way_its_readers_parse_it(tmp_path):
 def test_read_hand_written_cache(tmp_path, header):
     path = tmp_path / "model.calib"
     path.write_text(f"{header}\ninput: 3c010a14\n(Unnamed Layer* 5) [Shuffle]_output: 3d4ccccd\n"
-                    "conv1/relu:0: 3e800000\nsmall: 1\n\n")
+                    "conv1/relu:0: 3e800000\nsmall: 800000\n\n")
     table = read_scales(path)
     assert list(table) == ["input", "(Unnamed Layer* 5) [Shuffle]_output", "conv1/relu:0", "small"]
     assert np.float32(table["input"].scale) == struct.unpack(">f", bytes.fromhex("3c010a14"))[0]
     assert table["conv1/relu:0"].amax == 0.25 * 127 and table["(Unnamed Layer* 5) [Shuffle]_output"].amax == \
         float(np.float32(0.05)) * 127
-    assert table["small"].amax == struct.unpack(">f", bytes.fromhex("00000001"))[0] * 127
+    assert table["small"].amax == struct.unpack(">f", bytes.fromhex("00800000"))[0] * 127  # the smallest normal
     assert read_trt_cache(path) == table
 
 
@@ -169,6 +175,9 @@ def test_read_hand_written_cache(tmp_path, header):
     ("TRT-8601-EntropyCalibration2\ninput: 3c010a14ff\n", 2, "<tensor name>: <8 hex digits>"),
     ("TRT-8601-EntropyCalibration2\ninput: 7fc00000\n", 2, "finite and positive"),
     ("TRT-8601-EntropyCalibration2\ninput: bc010a14\n", 2, "finite and positive"),
+    ("TRT-8601-EntropyCalibration2\ninput: 00000000\n", 2, "finite and positive"),  # issue 16: zero,
+    ("TRT-8601-EntropyCalibration2\ninput: 1\n", 2, "finite and positive"),  # subnormal
+    ("TRT-8601-EntropyCalibration2\ninput: 80000000\n", 2, "finite and positive"),  # and negative zero
     ("TRT-8601-EntropyCalibration2\na: 3c010a14\nb: 3c010a14\na: 3c010a14\n", 4, "listed twice"),
 ])
 def test_malformed_cache_names_file_and_line(tmp_path, text, line, match):
@@ -202,7 +211,7 @@ def test_cache_writer_refuses_what_readers_would_misparse(tmp_path):
 
 def test_json_round_trip_with_per_channel(tmp_path):
     table = ScaleTable.of([
-        ScaleEntry("x", float(AWKWARD[3]) * 127, source="calibration"), ScaleEntry("zero", 0.0),
+        ScaleEntry("x", float(AWKWARD[3]) * 127, source="calibration"),
         ScaleEntry("conv.weight", tuple(float(s) * 127 for s in AWKWARD[:4]), 0, "weight", "model"),
         ScaleEntry("fc.weight", (0.1, 1e-30, 12345.678), 1, "weight"), ScaleEntry("gemm.weight", 0.7, kind="weight"),
     ])
@@ -234,7 +243,8 @@ def test_json_minimal_entries_and_errors(tmp_path):
         ({"format": "trt-bridge-scales", "version": 1, "tensors": {"x": {"scale": 1}}}, "\"amax\""),
         ({"format": "trt-bridge-scales", "version": 1, "tensors": {"x": {"amax": 1, "axs": 0}}}, "unknown field"),
         ({"format": "trt-bridge-scales", "version": 1, "tensors": {"x": {"amax": [1, 2]}}}, "per tensor"),
-        ({"format": "trt-bridge-scales", "version": 1, "tensors": {"x": {"amax": -1}}}, "'x'.*non-negative"),
+        ({"format": "trt-bridge-scales", "version": 1, "tensors": {"x": {"amax": -1}}}, "'x'.*finite positive"),
+            ({"format": "trt-bridge-scales", "version": 1, "tensors": {"x": {"amax": 0}}}, "'x'.*finite positive"),
     ]:
         path.write_text(json.dumps(doc))
         with pytest.raises(TrtBridgeError, match=match) as err:

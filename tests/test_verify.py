@@ -133,8 +133,10 @@ def test_per_layer_puts_a_broken_scale_first(pair, tmp_path):
     options = VerifyOptions(data=str(pair["eval"]), per_layer=True, progress=False)
     report = verify(pair["float"], broken, options)
     loc = report.per_layer
-    assert loc.layers[0].node == name, [(la.node, la.added_db) for la in loc.layers]
-    assert loc.layers[0].added_db < loc.layers[1].added_db - 10
+    assert loc.layers[0].node == name, [(la.node, la.isolated_db, la.added_db) for la in loc.layers]
+    assert loc.layers[0].isolated_db < loc.layers[1].isolated_db - 10  # ranked by the error it makes on its own
+    others = [la.added_db for la in loc.layers[1:] if la.added_db is not None]
+    assert loc.layers[0].added_db < min(others) - 10  # and by the error it adds
     assert loc.suggestion == [name] and loc.exclude_nodes() == r"^(conv2_quant/float)$"
     healthy = verify(pair["float"], pair["int8"], options).per_layer
     assert {la.node for la in healthy.layers} == {la.node for la in loc.layers}
@@ -274,3 +276,56 @@ def test_per_layer_without_value_info_and_with_odd_names(tmp_path):
     per_layer = json.loads(result.stdout)["per_layer"]
     assert {t["tensor"] for t in per_layer["tensors"]} >= {"h[0]", "r", "y"}
     assert {la["node"] for la in per_layer["layers"]} == {"fc1", "fc2"}
+
+
+#   x ─ stem ─ Relu ─┬─ branch_a ─ a ─┐
+#                    └─ branch_b ─ b ─┴─ Concat 'neck_concat' ─ head0 ─ Relu ─ ... ─ head4 ─ y
+#   (every Conv 32 channels, 3×3; the scale of the Q/DQ on 'a', an input of the Concat, is broken ×40)
+def _detector() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    nodes, inits = [], []
+
+    def conv(name, cin, inp, out):
+        w = (rng.standard_normal((32, cin, 3, 3)) * (2.0 / (cin * 9)) ** 0.5).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, f"{name}.w"),
+                      numpy_helper.from_array((rng.standard_normal(32) * 0.05).astype(np.float32), f"{name}.b")])
+        nodes.append(onnx.helper.make_node("Conv", [inp, f"{name}.w", f"{name}.b"], [out], name=name, pads=[1] * 4))
+
+    conv("stem", 3, "x", "s")
+    nodes.append(onnx.helper.make_node("Relu", ["s"], ["s_r"], name="stem_relu"))
+    conv("branch_a", 32, "s_r", "a")
+    conv("branch_b", 32, "s_r", "b")
+    nodes.append(onnx.helper.make_node("Concat", ["a", "b"], ["cat"], name="neck_concat", axis=1))
+    prev, cin = "cat", 64
+    for i in range(5):
+        conv(f"head{i}", cin, prev, f"h{i}")
+        prev, cin = f"h{i}", 32
+        if i < 4:
+            nodes.append(onnx.helper.make_node("Relu", [prev], [f"{prev}_r"], name=f"head{i}_relu"))
+            prev = f"{prev}_r"
+    return _model(nodes, [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 3, 32, 32])],
+                  [onnx.helper.make_tensor_value_info(prev, onnx.TensorProto.FLOAT, [1, 32, 32, 32])], inits)
+
+
+def test_per_layer_names_the_broken_point_before_the_layers_that_amplify_it(tmp_path):
+    """Issue 16: ranked by the error each layer makes on its own, the Concat whose input scale is broken comes
+    first, far ahead of the head convolutions downstream that only carry (and amplify) its error."""
+    src = save(_detector(), tmp_path / "det.onnx")
+    np.savez(tmp_path / "calib.npz", x=np.random.default_rng(1).standard_normal((8, 1, 3, 32, 32)).astype(np.float32))
+    convert(src, tmp_path / "det.int8.onnx", ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False,
+                                                             check=False))
+    model = onnx.load(str(tmp_path / "det.int8.onnx"))
+    inits = {i.name: i for i in model.graph.initializer}
+    q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "a")
+    inits[q.input[1]].CopyFrom(numpy_helper.from_array(numpy_helper.to_array(inits[q.input[1]]) * 40, q.input[1]))
+    onnx.save(model, str(tmp_path / "broken.onnx"))
+    report = verify(src, tmp_path / "broken.onnx", VerifyOptions(data=str(tmp_path / "calib.npz"), per_layer=True,
+                                                                 progress=False))
+    loc = report.per_layer
+    ranked = [(la.node, la.isolated_db, la.added_db) for la in loc.layers]
+    assert loc.layers[0].node == "neck_concat", ranked
+    # measured: the Concat makes 10.5 dB on its own, every other layer 40 dB or more; the bar is 20 dB apart
+    assert loc.layers[0].isolated_db < min(la.isolated_db for la in loc.layers[1:] if la.isolated_db) - 20, ranked
+    assert loc.suggestion == ["neck_concat"]
+    text = report.summary()
+    assert "Concat 'neck_concat': makes error at" in text and "on its own; adds error at" in text

@@ -164,7 +164,8 @@ def _rankings(model_path: Path, candidate: Path, checked, measure) -> dict[str, 
         feeds = _feeds(model_path, candidate, measure)[:measure.layer_feeds]
     isolated = isolated_errors(candidate, feeds, measure.layer_batch)
     by_isolated = sorted((n for n, v in isolated.items() if v is not None), key=lambda n: (isolated[n], n))
-    added = [layer.node for layer in checked.per_layer.layers if layer.added_db is not None]
+    added = [layer.node for layer in sorted((la for la in checked.per_layer.layers if la.added_db is not None),
+                                            key=lambda la: (la.added_db, la.index))]
     return {"added": added + [n for n in by_isolated if n not in added], "isolated": by_isolated}
 
 

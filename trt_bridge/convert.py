@@ -17,12 +17,14 @@ from trt_bridge.calibration import CalibMethod, model_inputs, open_feeds
 from trt_bridge.errors import CalibrationDataError, InternalError, TrtBridgeError, UnsupportedPatternError
 from trt_bridge.model import (
     MIN_QDQ_OPSET,
+    check_name_lengths,
     check_writable,
     default_opset,
     external_data_files,
     infer_shapes,
     is_large,
     load_model,
+    release_memory,
     save_model,
 )
 from trt_bridge.placement import PlacementOptions, PlacementPolicy, place
@@ -78,14 +80,20 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     from trt_bridge.recenter import recenter
 
     model_path, output_path = Path(model_path), Path(output_path)
+    check_name_lengths(output_path, "output model")
     if output_path.resolve() == model_path.resolve():
         raise TrtBridgeError(f"the output path {output_path} is the input model; choose another with -o.")
+    _check_not_an_input(output_path, model_path, options)
     _check_precision_options(options)
     check_writable(output_path, "output model")
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
     declared: dict[str, int] = {}
     model = load_model(model_path, declared)
+    from trt_bridge.values import check_output_finite, check_source_scales, check_source_weights, nonfinite_count
+
+    check_source_scales(model, model_path)
+    check_source_weights(model, model_path)
     source_opset = default_opset(model)
     inputs = feed_types(model_inputs(model), options.bf16)
     # Open (and check) the calibration source before any work, so a bad path fails fast.
@@ -101,6 +109,8 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     t0 = time.perf_counter()
     lifted, ctx = lift_model(model, model_path, options.bf16, declared)
     del model
+    release_memory()
+    lifted_nonfinite = nonfinite_count(lifted)  # -inf attention masks are fine; new ones are overflows
     graph = gs.import_onnx(lifted)  # keeps referring to lifted's weights: no copy
     scales = options.scales or (ScalePolicy.DATA if options.calib_data is not None else ScalePolicy.MODEL)
     if scales is ScalePolicy.DATA:
@@ -135,7 +145,8 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         for name in needed:
             spec = ctx.annotations.activations[name]
             spec.scale, spec.source = result.scale(name), ScaleSource.CALIBRATION
-        calibration = {"feeds": result.feeds, "method": result.method.value, "seconds": result.seconds,
+        calibration = {"feeds": result.feeds, "skipped_feeds": result.skipped, "method": result.method.value,
+                       "seconds": result.seconds,
                        "percentile": options.percentile if result.method is CalibMethod.PERCENTILE else None,
                        "ranges": {k: {"min": o.lo, "max": o.hi, "amax": result.amax(k)}
                                   for k, o in sorted(result.observers.items())}}
@@ -162,8 +173,11 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         seconds["calibrate"] = seconds.get("calibrate", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
     quantized = lower(graph, ctx.annotations)
-    out_model = _finalize(gs.export_onnx(graph), default_opset(lifted), check=True, min_opset=needs_opset(quantized))
-    del graph, lifted
+    exported, lifted_opset = export_model(graph), default_opset(lifted)
+    del graph, lifted  # the float model goes before the output is checked (a model over 2 GB held it twice)
+    release_memory()
+    out_model = _finalize(exported, lifted_opset, check=True, min_opset=needs_opset(quantized))
+    del exported
     kept_fp32 = None
     if options.high_precision != "fp32":
         from trt_bridge.precision import to_low_precision
@@ -174,6 +188,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         out_model = _finalize(out_model, default_opset(out_model), check=True, min_opset=19)
     seconds["lower"] = time.perf_counter() - t0
 
+    check_output_finite(out_model, lifted_nonfinite, model_path)
     t0 = time.perf_counter()
     written = save_model(out_model, output_path, protect=(model_path, *external_data_files(model_path)))
     if is_large(out_model):
@@ -259,14 +274,50 @@ def lift_model(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
     (dequantized) weights; raises UnsupportedPatternError if anything TensorRT
     cannot import is left. ``ctx.prepared`` lists the sanitizing changes.
     """
-    import onnx_graphsurgeon as gs
 
     source_opset = default_opset(model)
     lifting = lift_graph(model, where, bf16, declared=declared)
     if lifting.blockers:
         raise UnsupportedPatternError(_blocker_message(where, lifting.blockers, lifting.ctx.declined))
     lifting.ctx.prepared = lifting.changes
-    return _finalize(gs.export_onnx(lifting.graph), source_opset), lifting.ctx
+    lifted = export_model(lifting.graph)
+    # The lifting graph refers to the source model's tensors (and the lifted weights to their own arrays): let
+    # them go with the source, so the float model is held once from here on (a model over 2 GB kept 1× more).
+    lifting.ctx.graph, lifting.ctx.constants, lifting.graph = None, {}, None
+    return _finalize(lifted, source_opset), lifting.ctx
+
+
+#: constants at least this large are copied once into an exported model (see :func:`export_model`)
+_BIG_CONSTANT = 1 << 20
+
+
+def export_model(graph: gs.Graph) -> onnx.ModelProto:
+    """``gs.export_onnx(graph)``, copying each large weight that still lives in its source TensorProto once.
+
+    onnx-graphsurgeon puts the source protos into a GraphProto and ``onnx.helper.make_model`` copies that
+    into the ModelProto: while both exist, with the source, a model over 2 GB is held three times. Here the
+    large protos are exported as weightless stand-ins and copied into the finished model one by one."""
+    import onnx_graphsurgeon as gs
+    from onnx_graphsurgeon.ir.tensor import LazyValues
+
+    swapped = {}
+    for tensor in graph.tensors().values():
+        lazy = getattr(tensor, "_values", None)
+        if isinstance(tensor, gs.Constant) and isinstance(lazy, LazyValues) and lazy.nbytes >= _BIG_CONSTANT \
+                and isinstance(lazy.tensor, onnx.TensorProto):
+            stand_in = onnx.TensorProto(name=tensor.name, data_type=lazy.tensor.data_type, dims=lazy.tensor.dims)
+            swapped[tensor.name] = (tensor, lazy)
+            tensor._values = LazyValues(stand_in)
+    try:
+        model = gs.export_onnx(graph)
+    finally:
+        for tensor, lazy in swapped.values():
+            tensor._values = lazy
+    for init in model.graph.initializer:
+        if init.name in swapped:
+            init.CopyFrom(swapped[init.name][1].tensor)
+            init.name = swapped[init.name][0].name
+    return model
 
 
 def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, options: ConvertOptions):
@@ -300,7 +351,29 @@ def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, op
             # the candidates left unsmoothed are observed as they are
             session.run({t: Rescaled(observers[t], 1.0 / factors[t]) if t in factors else observers[t]
                          for t in todo}, feeds, options.progress, desc="calibrating (2/2)")
-    return finish(observers, count, time.perf_counter() - start, options.calib_method), smoothed
+        skipped = len(session.skipped)
+    return finish(observers, count, time.perf_counter() - start, options.calib_method, skipped), smoothed
+
+
+def input_files(model_path: str | Path, options: ConvertOptions) -> list[Path]:
+    """Every file a conversion reads besides the model itself: feeds, a loader script, scale files, a QAT file."""
+    paths = []
+    for spec in (options.calib_data, *options.scale_files, options.qat):
+        if spec is not None:
+            text = str(spec)
+            paths.append(Path(text.split(":", 1)[0] if ".py:" in text else text))
+    return paths
+
+
+def _check_not_an_input(output_path: Path, model_path: Path, options: ConvertOptions) -> None:
+    """The output model (and its ``.data`` file) must not replace a file the conversion reads."""
+    from trt_bridge.model import same_file
+
+    for target in (output_path, output_path.with_name(output_path.name + ".data")):
+        for source in input_files(model_path, options):
+            if same_file(target, source):
+                raise TrtBridgeError(f"the output model {output_path} would overwrite {source}, which this "
+                                     "conversion reads; choose another output path with -o.")
 
 
 def _check_precision_options(options: ConvertOptions) -> None:

@@ -22,11 +22,13 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from trt_bridge.annotations import Annotations, ScaleSource, WeightSpec
 from trt_bridge.calibration.observers import QMAX
 from trt_bridge.errors import InternalError, UnsupportedPatternError
 from trt_bridge.lift.base import NameAllocator
+from trt_bridge.values import check_finite_weight
 
 
 @dataclass(frozen=True)
@@ -111,6 +113,11 @@ def lower(graph: gs.Graph, annotations: Annotations) -> list[QuantizedTensor]:
         spec = annotations.activations[name]
         if spec.scale is None:
             raise InternalError(f"activation '{name}' reached lowering without a scale")
+        if not np.isfinite(spec.scale) or not spec.scale > 0:
+            raise UnsupportedPatternError(
+                f"activation '{name}' would get scale {spec.scale} (from {spec.source.value if spec.source else '?'})"
+                ": a scale must be finite and positive. Check that source of scales (the calibration data for "
+                "huge or non-finite values, the scale file, the model).")
         ftype = _float_type(tensors[name], "activation")
         scale = gs.Constant(names(f"{name}_scale"), representable_scale(np.array(spec.scale), ftype))
         zero = gs.Constant(names(f"{name}_zero_point"), np.array(0, np.int8))
@@ -134,7 +141,12 @@ def _weight_values(spec: WeightSpec, tensor: gs.Tensor, ftype=np.float32) -> tup
     if not isinstance(tensor, gs.Constant):
         raise InternalError(f"weight '{spec.tensor}' is not a constant at lowering")
     spec.source = ScaleSource.REQUANTIZED
-    return quantize_weight(np.asarray(tensor.values), spec.axis, ftype)
+    # A weight still in its TensorProto is read without keeping the float copy on the Constant (the int8 one
+    # replaces it): a model over 2 GB would otherwise hold every weight twice while lowering.
+    lazy = getattr(tensor, "_values", None)
+    values = np.asarray(lazy.load() if isinstance(lazy, LazyValues) else tensor.values)
+    check_finite_weight(spec.tensor, values)
+    return quantize_weight(values, spec.axis, ftype)
 
 
 def representable_scale(scale: np.ndarray, ftype) -> np.ndarray:

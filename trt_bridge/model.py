@@ -32,6 +32,9 @@ def load_model(path: str | os.PathLike, declared: dict[str, int] | None = None,
     raise ModelLoadError with the fix on failure. ``repairs`` receives a line per load-time repair
     (``trt_bridge.repair``)."""
     path = Path(path)
+    check_name_lengths(path, "model")
+    if path.is_dir():
+        raise ModelLoadError(f"{path}: is a directory, not an ONNX model file. Give the .onnx file inside it.")
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such file. Check the path to the ONNX model.")
     try:
@@ -48,7 +51,46 @@ def load_model(path: str | os.PathLike, declared: dict[str, int] | None = None,
         raise ModelLoadError(f"{path}: cannot read its external data ({exc}).") from exc
     if not model.graph.node:
         raise ModelLoadError(f"{path}: the graph has no nodes; nothing to convert.")
+    if not model.graph.output:
+        raise ModelLoadError(f"{path}: the graph has no outputs, so it computes nothing; fix the exporter (a model "
+                             "needs at least one graph output).")
+    _check_input_dims(model, path)
     return validate_model(model, path, declared=declared, repairs=repairs)
+
+
+def _check_input_dims(model: onnx.ModelProto, path) -> None:
+    """A graph input dimension must be a positive size, a name, or unknown: a negative or zero one is refused."""
+    initializers = {t.name for t in model.graph.initializer}
+    for value in model.graph.input:
+        if value.name in initializers or not value.type.tensor_type.HasField("shape"):
+            continue
+        for axis, dim in enumerate(value.type.tensor_type.shape.dim):
+            if dim.HasField("dim_value") and dim.dim_value < 0:
+                raise ModelLoadError(f"{path}: input '{value.name}' declares dimension {dim.dim_value} at axis {axis}; "
+                                     "a dimension is a positive size or a name (dynamic). Fix the exporter's "
+                                     "input shape.")
+
+
+def check_name_lengths(path: str | os.PathLike, what: str) -> None:
+    """Refuse a path with a component longer than the file system takes (``NAME_MAX``, 255 bytes on most), which
+    the operating system would only report as errno 36 deep inside a read or a write."""
+    path = Path(path)
+    for part in path.parts:
+        size = len(os.fsencode(part))
+        if size > 255:
+            raise TrtBridgeError(f"the {what} path {str(path)[:80]}... has a file name of {size} bytes: too long "
+                                 "(file systems take at most 255). Choose a shorter name.")
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether ``a`` and ``b`` name the same file (through links and ``..``; a file that does not exist yet
+    compares by its resolved path)."""
+    try:
+        if Path(a).exists() and Path(b).exists():
+            return os.path.samefile(a, b)
+        return Path(a).resolve() == Path(b).resolve()
+    except (OSError, RuntimeError):
+        return os.path.abspath(a) == os.path.abspath(b)
 
 
 def _external_locations(model: onnx.ModelProto) -> dict[str, list[str]]:
@@ -346,9 +388,44 @@ def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     return skeleton
 
 
+def release_memory() -> None:
+    """Free a dropped copy of a model now and hand the memory back to the operating system. An
+    onnx-graphsurgeon graph is a web of cycles (nodes and tensors refer to each other), so it, and the
+    TensorProtos its constants refer to, go only when the cycle collector runs; then glibc's ``malloc_trim``
+    returns the freed heap pages."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def is_special_file(path: str | os.PathLike) -> bool:
+    """``path`` (through links) exists and is neither a regular file nor a folder: a device (``/dev/null``), a
+    pipe, a socket. Such a target is written into, never replaced."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
 def check_writable(path: str | os.PathLike, what: str) -> None:
     """Fail before any work if ``path`` cannot be written (``what``: 'output model', 'report', ...)."""
     path = Path(path)
+    check_name_lengths(path, what)
+    if is_special_file(path) and what == "output model":
+        raise TrtBridgeError(f"the {what} {path} is not a regular file (a device, a pipe or a socket): a model is "
+                             "written atomically, by replacing the file, which would replace that node. Give a regular "
+                             "file path.")
+    if is_special_file(path):
+        return  # a device or a pipe (a report to /dev/stdout): written into, never replaced
     if path.is_dir():
         raise TrtBridgeError(f"the {what} path {path} is a directory; give a file name (e.g. {path / 'model.onnx'}).")
     parent = path.absolute().parent
@@ -359,6 +436,12 @@ def check_writable(path: str | os.PathLike, what: str) -> None:
     if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
         raise TrtBridgeError(f"cannot write the {what} {path}: permission denied in {parent}. "
                              "Choose a writable location.")
+    try:  # os.access trusts the mode bits: a read-only mount, /proc or root squash only show when writing
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".trt-bridge-probe-"):
+            pass
+    except OSError as exc:
+        raise TrtBridgeError(f"cannot write the {what} {path}: {exc.strerror or exc} in {parent}. Choose a writable "
+                             "location.") from None
 
 
 def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple[Path, ...] = ()) -> Path:
@@ -375,6 +458,9 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tupl
             raise TrtBridgeError(
                 f"refusing to overwrite the input model {p}; choose another output path with -o."
             )
+    if is_special_file(path):
+        raise TrtBridgeError(f"the output model {path} is not a regular file (a device, a pipe or a socket); give a "
+                             "regular file path with -o.")
     try:
         return _save_model(model, path, protect)
     except OSError as exc:
@@ -395,19 +481,62 @@ def _save_model(model: onnx.ModelProto, path: Path, protect: tuple[Path, ...]) -
         tmp_model = Path(tmp) / path.name
         if external:
             log.info("model is over 2 GB: writing weights to %s", data_name)
-            onnx.save_model(
-                model,
-                str(tmp_model),
-                save_as_external_data=True,
-                all_tensors_to_one_file=True,
-                location=data_name,
-                size_threshold=1024,
-            )
+            onnx.save_model(write_external_data(model, Path(tmp), data_name), str(tmp_model))
+            umask = os.umask(0)
+            os.umask(umask)
+            for written in (Path(tmp) / data_name, tmp_model):
+                os.chmod(written, 0o666 & ~umask)
             os.replace(Path(tmp) / data_name, path.parent / data_name)
         else:
             onnx.save_model(model, str(tmp_model))
         os.replace(tmp_model, path)
     return path
+
+
+def write_external_data(model: onnx.ModelProto, folder: Path, location: str, threshold: int = 1024,
+                        align: int = 4096) -> onnx.ModelProto:
+    """Write ``model``'s initializers of ``threshold`` bytes or more, one after the other, into
+    ``folder/location``; return a model that refers to them there. ``model`` is left as it is:
+    ``onnx.save_model(..., save_as_external_data=True)`` would empty its tensors, so a model saved for an
+    onnxruntime session lost its weights to the session's temporary folder. Nothing is copied beyond one
+    tensor at a time (a tensor stored in fields rather than raw bytes is converted alone)."""
+    from onnx import numpy_helper
+
+    skeleton = onnx.ModelProto()
+    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        setattr(skeleton, field, getattr(model, field))
+    skeleton.opset_import.extend(model.opset_import)
+    skeleton.metadata_props.extend(model.metadata_props)
+    skeleton.functions.extend(model.functions)
+    graph = skeleton.graph
+    for field in ("node", "input", "output", "value_info", "sparse_initializer", "quantization_annotation"):
+        getattr(graph, field).extend(getattr(model.graph, field))
+    graph.name, graph.doc_string = model.graph.name, model.graph.doc_string
+    with open(folder / location, "wb") as data:
+        for tensor in model.graph.initializer:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+                from trt_bridge.errors import InternalError
+
+                raise InternalError(f"tensor '{tensor.name}' has no data loaded (it refers to external data)")
+            payload = tensor.raw_data if tensor.HasField("raw_data") else None
+            if payload is None and tensor.ByteSize() >= threshold:
+                payload = numpy_helper.to_array(tensor).tobytes()
+            if payload is None or len(payload) < threshold:
+                graph.initializer.append(tensor)
+                continue
+            offset = data.tell()
+            if offset % align:
+                data.write(b"\0" * (align - offset % align))
+                offset = data.tell()
+            data.write(payload)
+            ref = graph.initializer.add()
+            ref.name, ref.data_type, ref.doc_string = tensor.name, tensor.data_type, tensor.doc_string
+            ref.dims.extend(tensor.dims)
+            ref.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", location), ("offset", str(offset)), ("length", str(len(payload)))):
+                entry = ref.external_data.add()
+                entry.key, entry.value = key, value
+    return skeleton
 
 
 def serialize_for_session(model: onnx.ModelProto, workdir: str) -> str | bytes:
@@ -419,10 +548,7 @@ def serialize_for_session(model: onnx.ModelProto, workdir: str) -> str | bytes:
     if not is_large(model):
         return model.SerializeToString()
     target = Path(workdir) / "model.onnx"
-    onnx.save_model(
-        model, str(target), save_as_external_data=True, all_tensors_to_one_file=True,
-        location="model.onnx.data", size_threshold=1024,
-    )
+    onnx.save_model(write_external_data(model, Path(workdir), "model.onnx.data"), str(target))
     return str(target)
 
 
@@ -437,6 +563,15 @@ def write_bytes_atomic(path: str | os.PathLike, data: bytes, what: str = "file")
     """Write ``data`` to ``path`` atomically: a temporary file beside it, then a rename. The file gets the
     usual mode (0666 less the umask), not the temporary file's private 0600."""
     path = Path(path)
+    if is_special_file(path):  # /dev/stdout, /dev/null, a pipe: written into, never replaced
+        try:
+            with open(path, "wb") as f:
+                f.write(data)
+        except OSError as exc:
+            raise TrtBridgeError(f"cannot write the {what} {path}: {exc.strerror or exc}.") from exc
+        return path
+    if path.is_symlink():  # replace what the link points to, and keep the link
+        path = path.resolve()
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

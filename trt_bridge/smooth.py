@@ -90,7 +90,7 @@ def candidates(graph: gs.Graph, annotations: Annotations) -> list[str]:
             node = nodes[site.node]
             weight = node.inputs[1] if len(node.inputs) > 1 else None
             if not (node.op == "MatMul" and site.index == 0 and isinstance(weight, gs.Constant)
-                    and weight.name in annotations.weights and weight.values.ndim == 2
+                    and weight.name in annotations.weights and len(weight.shape) == 2
                     and annotations.weights[weight.name].source not in (ScaleSource.FILE, ScaleSource.QAT)):
                 ok = False
                 break

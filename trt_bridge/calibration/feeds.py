@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,8 @@ from trt_bridge.shapes import BroadcastChecker, BroadcastConflict, shape_text
 log = logging.getLogger("trt_bridge.calibration")
 
 Feed = dict[str, np.ndarray]
+#: the largest random feed input drawn (bytes): a model declaring [1, 3, 100000, 100000] is refused, not allocated
+RANDOM_FEED_LIMIT = 4 * 2**30
 
 
 @dataclass(frozen=True)
@@ -308,6 +311,10 @@ class ScriptFeeds(FeedSource):
         module = importlib.util.module_from_spec(module_spec)
         try:
             module_spec.loader.exec_module(module)
+        except SystemExit as exc:
+            raise CalibrationDataError(f"{self.path}: the data-loader script called sys.exit({exc.code!r}) while "
+                                       "being imported; it must define a function that returns the feeds, not "
+                                       "exit.") from None
         except Exception as exc:
             raise CalibrationDataError(f"{self.path}: the data-loader script failed to import: {exc!r}") from exc
         self._load = getattr(module, self.func, None)
@@ -319,6 +326,9 @@ class ScriptFeeds(FeedSource):
     def raw(self):
         try:
             iterator = iter(self._load())
+        except SystemExit as exc:
+            raise CalibrationDataError(f"{self.description}: the data loader called sys.exit({exc.code!r}); it must "
+                                       "return an iterable of {input name: array} dicts.") from None
         except Exception as exc:
             raise CalibrationDataError(
                 f"{self.description}: the data loader failed ({exc!r}); it must return an iterable of "
@@ -330,6 +340,9 @@ class ScriptFeeds(FeedSource):
                 feed = next(iterator)
             except StopIteration:
                 return
+            except SystemExit as exc:
+                raise CalibrationDataError(f"{self.description}: the data loader called sys.exit({exc.code!r}) at "
+                                           f"feed {i}.") from None
             except Exception as exc:
                 raise CalibrationDataError(f"{self.description}: the data loader raised {exc!r} at feed {i}.") from exc
             yield f"{self.description} (feed {i})", feed
@@ -344,13 +357,25 @@ class RandomFeeds(FeedSource):
         dynamic = [f"{i.name}{i.shape_text()}" for i in inputs if any(not isinstance(d, int) for d in i.shape)]
         if dynamic:
             log.warning("random feeds use 1 for dynamic dimensions of %s", ", ".join(dynamic))
+        for spec in inputs:
+            shape = self._shape(spec)
+            size = math.prod(shape) * max(np.dtype(spec.dtype).itemsize, 8)  # drawn in float64 or int64
+            if size > RANDOM_FEED_LIMIT:
+                raise CalibrationDataError(
+                    f"input '{spec.name}' {list(shape)} is too large for a random feed ({size / 2**30:.3g} GiB; the "
+                    f"limit is {RANDOM_FEED_LIMIT / 2**30:.0f} GiB). Pass --calib-data with real inputs of the size "
+                    "the model runs at.")
+
+    @staticmethod
+    def _shape(spec: InputSpec) -> tuple[int, ...]:
+        return tuple(d if isinstance(d, int) and d > 0 else 1 for d in spec.shape)
 
     def raw(self):
         rng = np.random.default_rng(self.seed)
         for i in range(self.total):
             feed = {}
             for spec in self.inputs:
-                shape = tuple(d if isinstance(d, int) and d > 0 else 1 for d in spec.shape)
+                shape = self._shape(spec)
                 if np.issubdtype(spec.dtype, np.floating):
                     feed[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
                 elif spec.dtype == np.bool_:

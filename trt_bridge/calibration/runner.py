@@ -7,6 +7,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import onnx
 
 from trt_bridge.calibration.feeds import FeedSource
@@ -24,6 +25,7 @@ class CalibrationResult:
     feeds: int
     seconds: float
     method: CalibMethod
+    skipped: int = 0  # feeds left out because a value was NaN or Inf
 
     def amax(self, tensor: str, center: float = 0.0) -> float:
         return self.observers[tensor].amax(center)
@@ -49,15 +51,17 @@ def calibrate(model: onnx.ModelProto, tensors: list[str], feeds: FeedSource, met
     observers = {t: RangeObserver(method, percentile) for t in tensors}
     with CalibrationSession(model, tensors) as session:
         count = session.run(observers, feeds, progress)
-    return finish(observers, count, time.perf_counter() - start, method)
+    return finish(observers, count, time.perf_counter() - start, method, len(session.skipped))
 
 
-def finish(observers: dict[str, RangeObserver], count: int, seconds: float, method: CalibMethod
+def finish(observers: dict[str, RangeObserver], count: int, seconds: float, method: CalibMethod, skipped: int = 0
            ) -> CalibrationResult:
     for t, obs in observers.items():
         if obs.max == 0.0:
             log.warning("activation '%s' was zero on every calibration feed", t)
-    return CalibrationResult(observers, count, seconds, CalibMethod(method))
+    if skipped:
+        log.warning("%d calibration feed(s) of %d skipped: they gave NaN or Inf values", skipped, count + skipped)
+    return CalibrationResult(observers, count, seconds, CalibMethod(method), skipped)
 
 
 class CalibrationSession:
@@ -89,6 +93,7 @@ class CalibrationSession:
         options.log_severity_level = 3
         if simulate_qdq:  # a Q/DQ model: Q/DQ in float, as TensorRT computes them (trt_bridge.runtime)
             options.add_session_config_entry("session.disable_quant_qdq", "1")
+        self.skipped: set[int] = set()  # feeds left out because they gave a NaN or Inf (by index)
         self._workdir = tempfile.TemporaryDirectory(prefix="trt-bridge-calib-")
         try:
             self.session = create_session(serialize_for_session(model, self._workdir.name), options)
@@ -111,22 +116,44 @@ class CalibrationSession:
     def run(self, observers: dict, feeds: FeedSource, progress: bool = True, desc: str = "calibrating") -> int:
         """Hand every feed's value of each observed tensor to ``observers[name].update``; return the feed count."""
         fetch = [t for t in observers if t not in self.graph_inputs]
-        count = 0
-        for feed in _progress(feeds, progress, desc):
+        count, first_bad = 0, None
+        for index, feed in enumerate(_progress(feeds, progress, desc)):
             try:
                 outputs = self.session.run(fetch, feed) if fetch else []
             except Exception as exc:
                 raise CalibrationDataError(
-                    f"onnxruntime failed on calibration feed {count} "
+                    f"onnxruntime failed on calibration feed {index} "
                     f"({', '.join(f'{k}{list(v.shape)}' for k, v in feed.items())}): {exc}"
                 ) from exc
-            for name, value in zip(fetch, outputs):
-                observers[name].update(_as_float32(value))
-            for name in observers:
-                if name in self.graph_inputs:
-                    observers[name].update(_as_float32(feed[name]))
+            values = [(name, _as_float32(value)) for name, value in zip(fetch, outputs)]
+            values += [(name, _as_float32(feed[name])) for name in observers if name in self.graph_inputs]
+            # A feed with NaN or Inf, or one that makes a NaN anywhere, must not decide a range: leave it out.
+            # (An activation may hold -Inf on purpose, an attention mask: the observers leave those values out.)
+            bad = next((name for name, value in feed.items() if not _finite(np.asarray(value))), None) or \
+                next((name for name, value in values if _has_nan(value)), None)
+            if bad is not None:
+                if index not in self.skipped:
+                    log.warning("calibration feed %d skipped: '%s' holds NaN or Inf", index, bad)
+                self.skipped.add(index)
+                first_bad = first_bad or (index, bad)
+                continue
+            for name, value in values:
+                observers[name].update(value)
             count += 1
+        if count == 0 and first_bad is not None:
+            raise CalibrationDataError(
+                f"every calibration feed ({len(self.skipped)}) holds or gives non-finite values (NaN or Inf; feed "
+                f"{first_bad[0]} first in '{first_bad[1]}'), so no range can be measured. Check the calibration "
+                "data for NaN, Inf or values near float32's limit.")
         return count
+
+
+def _finite(value) -> bool:
+    return not np.issubdtype(value.dtype, np.inexact) or bool(np.isfinite(value).all())
+
+
+def _has_nan(value) -> bool:
+    return np.issubdtype(value.dtype, np.inexact) and bool(np.isnan(value).any())
 
 
 def _as_float32(value):

@@ -105,6 +105,7 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
     bf16 = _bf16_tensors(graph)
     ops = {n.name: n for n in graph.nodes}
     del graph
+    findings += _source_scales(model, path, ops)
     findings = _dry_run(model, path, findings, ops, declared)
     findings += _bf16(bf16, int8 and not any(f.severity is Severity.BLOCKER for f in findings))
     if not int8:
@@ -230,6 +231,24 @@ def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: di
         else:
             finding.fix = declined.get(finding.node, "no rule rewrites it")
     return findings
+
+
+def _source_scales(model, path: Path, ops: dict) -> list[Finding]:
+    """A quantization scale that is 0, negative, subnormal or not finite, or a weight holding NaN or Inf:
+    convert refuses the model."""
+    from trt_bridge.errors import UnsupportedPatternError
+    from trt_bridge.values import check_source_scales, check_source_weights
+
+    try:
+        check_source_scales(model, path)
+        check_source_weights(model, path)
+    except UnsupportedPatternError as exc:
+        message = str(exc).split(": ", 1)[-1]
+        node = _node_named_in(message, ops)
+        return [Finding("qdq-scale", Severity.BLOCKER, node.name if node else "", node.op if node else "",
+                        [tensor_info(t) for t in node.inputs if t.name] if node else [], message,
+                        "convert refuses the model: scales must be finite and positive, weights finite", False)]
+    return []
 
 
 def _node_named_in(message: str, ops: dict):

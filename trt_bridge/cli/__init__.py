@@ -43,16 +43,96 @@ def _quiet_graphsurgeon(verbose: int) -> None:
         G_LOGGER.severity = G_LOGGER.ERROR
 
 
+class Terminated(BaseException):
+    """SIGTERM arrived: unwinds like KeyboardInterrupt, so temporary folders and files are removed."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated()
+
+
+def _stdout_gone() -> None:
+    """The reader of stdout went away (``| head``, ``| true``): send whatever is still buffered to /dev/null, so
+    the interpreter's final flush raises nothing either."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
+
+
+def _return_freed_memory() -> None:
+    """Have glibc's malloc serve allocations of 1 MiB and more (weights) with mmap, always: its default raises that
+    threshold as large blocks are freed, after which freed weights stay in the heap, counted against the process.
+    With it, a model over 2 GB is held about once less through convert. No-op where there is no glibc."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        libc.mallopt(-3, 1 << 20)  # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
+    """The CLI. Whatever happens, it ends with an exit status and at most one line on stderr: 0/1 as each command
+    documents, 2 for an error in the input (or an unexpected one, whose traceback ``-vv`` shows), 130 on Ctrl-C,
+    141 when stdout's reader went away, 143 on SIGTERM (temporary files removed, nothing half-written)."""
+    import signal
+    import threading
+    import warnings
+
     parser = build_parser()
     args = parser.parse_args(argv)
-    _configure_logging(getattr(args, "verbose", 0), getattr(args, "quiet", False))
-    _quiet_graphsurgeon(getattr(args, "verbose", 0))
+    _return_freed_memory()
+    verbose = getattr(args, "verbose", 0)
+    _configure_logging(verbose, getattr(args, "quiet", False))
+    _quiet_graphsurgeon(verbose)
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        previous = signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        return args.run(args)
+        with warnings.catch_warnings():
+            if verbose < 2:  # numpy's overflow/invalid-value warnings are noise to a user; -vv shows them
+                warnings.simplefilter("ignore", RuntimeWarning)
+            return args.run(args)
     except TrtBridgeError as exc:
         print(f"trt-bridge {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Terminated:
+        print(f"trt-bridge {args.command}: terminated (SIGTERM); nothing was left half-written", file=sys.stderr)
+        return 143
+    except BrokenPipeError:
+        _stdout_gone()
+        return 141
+    except OSError as exc:  # a file system refusal the command did not foresee: a name too long, a full disk
+        where = f" {exc.filename}" if exc.filename else ""
+        print(f"trt-bridge {args.command}: error: {exc.strerror or exc}:{where}"[:2000], file=sys.stderr)
+        return EXIT_ERROR
+    except (RecursionError, MemoryError) as exc:
+        print(f"trt-bridge {args.command}: error: out of {'memory' if isinstance(exc, MemoryError) else 'stack'} "
+              f"({type(exc).__name__}: {_one_line(exc)}); the input is too large or too deeply nested.",
+              file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # noqa: BLE001 - a bug: one line for the user, the traceback with -vv
+        logging.getLogger("trt_bridge").debug("traceback of the unexpected error", exc_info=True)
+        print(f"trt-bridge {args.command}: internal error: {type(exc).__name__}: {_one_line(exc)} (a bug in "
+              "trt-bridge; please report it with the command and its input; -vv shows the traceback)", file=sys.stderr)
+        return EXIT_ERROR
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _one_line(exc: BaseException, limit: int = 2000) -> str:
+    """``exc``'s message on one line (multi-line messages, such as a list of blockers, keep their lines
+    joined with ' | '), at most ``limit`` characters."""
+    text = " | ".join(line.strip() for line in str(exc).strip().splitlines() if line.strip())
+    return text if len(text) <= limit else text[:limit] + " ..."

@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             except re.error as exc:
                 raise TrtBridgeError(f"--{flag.replace('_', '-')} '{pattern}' is not a regular expression: {exc}") \
                     from exc
-    from trt_bridge.cli.common import check_output_path
+    from trt_bridge.cli.common import check_output_path, data_path
 
     policies = [v for v in args.scales or [] if v in ("model", "data")]
     files = tuple(v for v in args.scales or [] if v not in ("model", "data"))
@@ -137,7 +137,11 @@ def run(args: argparse.Namespace) -> int:
                                  "a TensorRT calibration cache, a trt-bridge JSON table or an onnxruntime table.")
     report_path = args.report or (Path(args.json) if args.json not in (None, "-") else None)
     if report_path:
-        check_output_path(report_path, [args.model, output], "report")
+        from trt_bridge.convert import input_files
+
+        probe = ConvertOptions(calib_data=args.calib_data, scale_files=files, qat=args.qat)
+        check_output_path(report_path, [args.model, output, output.with_name(output.name + ".data"),
+                                        *input_files(args.model, probe), data_path(args.eval_data)], "report")
     options = ConvertOptions(
         calib_data=args.calib_data, calib_random=args.calib_random,
         calib_method=CalibMethod(args.calib_method), percentile=args.percentile,

@@ -27,6 +27,9 @@ def add_parser(sub) -> None:
     p.add_argument("--model", action="append", default=[], metavar="NAME", help="run only this model (repeatable)")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",
                    help="write the summary as JSON to FILE, or to stdout without FILE")
+    p.add_argument("--output", type=Path, metavar="DIR",
+                   help="write the artifacts to DIR instead of the manifest's output (which must lie inside the "
+                        "manifest's folder; DIR may be anywhere)")
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines; the verdict only")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     p.set_defaults(run=run)
@@ -40,8 +43,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"[{step.status.value:>7}] {step.model} {step.label}: {step.message}", file=sys.stderr, flush=True)
 
     from trt_bridge.cli.common import check_output_path, emit_report
+    from trt_bridge.pipeline.manifest import load_manifest
 
-    check_output_path(args.json, [args.manifest], "summary")
-    report = run_pipeline(args.manifest, PipelineOptions(tuple(args.model), None if args.quiet else progress))
+    manifest = load_manifest(args.manifest, args.output)  # checked before anything is written
+    reads = [args.manifest] + [p for m in manifest.models for p in (m.source, m.reference, m.calib_data, m.eval_data)]
+    check_output_path(args.json, reads, "summary")
+    report = run_pipeline(args.manifest, PipelineOptions(tuple(args.model), None if args.quiet else progress,
+                                                         args.output))
     emit_report(args.json, report.to_json(), report.summary().splitlines()[0] if args.quiet else report.summary())
     return EXIT_OK if report.passed else EXIT_FAIL

@@ -55,11 +55,12 @@ def run(args: argparse.Namespace) -> int:
         write_fixed_point(rows, args.output)
         what = f"{len(rows)} requantization(s)"
     else:
-        from trt_bridge.scales.formats import scales_of_model, write_json, write_trt_cache
+        from trt_bridge.scales.formats import scales_of_model, uncentered, write_json, write_trt_cache
 
         table = scales_of_model(model, source=f"model:{args.model.name}")
         if not len(table):
             raise TrtBridgeError(f"{args.model}: no QuantizeLinear/DequantizeLinear scales; is it a converted model?")
+        table, _ = uncentered(table, model)  # re-centred tensors: the original tensor's range, as readers expect
         if args.format == "trt-cache":
             write_trt_cache(table, args.output)
             what = f"{len(table.activations())} activation scale(s)"

@@ -73,11 +73,14 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("top_k", "layer_batch", "layer_feeds"):
         if getattr(args, flag) < 1:
             raise TrtBridgeError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    from trt_bridge.cli.common import check_output_path, emit_report
+    from trt_bridge.cli.common import check_output_path, data_path, emit_report
 
-    for target, what in ((args.json, "report"), (args.html, "HTML report"), (args.save_outputs, "outputs file"),
-                         (args.save_inputs, "inputs file")):
-        check_output_path(target, [args.reference, args.candidate, args.engine], what)
+    targets = ((args.json, "report"), (args.html, "HTML report"), (args.save_outputs, "outputs file"),
+               (args.save_inputs, "inputs file"))
+    reads = [args.reference, args.candidate, args.engine, data_path(args.data), args.load_outputs, args.load_inputs]
+    for i, (target, what) in enumerate(targets):
+        others = [t for j, (t, _) in enumerate(targets) if j != i]
+        check_output_path(target, reads + others, what)
     options = VerifyOptions(
         data=args.data, random=args.random, seed=args.seed, engine=args.engine,
         gates=tuple(parse_gates(args.min_snr, args.min_cosine, args.max_abs)), top_k=args.top_k,

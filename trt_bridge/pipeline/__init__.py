@@ -94,6 +94,7 @@ class PipelineReport:
 class PipelineOptions:
     models: tuple[str, ...] = ()  # only these models (default: all)
     on_step: object = None  # called with each StepResult as it ends (the CLI prints a progress line)
+    output: Path | None = None  # the artifacts' folder (--output): wins over the manifest's
 
 
 def run_pipeline(manifest_path: str | Path, options: PipelineOptions = PipelineOptions()) -> PipelineReport:
@@ -101,7 +102,7 @@ def run_pipeline(manifest_path: str | Path, options: PipelineOptions = PipelineO
     from trt_bridge.model import write_text_atomic
 
     start = time.perf_counter()
-    manifest = load_manifest(manifest_path)
+    manifest = load_manifest(manifest_path, options.output)
     unknown = sorted(set(options.models) - {m.name for m in manifest.models})
     if unknown:
         raise TrtBridgeError(f"--model {unknown[0]}: the manifest has no such model; it has "
@@ -179,8 +180,10 @@ class _ModelRun:
         except TrtBridgeError as exc:
             status, message, details, artifacts = Status.ERROR, str(exc).splitlines()[0], {"error": str(exc)}, []
         except Exception as exc:  # noqa: BLE001 - one model's failure must not stop the others; recorded in full
-            log.exception("%s: %s failed unexpectedly", self.model.name, step)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            log.error("%s: %s failed unexpectedly (a bug in trt-bridge; -vv shows the traceback): %s: %s",
+                      self.model.name, step, type(exc).__name__, first)
+            log.debug("traceback", exc_info=True)
             status, message = Status.ERROR, f"{type(exc).__name__}: {first}"
             details, artifacts = {"error": repr(exc)}, []
         result = StepResult(self.model.name, target, step, status, time.perf_counter() - start, message, details,

@@ -19,7 +19,10 @@ targets:
   - name: this-gpu                 # this machine's GPU: build, then verify and bench the engine
     gpu: true
 ```
-Every key is checked; an unknown or ill-typed one is an error that names it.
+Every key is checked; an unknown or ill-typed one is an error that names it. Paths are relative to the
+manifest's folder; ``output`` must stay inside it (``trt-bridge pipeline --output DIR`` puts the artifacts
+elsewhere, explicitly) and must not be an existing file. YAML aliases may be used, but a manifest that expands
+to more than :data:`MAX_VALUES` values (an alias bomb) is refused.
 """
 
 from __future__ import annotations
@@ -36,6 +39,8 @@ BENCH_KEYS = {"iterations", "warmup", "duration", "provider", "threads"}
 MODEL_KEYS = {"name", "source", "reference", "calib_data", "calib_random", "eval_data", "eval_random", "convert",
               "shapes", "gates", "bench"}
 TARGET_KEYS = {"name", "compute_capabilities", "gpu"}
+#: the most values (mappings, lists, scalars, counted each time an alias repeats them) a manifest may expand to
+MAX_VALUES = 100_000
 
 
 class ManifestError(TrtBridgeError):
@@ -72,7 +77,9 @@ class Manifest:
     targets: tuple[Target, ...]
 
 
-def load_manifest(path: str | Path) -> Manifest:
+def load_manifest(path: str | Path, output: str | Path | None = None) -> Manifest:
+    """Read and check the manifest at ``path``. ``output``: the artifacts' folder given on the command line
+    (``--output``), which wins over the manifest's and may lie anywhere."""
     import yaml
 
     path = Path(path)
@@ -81,7 +88,10 @@ def load_manifest(path: str | Path) -> Manifest:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ManifestError(f"{path}: not valid YAML: {exc}") from exc
+        raise ManifestError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
+    except UnicodeDecodeError as exc:
+        raise ManifestError(f"{path}: not a text file ({exc.reason}); a manifest is UTF-8 YAML.") from exc
+    _check_expansion(data, path)
     where = str(path)
     data = _mapping(data, where, {"output", "defaults", "models", "targets"})
     base = path.parent
@@ -109,8 +119,45 @@ def load_manifest(path: str | Path) -> Manifest:
                for i, raw in enumerate(targets_data)]
     if len({t.name for t in targets}) != len(targets):
         raise ManifestError(f"{where}: target names must be unique.")
-    output = base / str(data.get("output") or f"{path.stem}-output")
-    return Manifest(path, output, tuple(models), tuple(targets))
+    return Manifest(path, _output(data.get("output"), path, output), tuple(models), tuple(targets))
+
+
+def _check_expansion(data, path: Path) -> None:
+    """Refuse a manifest whose aliases expand beyond :data:`MAX_VALUES` values (YAML's "billion laughs"): the
+    loader shares the repeated objects, but anything that walks or prints them would expand them."""
+    count, stack = 0, [data]
+    while stack:
+        value = stack.pop()
+        count += 1
+        if count > MAX_VALUES:
+            raise ManifestError(f"{path}: expands to more than {MAX_VALUES} values: YAML aliases (*name) repeat "
+                                "something too often (an alias bomb?). Write the manifest without nested aliases.")
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+
+
+def _output(value, path: Path, override) -> Path:
+    """The artifacts' folder: ``override`` (``--output``) as given, else the manifest's ``output`` inside the
+    manifest's folder (default ``<manifest name>-output``). An existing file is refused either way."""
+    base = path.parent
+    if override is not None:
+        output = Path(override)
+    else:
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise ManifestError(f"{path}: 'output' must be a folder name (a string), got {type(value).__name__}.")
+        output = base / (value or f"{path.stem}-output")
+        inside = base.resolve()
+        if output.resolve() != inside and inside not in output.resolve().parents:
+            raise ManifestError(f"{path}: output '{value}' is outside the manifest's folder {base}; the pipeline "
+                                "writes only below it. Give a folder inside it, or choose the folder explicitly with "
+                                "`trt-bridge pipeline --output DIR`.")
+    if output.exists() and not output.is_dir():
+        raise ManifestError(f"{path}: the output folder {output} is an existing file; the pipeline would write its "
+                            "artifacts into it. Name a folder.")
+    return output
 
 
 def _table(value, where: str) -> dict:
@@ -136,6 +183,10 @@ def _model(entry: dict, where: str, base: Path) -> ModelEntry:
         if not isinstance(entry.get(key), str) or not entry[key]:
             raise ManifestError(f"{where}: '{key}' is required (a string).")
     _check_name(entry["name"], where)
+    for key in ("reference", "calib_data", "eval_data"):
+        if entry.get(key) is not None and (not isinstance(entry[key], str) or not entry[key]):
+            raise ManifestError(f"{where}: '{key}' must be a path (a string), got {type(entry[key]).__name__} "
+                                f"{str(entry[key])[:40]}.")
     source = base / entry["source"]
     reference = base / entry["reference"] if entry.get("reference") else source
     for label, p in (("source", source), ("reference", reference)):
@@ -149,6 +200,7 @@ def _model(entry: dict, where: str, base: Path) -> ModelEntry:
     if calib_data is not None and entry.get("calib_random") is not None:
         raise ManifestError(f"{where}: give calib_data or calib_random, not both.")
     convert = _mapping(entry.get("convert") or {}, f"{where}: convert", CONVERT_KEYS)
+    _check_convert(convert, f"{where}: convert")
     gates = _mapping(entry.get("gates") or {}, f"{where}: gates", GATE_KEYS)
     for key, value in gates.items():
         values = value.values() if isinstance(value, dict) else [value]
@@ -164,6 +216,42 @@ def _model(entry: dict, where: str, base: Path) -> ModelEntry:
         shapes[name] = tuple(dims)
     return ModelEntry(entry["name"], source, reference, calib_data, entry.get("calib_random"), eval_data,
                       entry.get("eval_random"), dict(convert), shapes, dict(gates), dict(bench))
+
+
+def _check_convert(conf: dict, where: str) -> None:
+    """The convert options take what `trt-bridge convert`'s flags take."""
+    import math
+    import re
+
+    from trt_bridge.calibration.observers import CalibMethod
+
+    choices = {"calib_method": [m.value for m in CalibMethod], "placement": ["tensorrt", "preserve"],
+               "scales": ["model", "data"], "bf16": ["fp32", "fp16", "keep"]}
+    for key, allowed in choices.items():
+        if key in conf and conf[key] not in allowed:
+            raise ManifestError(f"{where}.{key}: {conf[key]!r} is not one of {', '.join(allowed)}.")
+
+    def number(key):
+        value = conf[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ManifestError(f"{where}.{key}: expected a number, got {value!r}.")
+        return value
+
+    if "percentile" in conf and not 0 < number("percentile") <= 100:
+        raise ManifestError(f"{where}.percentile: must be in (0, 100], got {conf['percentile']}.")
+    if conf.get("smooth") is not None and not 0 < number("smooth") < 1:
+        raise ManifestError(f"{where}.smooth: must be between 0 and 1 (exclusive), or null for off; got "
+                            f"{conf['smooth']}.")
+    if "recenter" in conf and not isinstance(conf["recenter"], bool):
+        raise ManifestError(f"{where}.recenter: expected true or false, got {conf['recenter']!r}.")
+    for key in ("include_ops", "exclude_ops", "exclude_nodes"):
+        if conf.get(key) is not None:
+            if not isinstance(conf[key], str):
+                raise ManifestError(f"{where}.{key}: expected a regular expression (a string), got {conf[key]!r}.")
+            try:
+                re.compile(conf[key])
+            except re.error as exc:
+                raise ManifestError(f"{where}.{key}: '{conf[key]}' is not a regular expression: {exc}.") from exc
 
 
 def _check_name(name: str, where: str) -> None:

@@ -51,7 +51,7 @@ import onnx
 from onnx import numpy_helper
 
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
-from trt_bridge.scales.table import QMAX, ScaleEntry, ScaleTable
+from trt_bridge.scales.table import FLOAT32_TINY, QMAX, ScaleEntry, ScaleTable
 
 log = logging.getLogger("trt_bridge.scales")
 
@@ -160,9 +160,10 @@ def _trt_cache(text: str, path: Path) -> ScaleTable:
             raise TrtBridgeError(f"{path}:{lineno}: '{line[:80]}' is not '<tensor name>: <8 hex digits>' "
                                  "(the float32 bits of the scale). Fix or remove the line.")
         scale = struct.unpack(">f", int(value, 16).to_bytes(4, "big"))[0]
-        if not math.isfinite(scale) or scale < 0:
+        if not math.isfinite(scale) or not scale >= FLOAT32_TINY:
             raise TrtBridgeError(f"{path}:{lineno}: tensor '{name}' has scale {scale} (bits {value}); "
-                                 "a scale must be finite and positive.")
+                                 "a scale must be finite and positive (float32's smallest normal or more). Fix or "
+                                 "remove the line.")
         if name in table:
             raise TrtBridgeError(f"{path}:{lineno}: tensor '{name}' is listed twice; keep one line.")
         table.add(ScaleEntry(name, scale * QMAX, None, "activation", source))  # exact in float64
@@ -214,6 +215,9 @@ def _json(text: str, path: Path):
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise TrtBridgeError(f"{path}:{exc.lineno}: not valid JSON ({exc.msg}, column {exc.colno}).") from exc
+    except RecursionError:
+        raise TrtBridgeError(f"{path}: JSON nested too deeply to be a scale table (a scale table is two objects "
+                             "deep).") from None
 
 
 _ENTRY_KEYS = frozenset({"amax", "axis", "kind", "source"})
@@ -409,6 +413,47 @@ def scales_of_model(model: onnx.ModelProto, source: str = "model") -> ScaleTable
             scale = qdq_scale(node, constants)
             put(_weight_entry(weight_name(x), node, scale, constants.rank(x), source), node)
     return table
+
+
+def uncentered(table: ScaleTable, model: onnx.ModelProto) -> tuple[ScaleTable, list[str]]:
+    """``table`` with each activation convert re-centred (``x ─ Sub(c) [─ Pad] ─ Q``) given back under the
+    network's own tensor ``x``, with the range that covers it, ``amax = |c| + amax_centred``
+    (= max(|lo|, |hi|) for a range [lo, hi] centred on c): the scale TensorRT ≤ 10, onnxruntime's TensorRT
+    provider and ``convert --scales`` expect for ``x``. Returns the table and the names given back.
+    A tensor with a scale of its own keeps the larger of the two."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    constants = Constants(model)
+    originals: dict[str, float] = {}
+    replaced = []
+    for name, entry in table.entries.items():
+        if entry.kind != "activation" or entry.per_channel:
+            continue
+        tensor = name
+        while tensor in producers and producers[tensor].op_type == "Pad":
+            tensor = producers[tensor].input[0]
+        node = producers.get(tensor)
+        if node is None or node.op_type != "Sub" or len(node.input) != 2 or node.input[1] not in constants:
+            continue
+        center = constants.array(node.input[1])
+        if center.size != 1:
+            continue
+        amax = abs(float(center.ravel()[0])) + float(entry.amax)
+        original = node.input[0]
+        originals[original] = max(originals.get(original, 0.0), amax)
+        replaced.append(name)
+    if not replaced:
+        return table, []
+    out = ScaleTable()
+    for name, entry in table.entries.items():
+        if name in replaced:
+            continue
+        if name in originals:
+            entry = ScaleEntry(name, max(float(entry.amax), originals.pop(name)), None, "activation", entry.source)
+        out.add(entry)
+    source = next(iter(table.entries.values())).source
+    for name, amax in originals.items():
+        out.add(ScaleEntry(name, amax, None, "activation", source))
+    return out, replaced
 
 
 def weight_name(int8_name: str) -> str:

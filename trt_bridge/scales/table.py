@@ -24,10 +24,12 @@ from trt_bridge.errors import TrtBridgeError
 QMAX = 127
 KINDS = ("activation", "weight")
 FLOAT32_MAX = 3.4028234663852886e38
+#: float32's smallest normal number: a smaller scale is subnormal or 0, which no Q/DQ should carry
+FLOAT32_TINY = 1.1754943508222875e-38
 
 
 def _as_amax(tensor: str, amax) -> float | tuple[float, ...]:
-    """``amax`` as a float or a tuple of floats, each finite and ≥ 0."""
+    """``amax`` as a float or a tuple of floats, each finite and positive (a normal float32 scale)."""
     if hasattr(amax, "tolist"):  # numpy scalars and arrays
         amax = amax.tolist()
     values = tuple(amax) if isinstance(amax, (list, tuple)) else (amax,)
@@ -37,9 +39,10 @@ def _as_amax(tensor: str, amax) -> float | tuple[float, ...]:
             raise TrtBridgeError(f"tensor '{tensor}': amax {v!r} is not a number. Give a positive float "
                                  "(or a list of floats for per-channel weights).")
         v = float(v)
-        if not math.isfinite(v) or v < 0:
-            raise TrtBridgeError(f"tensor '{tensor}': amax {v!r} is not a finite non-negative number; "
-                                 "a scale table needs amax ≥ 0 (scale = amax / 127).")
+        if not math.isfinite(v) or not v / QMAX >= FLOAT32_TINY:
+            raise TrtBridgeError(f"tensor '{tensor}': amax {v!r} is not a finite positive number; a scale must be "
+                                 f"finite and positive (amax / 127 ≥ {FLOAT32_TINY:.4g}, float32's smallest normal), "
+                                 "or TensorRT rejects it and quantization zeroes the tensor. Fix or remove the entry.")
         if v / QMAX > FLOAT32_MAX:
             raise TrtBridgeError(f"tensor '{tensor}': amax {v!r} gives a scale beyond float32's range; "
                                  "Q/DQ scales are float32.")
@@ -56,8 +59,8 @@ class ScaleEntry:
     """One tensor's quantization range.
 
     ``amax``: a float (per tensor) or a tuple (per channel along ``axis``; weights only:
-    TensorRT quantizes activations per tensor). ``amax == 0`` is allowed (a tensor that was
-    all zeros during calibration); consumers choose the smallest positive scale for it.
+    TensorRT quantizes activations per tensor). ``amax`` must give a finite, positive, normal
+    float32 scale: 0 (a tensor all zeros), subnormal, negative and non-finite values are refused.
     ``source``: provenance, ``"<format>:<file name>"`` for files (``"trt-cache:calib.cache"``,
     ``"json:scales.json"``, ``"ort-table:calibration.json"``, ``"modelopt:ckpt.npz"``,
     ``"qat:qat.onnx"``), ``"model"`` for a converted model's own scales.

@@ -92,11 +92,14 @@ class VerifyReport:
 
             loc = self.per_layer
             lines.append(f"  per layer: {len(loc.tensors)} tensors aligned, {len(loc.layers)} quantized layers, "
-                         f"{loc.batches} batch(es), {loc.feeds} feed(s); largest error added:")
+                         f"{loc.batches} batch(es), {loc.feeds} feed(s); largest error made on its own (and "
+                         "added along the graph):")
             for layer in loc.layers[:5]:
+                made = "makes no error" if layer.isolated_db is None else \
+                    f"makes error at {snr_text(layer.isolated_db)} dB SNR on its own"
                 added = "adds no error" if layer.added_db is None else \
                     f"adds error at {snr_text(layer.added_db)} dB SNR"
-                lines.append(f"    {layer.op} '{layer.node}': {added} "
+                lines.append(f"    {layer.op} '{layer.node}': {made}; {added} "
                              f"(input {snr_text(layer.snr_in_db)} dB → output {snr_text(layer.snr_out_db)} dB)")
             suggestion = loc.exclude_nodes()
             lines.append(f"  keep in higher precision: convert --exclude-nodes {shlex.quote(suggestion)}" if suggestion

@@ -98,10 +98,12 @@ def render(report) -> str:
     ]
     loc = report.per_layer
     if loc is not None:
-        parts.append("<h2>Quantized layers by the error they add</h2><table id=layers><tr><th>node</th><th>op</th>"
-                     "<th>SNR in (dB)</th><th>SNR out (dB)</th><th>error added (SNR, dB)</th></tr>")
+        parts.append("<h2>Quantized layers by the error they make (on their own, then added)</h2><table id=layers>"
+                     "<tr><th>node</th><th>op</th><th>error made on its own (SNR, dB)</th><th>SNR in (dB)</th>"
+                     "<th>SNR out (dB)</th><th>error added (SNR, dB)</th></tr>")
         for layer in loc.layers[:25]:
             parts.append(f"<tr><td class=name>{esc(layer.node)}</td><td class=name>{esc(layer.op)}</td>"
+                         f"<td>{'none' if layer.isolated_db is None else snr_text(layer.isolated_db)}</td>"
                          f"<td>{snr_text(layer.snr_in_db)}</td><td>{snr_text(layer.snr_out_db)}</td>"
                          f"<td>{'none' if layer.added_db is None else snr_text(layer.added_db)}</td></tr>")
         parts.append("</table>")

@@ -15,7 +15,12 @@ through re-centring to the tensor both models have), its output SNR that of what
 error it adds is the difference of the two noise-to-signal ratios, expressed as an SNR:
 ``added = −10·log10(1/snr_out − 1/snr_in)`` (linear ratios): a layer whose input is exact adds
 all of its output's error, and a layer given a bad scale adds far more than its neighbours.
-Layers are ranked by that added SNR, lowest (worst) first.
+
+The added error credits a layer downstream that amplifies an error it inherits (a head convolution after
+a broken ``Concat`` scale "adds" a lot of error it did not make). So each layer is also measured on its
+own (:func:`isolated_errors`: its output against a copy of it that reads its activations before their
+Q/DQ), and layers are ranked by that isolated SNR first, lowest (worst) first, then by the added one: the
+quantization point that is broken is named first. Both are reported.
 """
 
 from __future__ import annotations
@@ -57,13 +62,14 @@ class LayerError:
     snr_out_db: float | None
     drop_db: float | None  # snr_in − snr_out (None when the input is exact)
     added_db: float | None  # the SNR of the error this layer adds (None: it adds none)
+    isolated_db: float | None = None  # the SNR of the error it makes on its own (None: none; see isolated_errors)
 
 
 @dataclass
 class Localization:
     tensors: list[TensorSnr]
-    layers: list[LayerError]  # ranked, largest drop first
-    suggestion: list[str]  # node names to keep in higher precision: the layers adding the most error
+    layers: list[LayerError]  # ranked: the largest error made on its own first, then the largest added
+    suggestion: list[str]  # node names to keep in higher precision: the layers making the most error
     batches: int
     feeds: int
     reference_lifted: bool = False  # the reference was quantized: layers are measured against its lifted form
@@ -140,6 +146,7 @@ def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str,
                         accumulators[name].add(feed[name], feed[name])
     # None: exact; a NaN tensor counts as the worst possible (-inf)
     snr = {name: _exact_or_worst(acc.snr_db()) for name, acc in accumulators.items() if acc.count}
+    isolated = isolated_errors(cand_model, feeds, batch)
     tensors = [TensorSnr(name, node.name, node.op_type, index, snr[name]) for name, node, index in order
                if name in snr]
     layers = []
@@ -160,13 +167,22 @@ def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str,
         snr_out = snr[out]
         drop = None if snr_in is None or snr_out is None else snr_in - snr_out
         layers.append(LayerError(node.name, node.op_type, index, out, position.get(out, index),
-                                 tuple(a for a in sources if a), snr_in, snr_out, drop, _added(snr_in, snr_out)))
-    layers.sort(key=lambda layer: (math.inf if layer.added_db is None else layer.added_db, layer.index))
+                                 tuple(a for a in sources if a), snr_in, snr_out, drop, _added(snr_in, snr_out),
+                                 isolated.get(node.name)))
+    layers.sort(key=_rank)
     # the worst layer, and those within SUGGEST_WITHIN_DB of it: the ones that cost the accuracy
-    worst = layers[0].added_db if layers else None
+    worst = _rank(layers[0])[:2] if layers else None
     suggestion = [layer.node for layer in layers[:top]
-                  if layer.added_db is not None and layer.added_db <= worst + SUGGEST_WITHIN_DB]
+                  if _rank(layer)[0] == worst[0] and _rank(layer)[1] <= worst[1] + SUGGEST_WITHIN_DB]
     return Localization(tensors, layers, suggestion, len(batches), len(feeds), lifted)
+
+
+def _rank(layer: LayerError) -> tuple:
+    """The sort key: the layers measured on their own first, worst isolated SNR first; then by added error
+    (a layer without an isolated measure, e.g. no activation of its own, ranks after them)."""
+    if layer.isolated_db is not None:
+        return (0, layer.isolated_db, math.inf if layer.added_db is None else layer.added_db, layer.index)
+    return (1, math.inf if layer.added_db is None else layer.added_db, math.inf, layer.index)
 
 
 def _float_typed(name: str, types: dict[str, int]) -> bool:
@@ -271,7 +287,7 @@ def isolated_errors(candidate: str | Path | onnx.ModelProto, feeds: list[dict[st
         chunk = layers[start:start + step]
         work = onnx.ModelProto()
         work.CopyFrom(model)
-        fetch = []
+        fetch, casts = [], set()
         for node, _ in chunk:
             inputs = []
             for name in node.input:
@@ -282,8 +298,10 @@ def isolated_errors(candidate: str | Path | onnx.ModelProto, feeds: list[dict[st
                     continue
                 source = q.input[0]
                 if types.get(source) != types.get(name) and types.get(name):  # a float32 layer of a bf16 graph
-                    work.graph.node.append(onnx.helper.make_node("Cast", [source], [f"{source}__as_{name}"],
-                                                                 name=f"{source}__as_{name}", to=types[name]))
+                    if f"{source}__as_{name}" not in casts:  # one Cast per tensor, however many layers read it
+                        casts.add(f"{source}__as_{name}")
+                        work.graph.node.append(onnx.helper.make_node("Cast", [source], [f"{source}__as_{name}"],
+                                                                     name=f"{source}__as_{name}", to=types[name]))
                     source = f"{source}__as_{name}"
                 inputs.append(source)
             copy = onnx.helper.make_node(node.op_type, inputs, [f"{o}__unquantized" for o in node.output],
