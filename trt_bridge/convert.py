@@ -94,6 +94,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
 
     check_source_scales(model, model_path)
     check_source_weights(model, model_path)
+    source_nonfinite = nonfinite_count(model)  # -inf attention masks are fine; new ones are overflows
     source_opset = default_opset(model)
     inputs = feed_types(model_inputs(model), options.bf16)
     # Open (and check) the calibration source before any work, so a bad path fails fast.
@@ -110,7 +111,6 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     lifted, ctx = lift_model(model, model_path, options.bf16, declared)
     del model
     release_memory()
-    lifted_nonfinite = nonfinite_count(lifted)  # -inf attention masks are fine; new ones are overflows
     graph = gs.import_onnx(lifted)  # keeps referring to lifted's weights: no copy
     scales = options.scales or (ScalePolicy.DATA if options.calib_data is not None else ScalePolicy.MODEL)
     if scales is ScalePolicy.DATA:
@@ -188,7 +188,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         out_model = _finalize(out_model, default_opset(out_model), check=True, min_opset=19)
     seconds["lower"] = time.perf_counter() - t0
 
-    check_output_finite(out_model, lifted_nonfinite, model_path)
+    check_output_finite(out_model, source_nonfinite, model_path)
     t0 = time.perf_counter()
     written = save_model(out_model, output_path, protect=(model_path, *external_data_files(model_path)))
     if is_large(out_model):

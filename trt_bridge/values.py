@@ -141,7 +141,8 @@ def check_output_finite(model: onnx.ModelProto, source_nonfinite: int, where) ->
         raise UnsupportedPatternError(
             f"{where}: the converted model would hold {sum(found.values()) - source_nonfinite} non-finite constant "
             f"value(s) that the source does not (first in '{name}'): an overflow from an activation range near "
-            "float32's limit. Nothing is written. Check the calibration data for huge values.")
+            "float32's limit, or a bias dequantized with a source scale of Inf. Nothing is written. Check the "
+            "calibration data for huge values and the source's scales.")
 
 
 def nonfinite_count(model: onnx.ModelProto) -> int:
