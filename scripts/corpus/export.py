@@ -123,8 +123,10 @@ def architectures(tiny: bool = False):
         "vit": vision(tf.ViTModel, tf.ViTConfig, image_size=64, patch_size=8, **small),
         "resnet": vision(tf.ResNetForImageClassification, tf.ResNetConfig, output="logits",
                          embedding_size=32, hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 1, 1]),
+        # transformers' default initializer_range (0.02) collapses a random MobileNetV2's activations through
+        # its ReLU6 blocks (logits ~1e-24, every SNR noise); 0.2 gives logits of std ~2
         "mobilenetv2": vision(tf.MobileNetV2ForImageClassification, tf.MobileNetV2Config, output="logits",
-                              image_size=64, depth_multiplier=0.5),
+                              image_size=64, depth_multiplier=0.5, initializer_range=0.2),
         "convnext": vision(tf.ConvNextForImageClassification, tf.ConvNextConfig, output="logits",
                            hidden_sizes=[32, 64, 128, 256], depths=[1, 1, 2, 1]),
         "segformer": vision(tf.SegformerForSemanticSegmentation, tf.SegformerConfig, output="logits",

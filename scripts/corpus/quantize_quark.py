@@ -126,7 +126,8 @@ def main() -> int:
     elif args.out is None:
         ap.error("OUT is required (or --tiny)")
     else:
-        float_dir, quantized = args.out / "float", args.out / "quantized"
+        out = args.out.resolve()  # quantize() changes the working directory
+        float_dir, quantized = out / "float", out / "quantized"
     floats = sorted(float_dir.glob("*.onnx"))
     if args.tiny:
         floats = [p for p in floats if p.stem in TINY]
