@@ -117,8 +117,11 @@ def measure(arch: str, column: str, source: Path, float_dir: Path, work: Path, r
     try:
         cell.snr = round(snr_db(reference, _outputs(out, held_out, simulate=True)), 2)
     except Exception as exc:  # still try TensorRT: onnxruntime's optimizer has failed where TensorRT builds
-        cell.error = f"onnxruntime: {str(exc).splitlines()[0][:300]}"
-    cell.parses = parse(out).ok
+        cell.error = f"onnxruntime: {_first_line(str(exc))[:300]}"
+    parsed = parse(out)
+    cell.parses = parsed.ok
+    if not cell.parses:
+        cell.error = f"TensorRT's parser: {'; '.join(parsed.errors) or 'rejects it'}"
     if cell.parses:
         try:
             build_engine(out)
@@ -126,6 +129,10 @@ def measure(arch: str, column: str, source: Path, float_dir: Path, work: Path, r
         except Exception as exc:
             cell.builds, cell.error = False, f"build: {exc}"
     return cell
+
+
+def _first_line(text: str | None) -> str:
+    return next(iter((text or "").splitlines()), "")
 
 
 def _mark(cell: Cell) -> str:
@@ -176,7 +183,7 @@ def markdown(cells: list[Cell]) -> str:
     failures = [c for c in cells if not (c.converted and c.builds)]
     if failures:
         lines += ["", "Cells that do not convert or build:", ""]
-        lines += [f"- {c.column} / {c.arch}: {(c.error or '').splitlines()[0][:300]}" for c in failures]
+        lines += [f"- {c.column} / {c.arch}: {_first_line(c.error)[:300]}" for c in failures]
     return "\n".join(lines) + "\n"
 
 
@@ -213,7 +220,7 @@ def main() -> int:
             cell = measure(arch, column, path, float_dir, Path(tmp), references[arch])
             cells.append(cell)
             print(f"{column:>24} {arch:<22} {_mark(cell)}"
-                  + (f"  {cell.error.splitlines()[0][:160]}" if cell.error else ""), flush=True)
+                  + (f"  {_first_line(cell.error)[:160]}" if cell.error else ""), flush=True)
     table = markdown(cells)
     print(table)
     if args.markdown:

@@ -254,7 +254,7 @@ def lift_graph(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
     import onnx_graphsurgeon as gs
 
     from trt_bridge.lift import leftover_blockers, lift
-    from trt_bridge.sanitize import sanitize
+    from trt_bridge.sanitize import global_pool, sanitize
 
     changes = prepare(model, where, bf16, declared) if prepared is None else list(prepared)
     if changes:  # the casts' outputs need types and shapes for the passes below
@@ -262,6 +262,7 @@ def lift_graph(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
     graph = gs.import_onnx(model)
     changes += sanitize(graph)
     fold_constants(graph)
+    changes += global_pool.after_folding(graph)
     ctx = lift(graph)
     return Lifting(graph, ctx, changes, leftover_blockers(graph))
 

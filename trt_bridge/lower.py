@@ -25,7 +25,7 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from trt_bridge.annotations import Annotations, ScaleSource, WeightSpec
-from trt_bridge.calibration.observers import QMAX
+from trt_bridge.calibration.observers import FLOAT32_TINY, QMAX
 from trt_bridge.errors import InternalError, UnsupportedPatternError
 from trt_bridge.lift.base import NameAllocator
 from trt_bridge.values import check_finite_weight
@@ -49,7 +49,9 @@ def quantize_weight(values: np.ndarray, axis: int, ftype=np.float32) -> tuple[np
     dequantizing gives back what was quantized."""
     reduce_axes = tuple(i for i in range(values.ndim) if i != axis)
     amax = np.abs(values.astype(np.float64)).max(axis=reduce_axes)
-    scale = representable_scale(np.where(amax > 0, amax / QMAX, 1.0 / QMAX), ftype)
+    # an all-zero channel takes 1/127 (any scale is exact); one too small for a normal float32 scale the smallest
+    # normal (TensorRT takes no subnormal scale; such weights are zero to float32 arithmetic anyway)
+    scale = representable_scale(np.where(amax > 0, np.maximum(amax / QMAX, FLOAT32_TINY), 1.0 / QMAX), ftype)
     shape = [1] * values.ndim
     shape[axis] = -1
     q = np.clip(np.rint(values.astype(np.float64) / scale.astype(np.float64).reshape(shape)), -QMAX, QMAX)

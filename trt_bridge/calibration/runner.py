@@ -11,7 +11,7 @@ import numpy as np
 import onnx
 
 from trt_bridge.calibration.feeds import FeedSource
-from trt_bridge.calibration.observers import QMAX, CalibMethod, RangeObserver
+from trt_bridge.calibration.observers import FLOAT32_TINY, QMAX, CalibMethod, RangeObserver
 from trt_bridge.errors import CalibrationDataError, MissingDependencyError
 from trt_bridge.model import serialize_for_session
 from trt_bridge.runtime import create_session
@@ -31,9 +31,12 @@ class CalibrationResult:
         return self.observers[tensor].amax(center)
 
     def scale(self, tensor: str, center: float = 0.0) -> float:
-        """Symmetric int8 scale; a tensor that was all zeros gets scale 1/127 (any positive scale is exact)."""
+        """Symmetric int8 scale; a tensor that was all zeros gets scale 1/127 (any positive scale is exact), and
+        one whose range is so small that amax/127 would be subnormal gets float32's smallest normal number (TensorRT
+        and onnx.checker take no subnormal scale; values that small are zero to every float32 layer after it: a
+        random-weight EfficientNet's projection output reached 7e-37)."""
         amax = self.amax(tensor, center)
-        return (amax if amax > 0 else 1.0) / QMAX
+        return max(amax / QMAX, FLOAT32_TINY) if amax > 0 else 1.0 / QMAX
 
 
 def _import_ort():

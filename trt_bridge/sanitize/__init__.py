@@ -21,6 +21,7 @@ import onnx_graphsurgeon as gs
 from trt_bridge.sanitize.cast_chain import FoldCastChains
 from trt_bridge.sanitize.change import Change
 from trt_bridge.sanitize.dropout import RemoveDropout
+from trt_bridge.sanitize.global_pool import GlobalAveragePool
 from trt_bridge.sanitize.identity import RemoveIdentity
 from trt_bridge.sanitize.ort_fused import DefuseOrtOps
 from trt_bridge.sanitize.qdq_domain import StandardQDQDomain
@@ -49,6 +50,8 @@ class SanitizePass(Protocol):
 #:   becomes an Identity, which RemoveIdentity then judges like any other.
 #: - FoldCastChains looks through Identity nodes itself, so it needs no pass before it
 #:   but RemoveDropout.
+#: - GlobalAveragePool writes an AveragePool whose window covers its whole input as the global op
+#:   (an exporter's idiom that TensorRT refuses for windows of 100,000 elements or more).
 #: - RemoveIdentity last: it collapses the Identity chains left by the exporter and by
 #:   the passes above, and decides alone how a graph output keeps its name.
 #: The type passes (``types.py``: bfloat16 rewriting, then a Cast wherever inputs contradict
@@ -59,6 +62,7 @@ SANITIZE_PASSES: tuple[SanitizePass, ...] = (
     DefuseOrtOps(),
     RemoveDropout(),
     FoldCastChains(),
+    GlobalAveragePool(),
     RemoveIdentity(),
 )
 
@@ -77,5 +81,5 @@ def sanitize(graph: gs.Graph, passes: tuple[SanitizePass, ...] = SANITIZE_PASSES
     return changes
 
 
-__all__ = ["SANITIZE_PASSES", "Change", "DefuseOrtOps", "FoldCastChains", "RemoveDropout", "RemoveIdentity",
-           "SanitizePass", "StandardQDQDomain", "sanitize"]
+__all__ = ["SANITIZE_PASSES", "Change", "DefuseOrtOps", "FoldCastChains", "GlobalAveragePool", "RemoveDropout",
+           "RemoveIdentity", "SanitizePass", "StandardQDQDomain", "sanitize"]
