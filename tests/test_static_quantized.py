@@ -298,3 +298,26 @@ def test_qlinear_where(tmp_path):
     step = 0.02 * 128 / 127
     assert max(float(np.abs(a - b).max()) for a, b in zip(_outputs(src, feeds, False), run_ort(out, feeds))) <= step
     assert_tensorrt_ready(out)
+
+
+def test_an_int32_bias_scale_below_float32s_normal_range_is_a_float_bias(tmp_path):
+    # an int32 bias's scale is x_scale · w_scale: onnxruntime's QDQ EfficientNet and MobileViT wrote 1e-41 and
+    # 5e-39 (subnormal); it is folded into a float bias, so the model converts (a NaN, zero or negative one is refused)
+    fpath = save(zoo_net(), tmp_path / "float.onnx")
+    calib = [{"x": f} for f in samples.image_feeds(32, 1, (1, 3, 16, 16))]
+    qpath = quantize_static(fpath, tmp_path / "static.onnx", calib, quant_format=QuantFormat.QDQ, per_channel=False,
+                            activation_type=QuantType.QInt8, weight_type=QuantType.QInt8)
+    model = onnx.load(str(qpath))
+    inits = {i.name: i for i in model.graph.initializer}
+    bias_dq = next(n for n in model.graph.node if n.op_type == "DequantizeLinear"
+                   and inits.get(n.input[0]) is not None and inits[n.input[0]].data_type == TensorProto.INT32)
+    inits[bias_dq.input[1]].CopyFrom(numpy_helper.from_array(np.array(1e-41, np.float32), bias_dq.input[1]))
+    edited = save(model, tmp_path / "edited.onnx")
+    out = tmp_path / "converted.onnx"
+    convert(edited, out, ConvertOptions(progress=False))
+    assert "DequantizeLinear" in op_types(out)
+    held_out = [{"x": f} for f in samples.image_feeds(8, 2, (1, 3, 16, 16))]
+    # what the edited source computes (its bias is now ~0), as onnxruntime runs it
+    assert snr_db(_outputs(edited, held_out, simulate=False), run_ort(out, held_out)) > 28.0  # measured 31.1
+    assert_qdq_contract(out)
+    assert_tensorrt_ready(out)
