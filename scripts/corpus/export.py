@@ -133,6 +133,18 @@ def architectures(tiny: bool = False):
                             hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], decoder_hidden_size=64),
         "yolos": vision(tf.YolosForObjectDetection, tf.YolosConfig, shape=(3, 64, 64), output="pred_boxes",
                         image_size=[64, 64], patch_size=8, num_detection_tokens=10, **small),
+        "deit": vision(tf.DeiTModel, tf.DeiTConfig, image_size=64, patch_size=8, **small),
+        "swin": vision(tf.SwinModel, tf.SwinConfig, image_size=64, patch_size=4, embed_dim=32, depths=[1, 1],
+                       num_heads=[2, 4], window_size=4),
+        "regnet": vision(tf.RegNetForImageClassification, tf.RegNetConfig, output="logits", embedding_size=16,
+                         hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], groups_width=8),
+        # as for MobileNetV2, the default initializer_range collapses these random nets' logits to 0
+        "efficientnet": vision(tf.EfficientNetForImageClassification, tf.EfficientNetConfig, output="logits",
+                               image_size=64, width_coefficient=0.25, depth_coefficient=0.3, hidden_dim=320,
+                               initializer_range=0.5),
+        "mobilevit": vision(tf.MobileViTForImageClassification, tf.MobileViTConfig, output="logits", image_size=64,
+                            hidden_sizes=[32, 48, 64], neck_hidden_sizes=[8, 16, 24, 24, 32, 48, 160],
+                            initializer_range=0.3),
     })
 
     def wav2vec2():
