@@ -121,3 +121,36 @@ def test_run_time_quantized_weights_and_outputs_out_of_dq(tmp_path, kind):
         snr = snr_db([e[i] for e in expected], [g[i] for g in got])
         assert snr > MEASURED[kind] - 3.0, f"{name}: {snr:.1f} dB"
     assert_tensorrt_ready(out)
+
+
+#               32.0 ─ Mul ─ Cast(int64) ─ Unsqueeze ─┐
+#   one = Q(1.0) ─ DQ ─┘                              │
+#   x ──────────────────────────────────────────────────────── Reshape(Concat([1, 16], ·)) ─ MatMul(W) ─ y
+def test_a_scalar_quantized_at_run_time_stays_a_scalar(tmp_path):
+    # AIMET quantizes the float scalars of MobileViT's shape arithmetic; a dequantized scalar that came back as
+    # [1] changed the rank of the Reshape shape built from it, and the converted model failed ONNX's checks
+    w = RNG.normal(0, 0.2, (32, 24)).astype(np.float32)
+    nodes = [helper.make_node("QuantizeLinear", ["half", "half_s", "half_z"], ["half_q"]),
+             helper.make_node("DequantizeLinear", ["half_q", "half_s", "half_z"], ["half_dq"]),
+             helper.make_node("Mul", ["n_f", "half_dq"], ["m"]),
+             helper.make_node("Cast", ["m"], ["m_i"], to=TensorProto.INT64),
+             helper.make_node("Unsqueeze", ["m_i", "axes"], ["m_1"]),
+             helper.make_node("Concat", ["lead", "m_1"], ["target"], axis=0),
+             helper.make_node("Reshape", ["x", "target"], ["r"]),
+             helper.make_node("MatMul", ["r", "w"], ["y"])]
+    inits = {"n_f": np.array(32.0, np.float32), "half": np.array(1.0, np.float32),
+             "half_s": np.array(1 / 127, np.float32), "half_z": np.array(0, np.int8), "axes": np.array([0], np.int64), "lead": np.array([1, 16], np.int64),
+             "w": w}
+    graph = helper.make_graph(nodes, "scalar", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 24])],
+                              [numpy_helper.from_array(v, k) for k, v in inits.items()])
+    src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "src.onnx")
+    np.savez(tmp_path / "calib.npz", x=np.stack([f["x"] for f in X]))
+    out = tmp_path / "out.onnx"
+    convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    assert {"Reshape", "MatMul", "QuantizeLinear"} <= op_types(out)
+    want = np.concatenate([session(src).run(None, f)[0].ravel() for f in X])
+    got = np.concatenate([session(out).run(None, f)[0].ravel() for f in X])
+    assert snr_db([want], [got]) > 35.0
+    assert_qdq_contract(out)
+    assert_tensorrt_ready(out)

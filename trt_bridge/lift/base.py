@@ -72,7 +72,9 @@ class LiftContext:
         """A float constant, shared between rules that derive the same values from the same source."""
         const = self.constants.get(key)
         if const is None:
-            const = gs.Constant(self.names(base), np.ascontiguousarray(values))
+            # (np.ascontiguousarray would make a 0-d array 1-d: a scalar must stay a scalar, or the Reshape
+            # shapes built from it change rank — AIMET quantizes MobileViT's shape arithmetic)
+            const = gs.Constant(self.names(base), np.ascontiguousarray(values).reshape(np.shape(values)))
             self.constants[key] = const
         return const
 
