@@ -264,6 +264,7 @@ def lift_graph(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
     fold_constants(graph)
     changes += global_pool.after_folding(graph)
     ctx = lift(graph)
+    changes += global_pool.after_folding(graph)  # where a quantizer's custom op (Quark's BFP) hid the shapes
     return Lifting(graph, ctx, changes, leftover_blockers(graph))
 
 

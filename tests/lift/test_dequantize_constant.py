@@ -139,8 +139,8 @@ def test_a_scalar_quantized_at_run_time_stays_a_scalar(tmp_path):
              helper.make_node("Reshape", ["x", "target"], ["r"]),
              helper.make_node("MatMul", ["r", "w"], ["y"])]
     inits = {"n_f": np.array(32.0, np.float32), "half": np.array(1.0, np.float32),
-             "half_s": np.array(1 / 127, np.float32), "half_z": np.array(0, np.int8), "axes": np.array([0], np.int64), "lead": np.array([1, 16], np.int64),
-             "w": w}
+             "half_s": np.array(1 / 127, np.float32), "half_z": np.array(0, np.int8), "axes": np.array([0], np.int64),
+             "lead": np.array([1, 16], np.int64), "w": w}
     graph = helper.make_graph(nodes, "scalar", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 32])],
                               [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 24])],
                               [numpy_helper.from_array(v, k) for k, v in inits.items()])

@@ -71,9 +71,11 @@ def after_folding(graph: gs.Graph) -> list[Change]:
     """The same rewrite once constants are folded: an exporter that computes its padding at run time (transformers'
     EfficientNet) leaves the pool's input shape unknown until the padding is a constant. Shapes are inferred again
     only where an AveragePool's input is not static, on the graph's skeleton (no weights copied to C++)."""
+    if not any(n.op == "AveragePool" for n in graph.nodes):
+        return []
     pools = [n for n in graph.nodes if n.op == "AveragePool" and _covers_input(n) in (UNKNOWN_RANK, UNKNOWN_DIMS)]
     if not pools:
-        return []
+        return GlobalAveragePool().apply(graph)
     from trt_bridge.model import infer_shapes
 
     inferred = infer_shapes(gs.export_onnx(graph, do_type_check=False))
