@@ -102,3 +102,13 @@ def test_calibration_feeds_are_checked_before_any_work(tmp_path, monkeypatch, dy
     monkeypatch.setattr(convert_module, "lift_model", must_not_run)
     with pytest.raises(CalibrationDataError, match=r"input 'x' expects shape \[N, 3, 32, 32\].*\[1, 3, 16, 16\]"):
         convert(dpath, tmp_path / "out.onnx", ConvertOptions(calib_data=str(tmp_path / "feeds"), progress=False))
+
+
+def test_a_tensor_no_node_produces_is_named_with_its_reader(tmp_path):
+    # Intel Neural Compressor's QOperator EfficientNet reads a DequantizeLinear output it never wrote; onnxruntime
+    # refuses it too. No ordering can fix it: the error names the node and the tensor, not "not sorted".
+    model = samples.conv_net()
+    model.graph.node[1].input[0] = "lost_DequantizeLinear"
+    path = save(model, tmp_path / "broken.onnx")
+    with pytest.raises(ModelLoadError, match=r"node '.+' \(\w+\) reads 'lost_DequantizeLinear', which no node"):
+        model_io.load_model(path)

@@ -249,12 +249,19 @@ def claim_ort_contrib_ops(model: onnx.ModelProto, path="model") -> list[str]:
 def sort_nodes(model: onnx.ModelProto, path="model") -> bool:
     """Put the main graph's nodes in topological order (in place), as onnx requires and onnxruntime does
     not: AMD Quark, for one, writes graphs out of order. Stable: nodes already in order keep it.
-    Returns whether anything moved; a cycle or a missing producer is left for onnx.checker to name."""
+    Returns whether anything moved; a cycle is left for onnx.checker to name, a tensor no one produces is
+    refused here with the node that reads it."""
     import heapq
 
     graph = model.graph
     done = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
     producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
+    known = done | set(producer) | {i.values.name for i in graph.sparse_initializer}
+    orphan = next(((n, x) for n in graph.node for x in n.input if x not in known), None)
+    if orphan is not None:  # no order can fix it (Intel Neural Compressor's QOperator EfficientNet)
+        raise ModelLoadError(f"{path}: node '{orphan[0].name}' ({orphan[0].op_type}) reads '{orphan[1]}', which no "
+                             "node, initializer or graph input produces, so onnxruntime refuses the model too: the "
+                             "tool that wrote it lost that tensor. Re-export or re-quantize the model.")
     needs = [{producer[x] for x in (*n.input, *_outer_names(n)) if x in producer and x not in done}
              for n in graph.node]
     if all(max(deps, default=-1) < i for i, deps in enumerate(needs)):
