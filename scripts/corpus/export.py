@@ -138,13 +138,11 @@ def architectures(tiny: bool = False):
                        num_heads=[2, 4], window_size=4),
         "regnet": vision(tf.RegNetForImageClassification, tf.RegNetConfig, output="logits", embedding_size=16,
                          hidden_sizes=[16, 32, 64, 128], depths=[1, 1, 1, 1], groups_width=8),
-        # as for MobileNetV2, the default initializer_range collapses these random nets' logits to 0
-        "efficientnet": vision(tf.EfficientNetForImageClassification, tf.EfficientNetConfig, output="logits",
-                               image_size=64, width_coefficient=0.25, depth_coefficient=0.3, hidden_dim=320,
-                               initializer_range=0.5),
-        "mobilevit": vision(tf.MobileViTForImageClassification, tf.MobileViTConfig, output="logits", image_size=64,
-                            hidden_sizes=[32, 48, 64], neck_hidden_sizes=[8, 16, 24, 24, 32, 48, 160],
-                            initializer_range=0.3),
+        # Not here: transformers' EfficientNet and MobileViT with random weights. At the default initializer_range
+        # their logits collapse to 0; at a larger one their activations span orders of magnitude from one input
+        # to the next (MobileViT's first transformer conv input: max 3.27 on a calibration input, 2.4e-6 on a
+        # held-out one), so no static scale and no SNR means anything. They found three conversion bugs all the
+        # same (tests/test_global_pool.py, tests/test_static_quantized.py, tests/lift/test_dequantize_constant.py).
     })
 
     def wav2vec2():
