@@ -44,6 +44,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
+from trt_bridge.samples import attention, gelu
+
 
 class ExternalWeights:
     """Initializers written to one external-data file as they are made (offsets aligned to 4 KiB)."""
@@ -115,34 +117,10 @@ def build(folder: Path, hidden: int, layers: int, vocab: int, seq: int, heads: i
     x = layer_norm("embeddings.ln", "emb.sum")
     for i in range(layers):
         p = f"layer{i}"
-        split = {}
-        for part in ("q", "k", "v"):
-            out = linear(f"{p}.attn.{part}", x, hidden, hidden)
-            nodes.append(helper.make_node("Reshape", [out, "heads_shape"], [f"{p}.{part}.h"], f"{p}/{part}/Reshape"))
-            perm = [0, 2, 3, 1] if part == "k" else [0, 2, 1, 3]
-            nodes.append(helper.make_node("Transpose", [f"{p}.{part}.h"], [f"{p}.{part}.t"], f"{p}/{part}/Transpose",
-                                          perm=perm))
-            split[part] = f"{p}.{part}.t"
-        nodes += [
-            helper.make_node("MatMul", [split["q"], split["k"]], [f"{p}.scores"], f"{p}/scores"),
-            helper.make_node("Div", [f"{p}.scores", "sqrt_d"], [f"{p}.scaled"], f"{p}/scale"),
-            helper.make_node("Softmax", [f"{p}.scaled"], [f"{p}.probs"], f"{p}/softmax", axis=-1),
-            helper.make_node("MatMul", [f"{p}.probs", split["v"]], [f"{p}.ctx"], f"{p}/context"),
-            helper.make_node("Transpose", [f"{p}.ctx"], [f"{p}.ctx.t"], f"{p}/ctx/Transpose", perm=[0, 2, 1, 3]),
-            helper.make_node("Reshape", [f"{p}.ctx.t", "merge_shape"], [f"{p}.ctx.m"], f"{p}/ctx/Reshape"),
-        ]
-        attn = linear(f"{p}.attn.out", f"{p}.ctx.m", hidden, hidden)
+        attn = attention(nodes, linear, p, x, hidden)
         nodes.append(helper.make_node("Add", [x, attn], [f"{p}.res1"], f"{p}/residual1"))
         ln1 = layer_norm(f"{p}.ln1", f"{p}.res1")
-        up = linear(f"{p}.ffn.up", ln1, hidden, ffn)
-        nodes += [  # exact Gelu: 0.5·x·(1 + erf(x/√2))
-            helper.make_node("Mul", [up, "inv_sqrt2"], [f"{p}.g0"], f"{p}/gelu/div"),
-            helper.make_node("Erf", [f"{p}.g0"], [f"{p}.g1"], f"{p}/gelu/erf"),
-            helper.make_node("Add", [f"{p}.g1", "one"], [f"{p}.g2"], f"{p}/gelu/add"),
-            helper.make_node("Mul", [up, f"{p}.g2"], [f"{p}.g3"], f"{p}/gelu/mul"),
-            helper.make_node("Mul", [f"{p}.g3", "half"], [f"{p}.gelu"], f"{p}/gelu/half"),
-        ]
-        down = linear(f"{p}.ffn.down", f"{p}.gelu", ffn, hidden)
+        down = linear(f"{p}.ffn.down", gelu(nodes, p, linear(f"{p}.ffn.up", ln1, hidden, ffn)), ffn, hidden)
         nodes.append(helper.make_node("Add", [ln1, down], [f"{p}.res2"], f"{p}/residual2"))
         x = layer_norm(f"{p}.ln2", f"{p}.res2")
     nodes.append(helper.make_node("Identity", [x], ["hidden_states"], "output"))

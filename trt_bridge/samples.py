@@ -58,6 +58,42 @@ def conv_net(seed: int = 0, channels: tuple[int, int] = (16, 32), classes: int =
     return _finish(graph)
 
 
+def attention(nodes: list, linear, p: str, x: str, hidden: int) -> str:
+    """Append multi-head self-attention over ``x`` to ``nodes`` (q, k, v projections made by ``linear``, split into
+    heads, scaled dot products, Softmax, merged, output projection); return its output's name. The graph provides
+    the constants ``heads_shape``, ``sqrt_d`` and ``merge_shape``. Shared with scripts/large_model.py."""
+    split = {}
+    for part in ("q", "k", "v"):
+        out = linear(f"{p}.attn.{part}", x, hidden, hidden)
+        nodes.append(helper.make_node("Reshape", [out, "heads_shape"], [f"{p}.{part}.h"], f"{p}/{part}/Reshape"))
+        perm = [0, 2, 3, 1] if part == "k" else [0, 2, 1, 3]
+        nodes.append(helper.make_node("Transpose", [f"{p}.{part}.h"], [f"{p}.{part}.t"], f"{p}/{part}/Transpose",
+                                      perm=perm))
+        split[part] = f"{p}.{part}.t"
+    nodes += [
+        helper.make_node("MatMul", [split["q"], split["k"]], [f"{p}.scores"], f"{p}/scores"),
+        helper.make_node("Div", [f"{p}.scores", "sqrt_d"], [f"{p}.scaled"], f"{p}/scale"),
+        helper.make_node("Softmax", [f"{p}.scaled"], [f"{p}.probs"], f"{p}/softmax", axis=-1),
+        helper.make_node("MatMul", [f"{p}.probs", split["v"]], [f"{p}.ctx"], f"{p}/context"),
+        helper.make_node("Transpose", [f"{p}.ctx"], [f"{p}.ctx.t"], f"{p}/ctx/Transpose", perm=[0, 2, 1, 3]),
+        helper.make_node("Reshape", [f"{p}.ctx.t", "merge_shape"], [f"{p}.ctx.m"], f"{p}/ctx/Reshape"),
+    ]
+    return linear(f"{p}.attn.out", f"{p}.ctx.m", hidden, hidden)
+
+
+def gelu(nodes: list, p: str, x: str) -> str:
+    """Append the exact Gelu, 0.5·x·(1 + erf(x/√2)), of ``x`` to ``nodes`` (constants ``inv_sqrt2``, ``one``,
+    ``half``); return its output's name."""
+    nodes += [
+        helper.make_node("Mul", [x, "inv_sqrt2"], [f"{p}.g0"], f"{p}/gelu/div"),
+        helper.make_node("Erf", [f"{p}.g0"], [f"{p}.g1"], f"{p}/gelu/erf"),
+        helper.make_node("Add", [f"{p}.g1", "one"], [f"{p}.g2"], f"{p}/gelu/add"),
+        helper.make_node("Mul", [x, f"{p}.g2"], [f"{p}.g3"], f"{p}/gelu/mul"),
+        helper.make_node("Mul", [f"{p}.g3", "half"], [f"{p}.gelu"], f"{p}/gelu/half"),
+    ]
+    return f"{p}.gelu"
+
+
 def transformer_block(seed: int = 0, hidden: int = 64, heads: int = 4, seq: int = 16, layers: int = 1,
                       ffn: int | None = None) -> onnx.ModelProto:
     """A pre-LayerNorm encoder, ``layers`` blocks deep::
@@ -99,34 +135,10 @@ def transformer_block(seed: int = 0, hidden: int = 64, heads: int = 4, seq: int 
     for i in range(layers):
         p = f"layer{i}"
         ln1 = layer_norm(f"{p}.ln1", x)
-        split = {}
-        for part in ("q", "k", "v"):
-            out = linear(f"{p}.attn.{part}", ln1, hidden, hidden)
-            nodes.append(helper.make_node("Reshape", [out, "heads_shape"], [f"{p}.{part}.h"], f"{p}/{part}/Reshape"))
-            perm = [0, 2, 3, 1] if part == "k" else [0, 2, 1, 3]
-            nodes.append(helper.make_node("Transpose", [f"{p}.{part}.h"], [f"{p}.{part}.t"], f"{p}/{part}/Transpose",
-                                          perm=perm))
-            split[part] = f"{p}.{part}.t"
-        nodes += [
-            helper.make_node("MatMul", [split["q"], split["k"]], [f"{p}.scores"], f"{p}/scores"),
-            helper.make_node("Div", [f"{p}.scores", "sqrt_d"], [f"{p}.scaled"], f"{p}/scale"),
-            helper.make_node("Softmax", [f"{p}.scaled"], [f"{p}.probs"], f"{p}/softmax", axis=-1),
-            helper.make_node("MatMul", [f"{p}.probs", split["v"]], [f"{p}.ctx"], f"{p}/context"),
-            helper.make_node("Transpose", [f"{p}.ctx"], [f"{p}.ctx.t"], f"{p}/ctx/Transpose", perm=[0, 2, 1, 3]),
-            helper.make_node("Reshape", [f"{p}.ctx.t", "merge_shape"], [f"{p}.ctx.m"], f"{p}/ctx/Reshape"),
-        ]
-        attn = linear(f"{p}.attn.out", f"{p}.ctx.m", hidden, hidden)
+        attn = attention(nodes, linear, p, ln1, hidden)
         nodes.append(helper.make_node("Add", [x, attn], [f"{p}.res1"], f"{p}/residual1"))
         ln2 = layer_norm(f"{p}.ln2", f"{p}.res1")
-        up = linear(f"{p}.ffn.up", ln2, hidden, ffn)
-        nodes += [  # exact Gelu: 0.5·x·(1 + erf(x/√2))
-            helper.make_node("Mul", [up, "inv_sqrt2"], [f"{p}.g0"], f"{p}/gelu/div"),
-            helper.make_node("Erf", [f"{p}.g0"], [f"{p}.g1"], f"{p}/gelu/erf"),
-            helper.make_node("Add", [f"{p}.g1", "one"], [f"{p}.g2"], f"{p}/gelu/add"),
-            helper.make_node("Mul", [up, f"{p}.g2"], [f"{p}.g3"], f"{p}/gelu/mul"),
-            helper.make_node("Mul", [f"{p}.g3", "half"], [f"{p}.gelu"], f"{p}/gelu/half"),
-        ]
-        down = linear(f"{p}.ffn.down", f"{p}.gelu", ffn, hidden)
+        down = linear(f"{p}.ffn.down", gelu(nodes, p, linear(f"{p}.ffn.up", ln2, hidden, ffn)), ffn, hidden)
         out = "y" if i == layers - 1 else f"{p}.out"
         nodes.append(helper.make_node("Add", [f"{p}.res1", down], [out], f"{p}/residual2"))
         x = out
