@@ -25,10 +25,10 @@ import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from trt_bridge.annotations import Annotations, ScaleSource, WeightSpec
-from trt_bridge.calibration.observers import FLOAT32_TINY, QMAX
+from trt_bridge.calibration.observers import QMAX
 from trt_bridge.errors import InternalError, UnsupportedPatternError
 from trt_bridge.lift.base import NameAllocator
-from trt_bridge.values import check_finite_weight
+from trt_bridge.values import FLOAT32_TINY, check_finite_weight
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,8 @@ from onnx import numpy_helper
 
 from trt_bridge.errors import UnsupportedPatternError
 
-#: float32's smallest normal number: a smaller scale is subnormal or 0
+#: float32's smallest normal number: no scale may be smaller (a subnormal or 0 scale is refused by TensorRT
+#: and onnx.checker); the one definition, for source checks, scale tables, calibration and lowering
 FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 #: (domain, op type) → the input indices that are quantization scales

@@ -21,8 +21,6 @@ import enum
 import numpy as np
 
 QMAX = 127
-#: float32's smallest normal number: no scale may be smaller (TensorRT and onnx.checker take no subnormal scale)
-FLOAT32_TINY = float(np.finfo(np.float32).tiny)
 
 
 class CalibMethod(str, enum.Enum):

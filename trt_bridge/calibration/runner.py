@@ -11,10 +11,11 @@ import numpy as np
 import onnx
 
 from trt_bridge.calibration.feeds import FeedSource
-from trt_bridge.calibration.observers import FLOAT32_TINY, QMAX, CalibMethod, RangeObserver
+from trt_bridge.calibration.observers import QMAX, CalibMethod, RangeObserver
 from trt_bridge.errors import CalibrationDataError, MissingDependencyError
 from trt_bridge.model import serialize_for_session
 from trt_bridge.runtime import create_session
+from trt_bridge.values import FLOAT32_TINY
 
 log = logging.getLogger("trt_bridge.calibration")
 

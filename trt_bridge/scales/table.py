@@ -19,13 +19,12 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.values import FLOAT32_TINY
 
 #: symmetric int8: amax maps to ±QMAX (same constant as trt_bridge.calibration.observers.QMAX)
 QMAX = 127
 KINDS = ("activation", "weight")
 FLOAT32_MAX = 3.4028234663852886e38
-#: float32's smallest normal number: a smaller scale is subnormal or 0, which no Q/DQ should carry
-FLOAT32_TINY = 1.1754943508222875e-38
 
 
 def _as_amax(tensor: str, amax) -> float | tuple[float, ...]:
