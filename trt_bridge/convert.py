@@ -359,12 +359,9 @@ def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, op
 
 def input_files(model_path: str | Path, options: ConvertOptions) -> list[Path]:
     """Every file a conversion reads besides the model itself: feeds, a loader script, scale files, a QAT file."""
-    paths = []
-    for spec in (options.calib_data, *options.scale_files, options.qat):
-        if spec is not None:
-            text = str(spec)
-            paths.append(Path(text.split(":", 1)[0] if ".py:" in text else text))
-    return paths
+    from trt_bridge.calibration.feeds import source_path
+
+    return [source_path(spec) for spec in (options.calib_data, *options.scale_files, options.qat) if spec is not None]
 
 
 def _check_not_an_input(output_path: Path, model_path: Path, options: ConvertOptions) -> None:

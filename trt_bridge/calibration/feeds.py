@@ -385,6 +385,14 @@ class RandomFeeds(FeedSource):
             yield f"random feed {i}", feed
 
 
+def source_path(spec) -> Path | None:
+    """The file or folder a calibration data spec names (``loader.py:fn`` names ``loader.py``); None for None."""
+    if spec is None:
+        return None
+    text = str(spec)
+    return Path(text.split(":", 1)[0] if ".py:" in text else text)
+
+
 def open_feeds(data: str | None, random_count: int | None, inputs: list[InputSpec], *,
                model: onnx.ModelProto | BroadcastChecker | None = None) -> FeedSource:
     """The feed source a user asked for with ``--calib-data`` or ``--calib-random``.
@@ -407,8 +415,7 @@ def _open_feeds(data: str | None, random_count: int | None, inputs: list[InputSp
         log.warning("calibrating on %d random feeds: scales from noise are poor; pass --calib-data "
                     "with real inputs for a usable model", random_count)
         return RandomFeeds(random_count, inputs)
-    path_part = data.split(":", 1)[0] if ".py:" in data else data
-    path = Path(path_part)
+    path = source_path(data)
     if path.suffix == ".py":
         return ScriptFeeds(data, inputs)
     if path.is_dir():

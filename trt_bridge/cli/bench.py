@@ -60,13 +60,14 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from trt_bridge.bench import BenchOptions, bench
     from trt_bridge.bench.inputs import parse_shapes
+    from trt_bridge.calibration.feeds import source_path
     from trt_bridge.cli import EXIT_OK
-    from trt_bridge.cli.common import check_output_path, data_path, emit_report
+    from trt_bridge.cli.common import check_output_path, emit_report
     from trt_bridge.model import write_text_atomic
 
     outputs = ((args.json, "JSON report"), (args.markdown, "markdown table"))
     for i, (target, what) in enumerate(outputs):
-        check_output_path(target, [*args.paths, data_path(args.data), outputs[1 - i][0]], what)
+        check_output_path(target, [*args.paths, source_path(args.data), outputs[1 - i][0]], what)
     options = BenchOptions(iterations=args.iterations, warmup=args.warmup, duration=args.duration,
                            shapes=parse_shapes(args.shapes), data=args.data, seed=args.seed, transfers=args.transfers,
                            cuda_graph=args.cuda_graph, provider=args.provider, threads=args.threads)

@@ -36,11 +36,12 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from trt_bridge.calibration.feeds import source_path
     from trt_bridge.checks import CheckOptions, TrtProbe, check_model
     from trt_bridge.cli import EXIT_FAIL, EXIT_OK
-    from trt_bridge.cli.common import check_output_path, data_path, emit_report
+    from trt_bridge.cli.common import check_output_path, emit_report
 
-    check_output_path(args.json, [args.model, data_path(args.data)], "report")
+    check_output_path(args.json, [args.model, source_path(args.data)], "report")
     report = check_model(args.model, CheckOptions(TrtProbe(args.trt), args.data))
     emit_report(args.json, report.to_json(), report.headline() if args.quiet else report.summary())
     return EXIT_OK if report.ready else EXIT_FAIL

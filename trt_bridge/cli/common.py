@@ -13,17 +13,6 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
                        help="write the report as JSON to FILE, or to stdout without FILE")
 
 
-def data_path(spec):
-    """The file or folder a ``--calib-data``/``--data``/``--eval-data`` value names (``loader.py:fn`` names
-    ``loader.py``); None for None."""
-    from pathlib import Path
-
-    if spec is None:
-        return None
-    text = str(spec)
-    return Path(text.split(":", 1)[0] if ".py:" in text else text)
-
-
 def check_output_path(path, protected, what: str) -> None:
     """Fail before any work if the file ``path`` (a report, an export, a model) would overwrite one of
     ``protected`` (every file the command reads: models, their external data, feeds, scale files, loader
@@ -31,7 +20,7 @@ def check_output_path(path, protected, what: str) -> None:
     from pathlib import Path
 
     from trt_bridge.errors import TrtBridgeError
-    from trt_bridge.model import check_writable, same_file
+    from trt_bridge.model import check_writable, external_data_files, same_file
 
     if path is None or str(path) == "-":
         return
@@ -39,13 +28,11 @@ def check_output_path(path, protected, what: str) -> None:
     for model in list(protected):  # a model's external data is as much an input as the model
         if str(model).endswith(".onnx") and Path(model).is_file():
             try:
-                from trt_bridge.model import external_data_files
-
                 protected += external_data_files(model)
             except Exception:  # noqa: BLE001 - an unreadable model fails later, with its own message
                 pass
     for other in protected:
-        if other is not None and str(other) != "-" and same_file(path, other):
+        if same_file(path, other):
             raise TrtBridgeError(f"the {what} {path} is also {other}, which this command reads or writes; it would "
                                  f"be overwritten. Choose another file name for the {what}.")
     check_writable(path, what)

@@ -124,7 +124,8 @@ def run(args: argparse.Namespace) -> int:
             except re.error as exc:
                 raise TrtBridgeError(f"--{flag.replace('_', '-')} '{pattern}' is not a regular expression: {exc}") \
                     from exc
-    from trt_bridge.cli.common import check_output_path, data_path
+    from trt_bridge.calibration.feeds import source_path
+    from trt_bridge.cli.common import check_output_path
 
     policies = [v for v in args.scales or [] if v in ("model", "data")]
     files = tuple(v for v in args.scales or [] if v not in ("model", "data"))
@@ -141,7 +142,7 @@ def run(args: argparse.Namespace) -> int:
 
         probe = ConvertOptions(calib_data=args.calib_data, scale_files=files, qat=args.qat)
         check_output_path(report_path, [args.model, output, output.with_name(output.name + ".data"),
-                                        *input_files(args.model, probe), data_path(args.eval_data)], "report")
+                                        *input_files(args.model, probe), source_path(args.eval_data)], "report")
     options = ConvertOptions(
         calib_data=args.calib_data, calib_random=args.calib_random,
         calib_method=CalibMethod(args.calib_method), percentile=args.percentile,

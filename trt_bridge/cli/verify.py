@@ -73,11 +73,12 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("top_k", "layer_batch", "layer_feeds"):
         if getattr(args, flag) < 1:
             raise TrtBridgeError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    from trt_bridge.cli.common import check_output_path, data_path, emit_report
+    from trt_bridge.calibration.feeds import source_path
+    from trt_bridge.cli.common import check_output_path, emit_report
 
     targets = ((args.json, "report"), (args.html, "HTML report"), (args.save_outputs, "outputs file"),
                (args.save_inputs, "inputs file"))
-    reads = [args.reference, args.candidate, args.engine, data_path(args.data), args.load_outputs, args.load_inputs]
+    reads = [args.reference, args.candidate, args.engine, source_path(args.data), args.load_outputs, args.load_inputs]
     for i, (target, what) in enumerate(targets):
         others = [t for j, (t, _) in enumerate(targets) if j != i]
         check_output_path(target, reads + others, what)
