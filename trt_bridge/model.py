@@ -193,6 +193,18 @@ def declared_types(values) -> dict[str, int]:
             if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
 
 
+def constant_protos(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
+    """The main graph's constants by name: initializers and the values of ``Constant`` nodes, as the
+    TensorProtos the model holds (nothing is converted or copied)."""
+    protos = {t.name: t for t in model.graph.initializer}
+    for node in model.graph.node:
+        if node.op_type == "Constant" and node.domain in ("", "ai.onnx") and node.output:
+            for attr in node.attribute:
+                if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
+                    protos[node.output[0]] = attr.t
+    return protos
+
+
 def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool = False,
                    declared: dict[str, int] | None = None, repairs: list[str] | None = None) -> onnx.ModelProto:
     """Run ``onnx.checker`` and shape inference on ``model`` (in place); raise ModelLoadError.

@@ -14,6 +14,7 @@ import onnx
 from onnx import numpy_helper
 
 from trt_bridge.errors import UnsupportedPatternError
+from trt_bridge.model import constant_protos
 
 #: float32's smallest normal number: no scale may be smaller (a subnormal or 0 scale is refused by TensorRT
 #: and onnx.checker); the one definition, for source checks, scale tables, calibration and lowering
@@ -40,16 +41,6 @@ def _scale_inputs(node: onnx.NodeProto) -> list[str]:
     return [node.input[i] for i in SCALE_INPUTS.get((domain, node.op_type), ()) if i < len(node.input)]
 
 
-def _constants(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
-    constants = {t.name: t for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
-            for attr in node.attribute:
-                if attr.name == "value" and attr.type == onnx.AttributeProto.TENSOR:
-                    constants[node.output[0]] = attr.t
-    return constants
-
-
 def check_source_scales(model: onnx.ModelProto, where) -> None:
     """Refuse a source model with a constant quantization scale that is NaN, negative, or (per tensor) 0 or
     subnormal: a 0 would become a subnormal scale, a negative one its absolute value. An Inf scale is what
@@ -59,7 +50,7 @@ def check_source_scales(model: onnx.ModelProto, where) -> None:
     import logging
 
     log = logging.getLogger("trt_bridge.values")
-    constants = _constants(model)
+    constants = constant_protos(model)
     for node in model.graph.node:
         for name in _scale_inputs(node):
             tensor = constants.get(name)
@@ -97,7 +88,7 @@ def check_source_weights(model: onnx.ModelProto, where) -> None:
     """Refuse a source model whose weights (the constant inputs of Conv, Gemm, MatMul, an embedding Gather and
     normalizations) hold NaN or Inf: every output would be non-finite, and a NaN would quantize to int8 0.
     (Other constants may hold -Inf on purpose, as attention masks do.) One tensor at a time."""
-    constants = _constants(model)
+    constants = constant_protos(model)
     seen = set()
     for node in model.graph.node:
         if node.domain not in ("", "ai.onnx"):
@@ -130,7 +121,7 @@ def check_finite_weight(name: str, values: np.ndarray) -> None:
 def check_output_finite(model: onnx.ModelProto, source_nonfinite: int, where) -> None:
     """Refuse to write a converted model with a non-finite or non-positive Q/DQ scale, or with more non-finite
     constant values than its source had (an overflow made while converting: a bias folded from a huge range)."""
-    constants = _constants(model)
+    constants = constant_protos(model)
     for node in model.graph.node:
         for name in _scale_inputs(node):
             tensor = constants.get(name)
@@ -159,7 +150,7 @@ def nonfinite_count(model: onnx.ModelProto) -> int:
 def _nonfinite(model: onnx.ModelProto) -> dict[str, int]:
     """Constant name → its count of NaN/Inf values, for the float constants that hold any."""
     found = {}
-    for name, tensor in _constants(model).items():
+    for name, tensor in constant_protos(model).items():
         if tensor.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE) and \
                 tensor.data_location != onnx.TensorProto.EXTERNAL:
             values = numpy_helper.to_array(tensor)

@@ -51,6 +51,7 @@ import onnx
 from onnx import numpy_helper
 
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
+from trt_bridge.model import constant_protos
 from trt_bridge.scales.table import FLOAT32_TINY, QMAX, ScaleEntry, ScaleTable
 
 log = logging.getLogger("trt_bridge.scales")
@@ -500,12 +501,7 @@ class Constants:
     (weights are only asked for their type and rank, so their values are never copied)."""
 
     def __init__(self, model: onnx.ModelProto):
-        self._protos: dict[str, onnx.TensorProto] = {t.name: t for t in model.graph.initializer}
-        for node in model.graph.node:
-            if node.op_type == "Constant" and node.output:
-                value = next((a for a in node.attribute if a.name == "value"), None)
-                if value is not None:
-                    self._protos[node.output[0]] = value.t
+        self._protos: dict[str, onnx.TensorProto] = constant_protos(model)
 
     def __contains__(self, name: object) -> bool:
         return name in self._protos
