@@ -1,8 +1,10 @@
 """Append standard ONNX ops to a graph, for the rules that write a fused op back as the ops it stands for.
 
 Every node and tensor gets a fresh name under ``base``; constants take the float type of the
-computation (``dtype``); ops whose inputs moved from attributes to inputs across opsets (Unsqueeze,
-Split, ReduceSum, ReduceMean at 13 and 18) are written for the graph's opset.
+computation (``dtype``; float32 where it is unknown, and new tensors are then left untyped); ops
+whose inputs moved from attributes to inputs across opsets (Unsqueeze, Split, ReduceSum, ReduceMean
+at 13 and 18) are written for the graph's opset. The lift rules and the sanitize step for
+onnxruntime's fused ops (``sanitize/ort_fused.py``) build with it.
 """
 
 from __future__ import annotations
@@ -16,10 +18,10 @@ from trt_bridge.lift.base import NameAllocator
 class GraphBuilder:
     def __init__(self, graph: gs.Graph, names: NameAllocator, base: str, dtype=None):
         self.graph, self.names, self.base = graph, names, base
-        self.dtype = np.dtype(dtype) if dtype is not None else np.dtype(np.float32)
+        self.dtype = np.dtype(dtype) if dtype is not None else None
 
     def const(self, value, dtype=None) -> gs.Constant:
-        return gs.Constant(self.names(f"{self.base}/c"), np.array(value, dtype=dtype or self.dtype))
+        return gs.Constant(self.names(f"{self.base}/c"), np.array(value, dtype=dtype or self.dtype or np.float32))
 
     def ints(self, values: list[int]) -> gs.Constant:
         return gs.Constant(self.names(f"{self.base}/ints"), np.array(values, np.int64))
@@ -56,13 +58,14 @@ class GraphBuilder:
         return self.op(op, [x], {"axes": axes, "keepdims": keepdims}, out=out, dtype=dtype)
 
     def layer_norm(self, x: gs.Tensor, gamma: gs.Tensor, beta: gs.Tensor | None, eps: float,
-                   out: gs.Tensor | None = None) -> gs.Tensor:
-        """LayerNormalization over the last axis: the ONNX op at opset >= 17, its decomposition below."""
+                   out: gs.Tensor | None = None, axis: int = -1) -> gs.Tensor:
+        """LayerNormalization over ``axis`` (the last one unless told): the ONNX op at opset >= 17, its
+        decomposition below."""
         if self.graph.opset >= 17:
             inputs = [x, gamma] + ([beta] if beta is not None else [])
-            return self.op("LayerNormalization", inputs, {"axis": -1, "epsilon": eps}, out=out)
-        centred = self.op("Sub", [x, self.reduce("ReduceMean", x, [-1], 1, self.dtype)])
-        var = self.reduce("ReduceMean", self.op("Mul", [centred, centred]), [-1], 1, self.dtype)
+            return self.op("LayerNormalization", inputs, {"axis": axis, "epsilon": eps}, out=out)
+        centred = self.op("Sub", [x, self.reduce("ReduceMean", x, [axis], 1, self.dtype)])
+        var = self.reduce("ReduceMean", self.op("Mul", [centred, centred]), [axis], 1, self.dtype)
         normed = self.op("Div", [centred, self.op("Sqrt", [self.op("Add", [var, self.const(eps)])])])
         if beta is None:
             return self.op("Mul", [normed, gamma], out=out)

@@ -24,53 +24,22 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.lift.base import NameAllocator
+from trt_bridge.lift.graph_builder import GraphBuilder, present
 from trt_bridge.sanitize.change import Change
 
 MS = "com.microsoft"
 
 
-class _Builder:
-    """Appends float ops to the graph, each with a fresh name under ``base``."""
-
-    def __init__(self, graph: gs.Graph, names: NameAllocator, base: str, dtype):
-        self.graph, self.names, self.base, self.dtype = graph, names, base, dtype
-
-    def const(self, value: float) -> gs.Constant:
-        return gs.Constant(self.names(f"{self.base}/c"), np.array(value, dtype=self.dtype or np.float32))
-
-    def op(self, op: str, inputs: list, attrs: dict | None = None, out: gs.Tensor | None = None) -> gs.Tensor:
-        out = out if out is not None else gs.Variable(self.names(f"{self.base}/{op}_out"), dtype=self.dtype)
-        self.graph.nodes.append(gs.Node(op, self.names(f"{self.base}/{op}"), attrs or {}, inputs, [out]))
-        return out
-
-    def axes(self, values: list[int]) -> gs.Constant:
-        return gs.Constant(self.names(f"{self.base}/axes"), np.array(values, np.int64))
-
-    def reduce_mean(self, x: gs.Tensor, axis: int) -> gs.Tensor:
-        if self.graph.opset >= 18:
-            return self.op("ReduceMean", [x, self.axes([axis])], {"keepdims": 1})
-        return self.op("ReduceMean", [x], {"axes": [axis], "keepdims": 1})
+class _Builder(GraphBuilder):
+    """The lift rules' graph builder, with the normalizations and activations onnxruntime fuses."""
 
     def rms_norm(self, x: gs.Tensor, gamma: gs.Tensor, eps: float, axis: int, out=None) -> gs.Tensor:
-        mean_sq = self.reduce_mean(self.op("Mul", [x, x]), axis)
+        mean_sq = self.reduce("ReduceMean", self.op("Mul", [x, x]), [axis], 1, self.dtype)
         denom = self.op("Sqrt", [self.op("Add", [mean_sq, self.const(eps)])])
         return self.op("Mul", [self.op("Div", [x, denom]), gamma], out=out)
-
-    def layer_norm(self, x: gs.Tensor, gamma: gs.Tensor, beta: gs.Tensor | None, eps: float, axis: int,
-                   out=None) -> gs.Tensor:
-        if self.graph.opset >= 17:
-            inputs = [x, gamma] + ([beta] if beta is not None else [])
-            return self.op("LayerNormalization", inputs, {"axis": axis, "epsilon": eps}, out=out)
-        centred = self.op("Sub", [x, self.reduce_mean(x, axis)])
-        var = self.reduce_mean(self.op("Mul", [centred, centred]), axis)
-        normed = self.op("Div", [centred, self.op("Sqrt", [self.op("Add", [var, self.const(eps)])])])
-        if beta is None:
-            return self.op("Mul", [normed, gamma], out=out)
-        return self.op("Add", [self.op("Mul", [normed, gamma]), beta], out=out)
 
     def gelu(self, x: gs.Tensor, out=None) -> gs.Tensor:
         erf = self.op("Erf", [self.op("Div", [x, self.const(math.sqrt(2.0))])])
@@ -83,10 +52,6 @@ class _Builder:
         tanh = self.op("Tanh", [self.op("Mul", [inner, self.const(math.sqrt(2.0 / math.pi))])])
         half_x = self.op("Mul", [x, self.const(0.5)])
         return self.op("Mul", [half_x, self.op("Add", [tanh, self.const(1.0)])], out=out)
-
-
-def _present(node: gs.Node, i: int) -> gs.Tensor | None:
-    return node.inputs[i] if len(node.inputs) > i and node.inputs[i].name else None
 
 
 def _used(node: gs.Node, i: int, graph_outputs: set[str]) -> bool:
@@ -117,7 +82,7 @@ class DefuseOrtOps:
             return None  # normalized over several trailing axes: lifting names it
         if op.startswith("Skip") and (_used(node, 1, graph_outputs) or _used(node, 2, graph_outputs)):
             return None  # its mean / inverse deviation are read (training graphs): lifting names it
-        ins = [_present(node, i) for i in range(len(node.inputs))] + [None] * 5
+        ins = [present(node, i) for i in range(len(node.inputs))] + [None] * 5
         outs = list(node.outputs)
         x, out = ins[0], outs[0]
         b = _Builder(graph, names, node.name, x.dtype or out.dtype)
@@ -133,7 +98,7 @@ class DefuseOrtOps:
             if len(outs) > 3 and _used_tensor(outs[3], graph_outputs):
                 b.op("Identity", [total], out=outs[3])
             if op == "SkipLayerNormalization":
-                b.layer_norm(total, ins[2], ins[3], eps, -1, out=out)
+                b.layer_norm(total, ins[2], ins[3], eps, out=out)
                 return "SkipLayerNormalization → Add + LayerNormalization"
             b.rms_norm(total, ins[2], eps, -1, out=out)
             return "SkipSimplifiedLayerNormalization → Add + RMS normalization"
@@ -141,7 +106,7 @@ class DefuseOrtOps:
             b.rms_norm(x, ins[1], eps, axis, out=out)
             return "SimplifiedLayerNormalization → RMS normalization"
         if op == "LayerNormalization":
-            b.layer_norm(x, ins[1], ins[2], eps, axis, out=out)
+            b.layer_norm(x, ins[1], ins[2], eps, out=out, axis=axis)
             return "LayerNormalization (onnxruntime's, below opset 17) → its decomposition"
         if op == "BiasAdd":
             b.op("Add", [b.op("Add", [x, ins[1]]), ins[2]], out=out)
