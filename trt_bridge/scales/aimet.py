@@ -52,6 +52,7 @@ import numpy as np
 import onnx
 
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.lift.dequantize_gathered import DATA_MOVEMENT as MOVES
 from trt_bridge.scales.table import ScaleEntry, ScaleTable
 
 log = logging.getLogger("trt_bridge.scales")
@@ -59,13 +60,12 @@ log = logging.getLogger("trt_bridge.scales")
 SECTIONS = ("activation_encodings", "param_encodings")
 #: the ops whose weight AIMET quantizes per channel, and where that channel is (AIMET's own table)
 _WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
-#: ops that move or select values: their output lies on their input's grid, so it takes the input's
-#: encoding where the file has none (AIMET leaves them unquantized, and derives the same at export in 2.x)
 #: the provenance of those derived entries: calibration data, when given, measures such a tensor instead
 #: (AIMET ties RNN hidden-state ranges, so an input's range can be much wider than what the op passes on)
 DERIVED = "aimet-derived"
-DATA_MOVEMENT = frozenset({"Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Expand", "Slice",
-                           "Gather", "Split", "Tile", "DepthToSpace", "SpaceToDepth", "MaxPool", "Pad"})
+#: ops that move or select values: their output lies on their input's grid, so it takes the input's
+#: encoding where the file has none (AIMET leaves them unquantized, and derives the same at export in 2.x)
+DATA_MOVEMENT = MOVES | {"Split", "DepthToSpace", "SpaceToDepth", "MaxPool", "Pad"}
 
 
 def is_aimet(obj) -> bool:
