@@ -18,9 +18,9 @@ import onnx
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from trt_bridge import samples
-from trt_bridge.calibration.observers import CalibMethod
+from trt_bridge.calibrate.observers import CalibMethod
 from trt_bridge.convert import ConvertOptions, convert, snr_db
-from trt_bridge.runtime import session
+from trt_bridge.runtime.session import session
 
 
 def _run(path: Path, feeds: np.ndarray) -> np.ndarray:

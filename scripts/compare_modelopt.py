@@ -34,7 +34,7 @@ import onnx.version_converter
 
 from trt_bridge import samples
 from trt_bridge.convert import snr_db
-from trt_bridge.runtime import session
+from trt_bridge.runtime.session import session
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"
 

@@ -58,7 +58,7 @@ def _feeds(path: Path) -> list[dict]:
 
 
 def _outputs(model: Path, feeds: list[dict], simulate: bool) -> np.ndarray:
-    from trt_bridge.runtime import session
+    from trt_bridge.runtime.session import session
 
     sess = session(model, simulate_qdq=simulate)
     names = {i.name for i in sess.get_inputs()}

@@ -33,7 +33,7 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 
 from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert, snr_db
-from trt_bridge.runtime import session
+from trt_bridge.runtime.session import session
 from trt_bridge.tensorrt.build import build_engine, parse
 
 

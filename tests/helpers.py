@@ -25,7 +25,7 @@ def quantize_dynamic(float_path: Path, out_path: Path, **kwargs) -> Path:
 
 def run_ort(model: Path | onnx.ModelProto, feeds: list[dict[str, np.ndarray]]) -> list[np.ndarray]:
     """Run every feed; return the first output of each, in order."""
-    from trt_bridge.runtime import session
+    from trt_bridge.runtime.session import session
 
     sess = session(model)
     return [sess.run(None, feed)[0] for feed in feeds]
@@ -135,7 +135,7 @@ def corpus_feeds(path: Path) -> list[dict[str, np.ndarray]]:
 
 def corpus_outputs(model: Path, feeds: list[dict[str, np.ndarray]], simulate: bool) -> np.ndarray:
     """The first output over every feed, flattened; ``simulate``: Q/DQ as TensorRT computes it."""
-    from trt_bridge.runtime import session
+    from trt_bridge.runtime.session import session
 
     sess = session(model, simulate_qdq=simulate)
     names = {i.name for i in sess.get_inputs()}

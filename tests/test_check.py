@@ -25,7 +25,7 @@ from test_types import _mixed_add
 from trt_bridge import samples
 from trt_bridge.checks import CheckOptions, Severity, TrtProbe, check_model
 from trt_bridge.convert import ConvertOptions, convert
-from trt_bridge.runtime import session
+from trt_bridge.runtime.session import session
 
 STATIC = CheckOptions(TrtProbe.OFF)
 

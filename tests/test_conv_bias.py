@@ -18,7 +18,7 @@ from helpers import (
 from test_multi_output import _feeds, residual_net
 
 from trt_bridge.convert import ConvertOptions, convert, lift_model
-from trt_bridge.model import load_model
+from trt_bridge.ir.model import load_model
 
 
 #  x ─ ConvInteger ─ Cast ─ Mul(scales) ─ Add(bias [C]) ─ Relu ─ ConvInteger ... ─ Add(bias) ─┐

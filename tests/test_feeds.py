@@ -10,7 +10,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from trt_bridge.calibration.feeds import InputSpec, model_inputs, open_feeds, validate_feed
+from trt_bridge.calibrate.feeds import InputSpec, model_inputs, open_feeds, validate_feed
 from trt_bridge.errors import CalibrationDataError
 
 
@@ -345,7 +345,7 @@ def test_loader_that_yields_nothing(tmp_path):
 
 def test_random_feeds_count_shapes_determinism_and_warning(caplog):
     inputs = specs(batch="B", with_t=True, with_ids=True)
-    with caplog.at_level(logging.WARNING, logger="trt_bridge.calibration"):
+    with caplog.at_level(logging.WARNING, logger="trt_bridge.calibrate"):
         first = list(open_feeds(None, 4, inputs))
     assert len(first) == 4
     for feed in first:

@@ -9,11 +9,11 @@ import onnx_graphsurgeon as gs
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save, snr_db
 from onnx import TensorProto, helper
 
-from trt_bridge.calibration.observers import RangeObserver
-from trt_bridge.calibration.runner import CalibrationResult
+from trt_bridge.calibrate.observers import RangeObserver
+from trt_bridge.calibrate.session import CalibrationResult
 from trt_bridge.convert import ConvertOptions, convert
-from trt_bridge.sanitize.global_pool import GlobalAveragePool, after_folding
-from trt_bridge.values import FLOAT32_TINY
+from trt_bridge.ir.values import FLOAT32_TINY
+from trt_bridge.prepare.global_pool import GlobalAveragePool, after_folding
 
 
 #   x[1,8,H,W] ─ Conv(8→32, 1×1) ─ AveragePool(kernel k×k, strides k×k, ceil_mode=1) ─ Flatten ─ Gemm(32→24) ─ y

@@ -38,10 +38,10 @@ def _keep_log_levels():
     logging.getLogger("trt_bridge").setLevel(level)
 
 def test_a_large_model_converts_through_external_data(tmp_path, monkeypatch):
-    import trt_bridge.model
+    import trt_bridge.ir.model
 
     src = _script().build(tmp_path / "float", hidden=64, layers=2, vocab=1000, seq=16, heads=4)
-    monkeypatch.setattr(trt_bridge.model, "EXTERNAL_DATA_THRESHOLD", 100_000)  # the encoder has 660 KB
+    monkeypatch.setattr(trt_bridge.ir.model, "EXTERNAL_DATA_THRESHOLD", 100_000)  # the encoder has 660 KB
     rng = np.random.default_rng(1)
     np.savez(tmp_path / "calib.npz", input_ids=rng.integers(0, 1000, (8, 1, 16), np.int64))
     out = tmp_path / "int8" / "model.int8.onnx"
@@ -61,11 +61,11 @@ def test_a_large_model_converts_through_external_data(tmp_path, monkeypatch):
 
 
 def test_the_session_copy_leaves_the_model_whole(tmp_path, monkeypatch):
-    import trt_bridge.model
-    from trt_bridge.model import load_model, serialize_for_session
+    import trt_bridge.ir.model
+    from trt_bridge.ir.model import load_model, serialize_for_session
 
     src = _script().build(tmp_path / "float", hidden=64, layers=1, vocab=500, seq=8, heads=4)
-    monkeypatch.setattr(trt_bridge.model, "EXTERNAL_DATA_THRESHOLD", 100_000)
+    monkeypatch.setattr(trt_bridge.ir.model, "EXTERNAL_DATA_THRESHOLD", 100_000)
     model = load_model(src)
     before = {t.name: t.SerializeToString() for t in model.graph.initializer}
     path = serialize_for_session(model, str(tmp_path))

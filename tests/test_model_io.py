@@ -7,7 +7,7 @@ import onnx
 import pytest
 from helpers import assert_tensorrt_ready, quantize_dynamic, run_ort, save, snr_db
 
-import trt_bridge.model as model_io
+import trt_bridge.ir.model as model_io
 from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.errors import ModelLoadError, TrtBridgeError

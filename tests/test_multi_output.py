@@ -28,7 +28,7 @@ from onnxruntime.quantization import QuantFormat, QuantType
 
 from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert
-from trt_bridge.runtime import session
+from trt_bridge.runtime.session import session
 
 #: converted outputs against the float model; measured 36-44 dB (encoder), 35-40 dB (convs)
 MIN_SNR_DB = 30.0

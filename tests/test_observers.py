@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trt_bridge.calibration.observers import CalibMethod, RangeObserver
+from trt_bridge.calibrate.observers import CalibMethod, RangeObserver
 
 METHODS = [m.value for m in CalibMethod]
 HIST_METHODS = ["percentile", "entropy", "mse"]

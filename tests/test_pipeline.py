@@ -132,7 +132,7 @@ def test_the_example_manifest_is_valid():
 
 def test_junit_xml_holds_any_message():
     """Tool output can carry control characters, which XML 1.0 cannot: the report stays well-formed."""
-    from trt_bridge.pipeline import PipelineReport, Status, StepResult
+    from trt_bridge.manifest import PipelineReport, Status, StepResult
 
     step = StepResult("a", "t", "build", Status.ERROR, 1.0, "bad \x1b[31mred\x00 <&>", {"error": "trace \x01"})
     report = PipelineReport("m.yaml", "out", [step])
@@ -145,7 +145,7 @@ def test_junit_xml_holds_any_message():
 def test_manifest_output_stays_inside_unless_given_on_the_command_line(tmp_path):
     """Issue 16: a manifest's `output` may not leave its folder (`../`, an absolute path elsewhere); `--output DIR`
     chooses any folder explicitly. A YAML alias is fine while the manifest stays small."""
-    from trt_bridge.pipeline.manifest import ManifestError, load_manifest
+    from trt_bridge.manifest.schema import ManifestError, load_manifest
 
     folder = tmp_path / "m"
     folder.mkdir()

@@ -15,7 +15,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert
-from trt_bridge.placement import PlacementPolicy
+from trt_bridge.place.policies import PlacementPolicy
 
 
 #  x[1,16,8,8] ─ Conv1 ─ Relu ─ r1 ─┬─ Conv2 ─ c2 ─ Add ─ Relu ─ r2 ─┬─ Conv3 ─ c3 ─┐

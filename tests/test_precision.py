@@ -11,7 +11,7 @@ from helpers import assert_qdq_contract, assert_tensorrt_ready, save, snr_db
 
 from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert
-from trt_bridge.runtime import session
+from trt_bridge.runtime.session import session
 
 LOUD = 30000.0  # this block's residual stream then reaches ~1e5: float16 overflows without the range check
 
@@ -102,7 +102,7 @@ def test_check_reports_layer_precisions(block):
 
 def _casts_into_q(model: onnx.ModelProto) -> list[str]:
     """QuantizeLinear nodes that read a Cast to float32 of a lower-precision tensor (a Q left unfused)."""
-    from trt_bridge.model import value_types
+    from trt_bridge.ir.model import value_types
 
     types = {n: t.tensor_type.elem_type for n, t in value_types(model).items()}
     producer = {o: n for n in model.graph.node for o in n.output}
@@ -198,7 +198,7 @@ def test_bfloat16_emulation_rounds_like_tensorrt():
     import ml_dtypes
     from onnx import TensorProto, helper
 
-    from trt_bridge.precision import emulate_bfloat16
+    from trt_bridge.lower.precision import emulate_bfloat16
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((8, 8)).astype(np.float32)
@@ -231,7 +231,7 @@ def test_bfloat16_emulation_rounds_like_tensorrt():
 def test_bf16_conv_net_moves_to_opset_22(tmp_path):
     """Conv, pooling and most activations have bfloat16 only from ONNX opset 22: a CNN is upgraded to it (instead
     of keeping its convolutions in float32), and an op still without bfloat16 would be kept in float32."""
-    from trt_bridge.precision import _lacks_bfloat16
+    from trt_bridge.lower.precision import _lacks_bfloat16
 
     src = save(samples.conv_net(), tmp_path / "cn.onnx")
     np.savez(tmp_path / "calib.npz", x=samples.image_feeds(8, seed=1))
@@ -283,7 +283,7 @@ def test_recentred_relu_zero_stays_on_the_rounded_grid(tmp_path, hp):
 
 
 def model_type(model: onnx.ModelProto, tensor: str) -> int:
-    from trt_bridge.model import value_types
+    from trt_bridge.ir.model import value_types
 
     inits = {i.name: i.data_type for i in model.graph.initializer}
     return inits[tensor] if tensor in inits else value_types(model)[tensor].tensor_type.elem_type

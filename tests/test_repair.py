@@ -18,7 +18,7 @@ from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, quanti
 
 from trt_bridge.checks import CheckOptions, TrtProbe, check_model  # noqa: E402
 from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
-from trt_bridge.repair import dedupe_initializers, import_used_domains  # noqa: E402
+from trt_bridge.ir.repair import dedupe_initializers, import_used_domains  # noqa: E402
 
 RNG = np.random.default_rng(3)
 

@@ -17,8 +17,8 @@ import pytest
 from helpers import assert_tensorrt_ready, save
 from onnx import TensorProto, helper, numpy_helper
 
-from trt_bridge.sanitize import SANITIZE_PASSES, Change, sanitize
-from trt_bridge.sanitize.cast_chain import HOLDS_EVERY_VALUE_OF
+from trt_bridge.prepare import SANITIZE_PASSES, Change, sanitize
+from trt_bridge.prepare.cast_chain import HOLDS_EVERY_VALUE_OF
 
 F32, F16, BF16 = TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16
 
@@ -191,7 +191,7 @@ def test_dropout_with_a_used_mask(tmp_path):
 
 def test_dropout_with_a_used_mask_of_dynamic_shape_is_kept(caplog):
     model = dropout_mask_model(training=True, batch="N")
-    with caplog.at_level(logging.WARNING, logger="trt_bridge.sanitize"):
+    with caplog.at_level(logging.WARNING, logger="trt_bridge.prepare"):
         out, changes = _sanitized(model)
     assert changes == []
     assert _ops(out) == _ops(model)

@@ -17,7 +17,7 @@ from test_cli import cli
 
 from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.errors import TrtBridgeError
-from trt_bridge.runtime import session
+from trt_bridge.runtime.session import session
 from trt_bridge.scales.formats import read_scales
 
 RNG = np.random.default_rng(3)

@@ -15,7 +15,7 @@ from test_scales_qat import make_qat, renamed
 
 from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert
-from trt_bridge.runtime import session
+from trt_bridge.runtime.session import session
 from trt_bridge.scales.formats import read_json, read_trt_cache, scales_of_model, write_trt_cache
 from trt_bridge.scales.table import ScaleEntry, ScaleTable
 

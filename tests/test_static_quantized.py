@@ -28,8 +28,8 @@ from onnxruntime.quantization import QuantFormat, QuantType
 from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.lift.qdq_pair import covering_scale
-from trt_bridge.placement import PlacementPolicy
-from trt_bridge.runtime import session
+from trt_bridge.place.policies import PlacementPolicy
+from trt_bridge.runtime.session import session
 
 FLOAT_OPS = {"Conv", "Clip", "MaxPool", "Add", "LeakyRelu", "Concat", "Sigmoid", "Mul", "AveragePool",
              "GlobalAveragePool", "Flatten", "Gemm", "Softmax", "QuantizeLinear", "DequantizeLinear", "Sub", "Pad",

@@ -10,8 +10,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trt_bridge.convert import ConvertOptions, convert, prepare
 from trt_bridge.errors import UnsupportedPatternError
-from trt_bridge.runtime import session
-from trt_bridge.sanitize.types import Bf16Policy, agree_types, promote
+from trt_bridge.prepare.types import Bf16Policy, agree_types, promote
+from trt_bridge.runtime.session import session
 
 RNG = np.random.default_rng(0)
 W1 = (RNG.standard_normal((64, 64)) * 0.1).astype(np.float32)
@@ -93,7 +93,7 @@ def test_promotion_without_a_declared_type_reaches_the_graph_output(tmp_path):
     #  a:int8[2,4] ─ MatMulInteger(w) ─ acc:int32 ─┐
     #                             bias:f16[4] ─ Add ─ y ─ Relu ─ out:f16 (graph output)
     """
-    from trt_bridge.model import load_model
+    from trt_bridge.ir.model import load_model
 
     graph = helper.make_graph(
         [helper.make_node("MatMulInteger", ["a", "w"], ["acc"], "mmi"),
@@ -202,7 +202,7 @@ def test_bf16_model_is_rewritten_to_a_type_onnxruntime_runs(tmp_path, policy):
     import onnxruntime as ort
 
     with pytest.raises(Exception, match="NOT_IMPLEMENTED|Could not find an implementation"):
-        # onnxruntime's CPU provider has no bfloat16 MatMul (trt_bridge.runtime.session would emulate it)
+        # onnxruntime's CPU provider has no bfloat16 MatMul (trt_bridge.runtime.session.session would emulate it)
         ort.InferenceSession(bf16.SerializeToString(), providers=["CPUExecutionProvider"])
     emulated = [session(bf16).run(None, {"x": x})[0] for x in np.random.default_rng(9).standard_normal((2, 4, 64))
                 .astype(np.float32)]
@@ -253,7 +253,7 @@ def test_promotion_does_not_depend_on_input_order(tmp_path):
     #  x:f16[1,4] ─┐
     #  f:f32[1,4] ─ Concat ─ MatMul(W:f32[8,2]) ─ y:f32
     """
-    from trt_bridge.model import load_model
+    from trt_bridge.ir.model import load_model
 
     outs = []
     for order in (["x", "f"], ["f", "x"]):

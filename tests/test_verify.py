@@ -14,7 +14,7 @@ from test_cli import cli
 
 from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert
-from trt_bridge.runtime import session
+from trt_bridge.runtime.session import session
 from trt_bridge.verify import VerifyOptions, verify
 from trt_bridge.verify.gates import Gate
 

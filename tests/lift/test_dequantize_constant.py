@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, save, snr_db  # noqa: E402
 
 from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
-from trt_bridge.runtime import session  # noqa: E402
+from trt_bridge.runtime.session import session  # noqa: E402
 
 RNG = np.random.default_rng(11)
 X = [{"x": RNG.normal(size=(1, 16, 32)).astype(np.float32)} for _ in range(8)]

@@ -17,7 +17,7 @@ from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_or
 
 from trt_bridge.convert import ConvertOptions, convert, lift_model  # noqa: E402
 from trt_bridge.errors import UnsupportedPatternError  # noqa: E402
-from trt_bridge.model import load_model  # noqa: E402
+from trt_bridge.ir.model import load_model  # noqa: E402
 
 B, S, D, N = 2, 6, 16, 2
 RNG = np.random.default_rng(7)

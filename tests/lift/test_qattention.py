@@ -16,7 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, quantize_dynamic, run_ort, save, snr_db  # noqa: E402
 
 from trt_bridge.convert import ConvertOptions, convert, lift_model  # noqa: E402
-from trt_bridge.model import load_model  # noqa: E402
+from trt_bridge.ir.model import load_model  # noqa: E402
 
 B, S, D, N = 1, 8, 32, 4
 
@@ -70,7 +70,7 @@ def _with_static_input(qpath: Path, fmodel: onnx.ModelProto, calib: list[dict]) 
         h ─ QuantizeLinear(s, z) ─ h_q ─┐
                      s, z (constants) ──┴ QAttention
     """
-    from trt_bridge.runtime import session
+    from trt_bridge.runtime.session import session
 
     model = onnx.load(str(qpath))
     dql = next(n for n in model.graph.node if n.op_type == "DynamicQuantizeLinear"

@@ -22,7 +22,7 @@ from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_or
 
 from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError  # noqa: E402
-from trt_bridge.sanitize import sanitize  # noqa: E402
+from trt_bridge.prepare import sanitize  # noqa: E402
 
 RNG = np.random.default_rng(0)
 QUARK = "com.amd.quark"
@@ -158,7 +158,7 @@ def test_quark_extended_qdq_is_the_standard_op(tmp_path):
 def test_extended_qdq_with_a_float_zero_point_is_left_with_a_warning(caplog):
     model = _a16w8_model(QUARK, "ExtendedQuantizeLinear", "ExtendedDequantizeLinear", np.float16, 1.0)
     graph = gs.import_onnx(onnx.shape_inference.infer_shapes(model))
-    with caplog.at_level(logging.WARNING, logger="trt_bridge.sanitize"):
+    with caplog.at_level(logging.WARNING, logger="trt_bridge.prepare"):
         changes = sanitize(graph)
     assert [c.node for c in changes] == ["W_dq"]  # the int8 weight's DQ only
     assert {n.op for n in graph.nodes} >= {"ExtendedQuantizeLinear", "ExtendedDequantizeLinear"}

@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, quantize_dynamic, run_ort, save, snr_db  # noqa: E402
 
 from trt_bridge.convert import ConvertOptions, convert, lift_model  # noqa: E402
-from trt_bridge.model import load_model  # noqa: E402
+from trt_bridge.ir.model import load_model  # noqa: E402
 
 RNG = np.random.default_rng(0)
 
@@ -76,7 +76,7 @@ def test_quantized_embedding_table_is_dequantized_once(tmp_path, kwargs):
     probe.graph.output.append(helper.make_tensor_value_info(gathered, TensorProto.FLOAT, None))
     for feed in _ids(3, 5):
         got = run_ort(probe, [feed])  # first output: y; the gathered rows checked below
-        from trt_bridge.runtime import session
+        from trt_bridge.runtime.session import session
 
         rows = session(probe).run([gathered], feed)[0]
         np.testing.assert_array_equal(rows, table[feed["ids"]].astype(np.float32))
@@ -131,7 +131,7 @@ def test_transposed_dynamic_codes_lift_to_a_float_transpose(tmp_path):
     assert ctx.fired["dynamic-pass-through"] == ["dq"]
     assert not op_types(lifted) & {"DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger"}
     feeds = [{"x": RNG.normal(size=(1, 16, 32)).astype(np.float32)} for _ in range(3)]
-    from trt_bridge.runtime import session
+    from trt_bridge.runtime.session import session
 
     for feed in feeds:
         y2 = session(lifted).run(["y2"], feed)[0]

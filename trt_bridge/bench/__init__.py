@@ -114,7 +114,7 @@ def _input_names(path: Path, kind: str) -> list[str] | None:
     if kind == "onnx":
         import onnx
 
-        from trt_bridge.calibration.feeds import model_inputs
+        from trt_bridge.calibrate.feeds import model_inputs
 
         try:
             return [i.name for i in model_inputs(onnx.load(str(path), load_external_data=False))]
@@ -150,7 +150,7 @@ def _shapes_per_model(models, options: BenchOptions) -> dict:
         if kind == "onnx" and out[path].shapes:
             import onnx
 
-            from trt_bridge.calibration.feeds import model_inputs
+            from trt_bridge.calibrate.feeds import model_inputs
 
             concrete_specs(model_inputs(onnx.load(str(path), load_external_data=False)), out[path].shapes,
                            str(path))

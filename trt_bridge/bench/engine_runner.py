@@ -27,7 +27,7 @@ import numpy as np
 
 from trt_bridge.bench.cuda import call, error_text, gpu_problem, runtime
 from trt_bridge.bench.inputs import concrete_specs, first_feed
-from trt_bridge.calibration.feeds import Feed, InputSpec
+from trt_bridge.calibrate.feeds import Feed, InputSpec
 from trt_bridge.errors import TrtBridgeError
 
 log = logging.getLogger("trt_bridge.bench")

@@ -1,6 +1,6 @@
 """The onnxruntime baseline: one session with the requested execution provider, timed per run.
 
-Unlike accuracy measurements (:mod:`trt_bridge.runtime`), the session keeps onnxruntime's
+Unlike accuracy measurements (:mod:`trt_bridge.runtime.session`), the session keeps onnxruntime's
 own Q/DQ fusion: a benchmark measures the integer kernels onnxruntime really runs. With
 the CUDA or TensorRT provider and ``transfers="exclude"``, inputs live on the GPU and
 outputs stay there (I/O binding), so host↔device copies are not timed; with
@@ -17,7 +17,7 @@ import numpy as np
 import onnx
 
 from trt_bridge.bench.inputs import concrete_specs, first_feed
-from trt_bridge.calibration.feeds import Feed, model_inputs
+from trt_bridge.calibrate.feeds import Feed, model_inputs
 from trt_bridge.errors import MissingDependencyError, ModelLoadError, TrtBridgeError
 
 log = logging.getLogger("trt_bridge.bench")

@@ -4,7 +4,7 @@
 Findings come from three sources, merged by node:
 
 1. the static rules of :mod:`trt_bridge.checks.rules` (no TensorRT needed), plus impossible
-   broadcasts (:mod:`trt_bridge.shapes`) and bfloat16 tensors;
+   broadcasts (:mod:`trt_bridge.ir.shapes`) and bfloat16 tensors;
 2. a dry run of convert's own preparation and lifting on the loaded model: type conflicts
    are found by the pass that fixes them, and each finding's "convert:" line says what that
    pass or lift rule did, or why it declined, so ``check`` and ``convert`` cannot disagree;
@@ -73,7 +73,7 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
     import onnx_graphsurgeon as gs
 
     from trt_bridge.convert import _name_nodes
-    from trt_bridge.model import default_opset, load_model
+    from trt_bridge.ir.model import default_opset, load_model
 
     start = time.perf_counter()
     path = Path(path)
@@ -92,11 +92,11 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
             if found is not None:
                 findings.append(found)
     int8 = is_int8(graph)
-    from trt_bridge.model import is_large
-    from trt_bridge.precision import layer_precisions
+    from trt_bridge.ir.model import is_large
+    from trt_bridge.lower.precision import layer_precisions
 
     precisions = None if is_large(model) else layer_precisions(model)
-    from trt_bridge.shapes import BroadcastChecker
+    from trt_bridge.ir.shapes import BroadcastChecker
 
     broadcasts = BroadcastChecker(model)  # one skeleton and cache for the model's own shapes and the feeds'
     findings += _broadcasts(broadcasts)
@@ -142,10 +142,10 @@ def _bf16(tensors: list, ready: bool) -> list[Finding]:
 
 def _feeds(model, data: str, broadcasts) -> list[Finding]:
     """Every feed of ``data`` against the model's inputs and what they imply for each broadcasting node."""
-    from trt_bridge.calibration import model_inputs, open_feeds
+    from trt_bridge.calibrate import model_inputs, open_feeds
     from trt_bridge.convert import feed_types
     from trt_bridge.errors import CalibrationDataError
-    from trt_bridge.sanitize.types import Bf16Policy
+    from trt_bridge.prepare.types import Bf16Policy
 
     try:  # the feeds convert would take: bfloat16 inputs become float32 (--bf16's default)
         for _ in open_feeds(data, None, feed_types(model_inputs(model), Bf16Policy.FP32), model=broadcasts):
@@ -237,7 +237,7 @@ def _source_scales(model, path: Path, ops: dict) -> list[Finding]:
     """A quantization scale that is 0, negative, subnormal or not finite, or a weight holding NaN or Inf:
     convert refuses the model."""
     from trt_bridge.errors import UnsupportedPatternError
-    from trt_bridge.values import check_source_scales, check_source_weights
+    from trt_bridge.ir.values import check_source_scales, check_source_weights
 
     try:
         check_source_scales(model, path)
@@ -301,7 +301,7 @@ def _lifted_model_parses(path: Path) -> bool:
     import tempfile
 
     from trt_bridge.convert import lift_model
-    from trt_bridge.model import load_model, save_model
+    from trt_bridge.ir.model import load_model, save_model
     from trt_bridge.tensorrt.build import parse
 
     try:

@@ -25,7 +25,7 @@ TRT_CODE_TYPES = frozenset({np.dtype(np.int8)})
 
 
 def tensor_info(t: gs.Tensor) -> TensorInfo:
-    from trt_bridge.sanitize.types import type_name
+    from trt_bridge.prepare.types import type_name
 
     if t.dtype is None:
         dtype = "?"

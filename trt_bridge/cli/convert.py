@@ -24,7 +24,7 @@ examples:
 
 
 def add_parser(sub) -> None:
-    from trt_bridge.calibration.observers import CalibMethod
+    from trt_bridge.calibrate.observers import CalibMethod
 
     p = sub.add_parser("convert", help="rewrite a quantized model into TensorRT-ready INT8 Q/DQ",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -103,13 +103,13 @@ def run(args: argparse.Namespace) -> int:
     import re
     import sys
 
-    from trt_bridge.calibration.observers import CalibMethod
+    from trt_bridge.calibrate.observers import CalibMethod
     from trt_bridge.cli import EXIT_FAIL, EXIT_OK
     from trt_bridge.convert import ConvertOptions, ScalePolicy, convert
     from trt_bridge.errors import TrtBridgeError
-    from trt_bridge.model import write_text_atomic
-    from trt_bridge.placement import PlacementPolicy
-    from trt_bridge.sanitize.types import Bf16Policy
+    from trt_bridge.ir.model import write_text_atomic
+    from trt_bridge.place.policies import PlacementPolicy
+    from trt_bridge.prepare.types import Bf16Policy
 
     output = args.output or args.model.with_name(args.model.stem + ".int8.onnx")
     if not 0 < args.percentile <= 100:
@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             except re.error as exc:
                 raise TrtBridgeError(f"--{flag.replace('_', '-')} '{pattern}' is not a regular expression: {exc}") \
                     from exc
-    from trt_bridge.calibration.feeds import source_path
+    from trt_bridge.calibrate.feeds import source_path
     from trt_bridge.cli.common import check_output_path
 
     policies = [v for v in args.scales or [] if v in ("model", "data")]
@@ -156,7 +156,7 @@ def run(args: argparse.Namespace) -> int:
         import math
         from dataclasses import asdict
 
-        from trt_bridge.accuracy import convert_to_target
+        from trt_bridge.convert.accuracy import convert_to_target
 
         if not math.isfinite(args.accuracy_target):
             raise TrtBridgeError(f"--accuracy-target must be a finite number of dB, got {args.accuracy_target}")

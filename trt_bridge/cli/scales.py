@@ -41,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from trt_bridge.cli import EXIT_OK
     from trt_bridge.cli.common import check_output_path
     from trt_bridge.errors import TrtBridgeError
-    from trt_bridge.model import load_model
+    from trt_bridge.ir.model import load_model
 
     check_output_path(args.output, [args.model], "output")
     model = load_model(args.model)

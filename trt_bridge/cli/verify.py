@@ -66,14 +66,14 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from trt_bridge.cli import EXIT_FAIL, EXIT_OK
     from trt_bridge.errors import TrtBridgeError
-    from trt_bridge.model import write_text_atomic
+    from trt_bridge.ir.model import write_text_atomic
     from trt_bridge.verify import VerifyOptions, verify
     from trt_bridge.verify.gates import parse_gates
 
     for flag in ("top_k", "layer_batch", "layer_feeds"):
         if getattr(args, flag) < 1:
             raise TrtBridgeError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    from trt_bridge.calibration.feeds import source_path
+    from trt_bridge.calibrate.feeds import source_path
     from trt_bridge.cli.common import check_output_path, emit_report
 
     targets = ((args.json, "report"), (args.html, "HTML report"), (args.save_outputs, "outputs file"),

@@ -29,7 +29,7 @@ from trt_bridge.annotations import ScaleSource, Site, WeightSpec
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
 from trt_bridge.lift.weights import lift_integer_weight
-from trt_bridge.placement import weight_axis
+from trt_bridge.place.policies import weight_axis
 
 WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
 

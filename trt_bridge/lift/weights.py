@@ -6,7 +6,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site, WeightSpec
-from trt_bridge.calibration.observers import QMAX
+from trt_bridge.calibrate.observers import QMAX
 from trt_bridge.lift.base import LiftContext
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from trt_bridge.annotations import Annotations, ScaleSource
-from trt_bridge.calibration.observers import QMAX
+from trt_bridge.calibrate.observers import QMAX
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.scales.table import ScaleEntry, ScaleTable
 
@@ -169,7 +169,7 @@ def check_against_data(lifted, annotations: Annotations, imported: ImportedScale
     amax = max(observed, 127 · step), at most the covering amax, so it never clips what the source's own
     codes held on these feeds and never gets finer than the source's grid. Tensors in ``keep`` (shared or
     re-centred scales) are left as they are."""
-    from trt_bridge.calibration.runner import CalibrationSession
+    from trt_bridge.calibrate.session import CalibrationSession
 
     names = [n for n in imported.applied if n in annotations.activations]
     if not names:

@@ -51,7 +51,7 @@ import onnx
 from onnx import numpy_helper
 
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
-from trt_bridge.model import constant_protos
+from trt_bridge.ir.model import constant_protos
 from trt_bridge.scales.table import FLOAT32_TINY, QMAX, ScaleEntry, ScaleTable
 
 log = logging.getLogger("trt_bridge.scales")
@@ -128,7 +128,7 @@ def _read_text(path: Path, what: str) -> str:
 
 def write_text_file(path: str | os.PathLike, text: str, what: str) -> Path:
     """Write ``text`` to ``path`` atomically (a temporary file beside it, then a rename)."""
-    from trt_bridge.model import check_writable, write_text_atomic
+    from trt_bridge.ir.model import check_writable, write_text_atomic
 
     check_writable(path, what)
     return write_text_atomic(path, text, what)

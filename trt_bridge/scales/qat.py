@@ -71,10 +71,10 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from trt_bridge.calibration.observers import QMAX
+from trt_bridge.calibrate.observers import QMAX
 from trt_bridge.lift.qdq_pair import covering_scale
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
-from trt_bridge.placement import weight_axis
+from trt_bridge.place.policies import weight_axis
 from trt_bridge.scales.table import ScaleEntry, ScaleTable
 
 #: weighted op type → (family, the float op whose weight layout it shares)
@@ -158,7 +158,7 @@ def import_qat(qat: str | Path | onnx.ModelProto, target: onnx.ModelProto) -> tu
     if isinstance(qat, onnx.ModelProto):
         where, qat_model = qat.graph.name or "qat-model", qat
     else:
-        from trt_bridge.model import load_model
+        from trt_bridge.ir.model import load_model
 
         where, qat_model = str(qat), load_model(qat)
     qat_graph = _folded(gs.import_onnx(qat_model))

@@ -19,9 +19,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from trt_bridge.errors import TrtBridgeError
-from trt_bridge.values import FLOAT32_TINY
+from trt_bridge.ir.values import FLOAT32_TINY
 
-#: symmetric int8: amax maps to ±QMAX (same constant as trt_bridge.calibration.observers.QMAX)
+#: symmetric int8: amax maps to ±QMAX (same constant as trt_bridge.calibrate.observers.QMAX)
 QMAX = 127
 KINDS = ("activation", "weight")
 FLOAT32_MAX = 3.4028234663852886e38

@@ -28,7 +28,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
-from trt_bridge.model import write_bytes_atomic
+from trt_bridge.ir.model import write_bytes_atomic
 from trt_bridge.tensorrt import MODULES, gpu_present, import_tensorrt, is_rtx
 
 log = logging.getLogger("trt_bridge.tensorrt")
@@ -236,7 +236,7 @@ def build(model: str | Path, output: str | Path, options: BuildOptions = BuildOp
     the one field that differs between two builds of the same model with the same options.
     """
     from trt_bridge import __version__
-    from trt_bridge.model import check_writable, external_data_files
+    from trt_bridge.ir.model import check_writable, external_data_files
 
     start = time.perf_counter()
     model, output = Path(model), Path(output)

@@ -2,7 +2,7 @@
 onnxruntime computes?
 
 Runs on Polygraphy: ``OnnxrtRunner`` for the reference and the candidate (Q/DQ simulated in float
-the way TensorRT computes it: :mod:`trt_bridge.runtime`), ``TrtRunner`` for an engine, the
+the way TensorRT computes it: :mod:`trt_bridge.runtime.session`), ``TrtRunner`` for an engine, the
 ``Comparator`` to run them on the same feeds, and ``RunResults`` (Polygraphy's JSON format) to
 save and load outputs, so a CPU machine can produce the reference and a GPU runner compare its
 engine against it. The metrics and gates are ours (:mod:`.metrics`, :mod:`.gates`): element-wise
@@ -151,9 +151,9 @@ def _first_line(exc: Exception) -> str:
 
 def _feeds(reference: Path, candidate: Path, options: VerifyOptions) -> list[dict[str, np.ndarray]]:
     """The feeds, validated against both models' inputs (names, types, shapes, broadcasts)."""
-    from trt_bridge.calibration import model_inputs, open_feeds
-    from trt_bridge.calibration.feeds import validate_feed
-    from trt_bridge.model import load_model
+    from trt_bridge.calibrate import model_inputs, open_feeds
+    from trt_bridge.calibrate.feeds import validate_feed
+    from trt_bridge.ir.model import load_model
 
     for path in (reference, candidate):
         if not path.is_file():
@@ -183,7 +183,7 @@ def _feeds(reference: Path, candidate: Path, options: VerifyOptions) -> list[dic
     elif options.data is not None:
         feeds = list(open_feeds(options.data, None, inputs, model=cand))
     else:
-        from trt_bridge.calibration.feeds import RandomFeeds
+        from trt_bridge.calibrate.feeds import RandomFeeds
 
         count = options.random if options.random is not None else DEFAULT_RANDOM_FEEDS
         if count < 1:
@@ -233,7 +233,7 @@ def _run(reference: Path, candidate: Path, feeds, options: VerifyOptions):
     from polygraphy.backend.onnxrt import OnnxrtRunner
     from polygraphy.comparator import Comparator, RunResults
 
-    from trt_bridge.runtime import session
+    from trt_bridge.runtime.session import session
 
     loaded = RunResults()
     if options.load_outputs:

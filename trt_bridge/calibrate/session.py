@@ -1,0 +1,179 @@
+"""Run onnxruntime on the lifted float model, feed by feed, into streaming observers."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+
+from trt_bridge.calibrate.feeds import FeedSource
+from trt_bridge.calibrate.observers import QMAX, CalibMethod, RangeObserver
+from trt_bridge.errors import CalibrationDataError, MissingDependencyError
+from trt_bridge.ir.model import serialize_for_session
+from trt_bridge.ir.values import FLOAT32_TINY
+from trt_bridge.runtime.session import create_session
+
+log = logging.getLogger("trt_bridge.calibrate")
+
+
+@dataclass(frozen=True)
+class CalibrationResult:
+    observers: dict[str, RangeObserver]
+    feeds: int
+    seconds: float
+    method: CalibMethod
+    skipped: int = 0  # feeds left out because a value was NaN or Inf
+
+    def amax(self, tensor: str, center: float = 0.0) -> float:
+        return self.observers[tensor].amax(center)
+
+    def scale(self, tensor: str, center: float = 0.0) -> float:
+        """Symmetric int8 scale; a tensor that was all zeros gets scale 1/127 (any positive scale is exact), and
+        one whose range is so small that amax/127 would be subnormal gets float32's smallest normal number (TensorRT
+        and onnx.checker take no subnormal scale; values that small are zero to every float32 layer after it: a
+        random-weight EfficientNet's projection output reached 7e-37)."""
+        amax = self.amax(tensor, center)
+        return max(amax / QMAX, FLOAT32_TINY) if amax > 0 else 1.0 / QMAX
+
+
+def _import_ort():
+    try:
+        import onnxruntime as ort
+    except ImportError as exc:  # pragma: no cover - onnxruntime is a core dependency
+        raise MissingDependencyError("onnxruntime is needed for calibration: pip install onnxruntime") from exc
+    return ort
+
+
+def calibrate(model: onnx.ModelProto, tensors: list[str], feeds: FeedSource, method: CalibMethod,
+              percentile: float = 99.99, progress: bool = True) -> CalibrationResult:
+    """Observe ``tensors`` of the float ``model`` on every feed into range observers."""
+    start = time.perf_counter()
+    observers = {t: RangeObserver(method, percentile) for t in tensors}
+    with CalibrationSession(model, tensors) as session:
+        count = session.run(observers, feeds, progress)
+    return finish(observers, count, time.perf_counter() - start, method, len(session.skipped))
+
+
+def finish(observers: dict[str, RangeObserver], count: int, seconds: float, method: CalibMethod, skipped: int = 0
+           ) -> CalibrationResult:
+    for t, obs in observers.items():
+        if obs.max == 0.0:
+            log.warning("activation '%s' was zero on every calibration feed", t)
+    if skipped:
+        log.warning("%d calibration feed(s) of %d skipped: they gave NaN or Inf values", skipped, count + skipped)
+    return CalibrationResult(observers, count, seconds, CalibMethod(method), skipped)
+
+
+class CalibrationSession:
+    """One onnxruntime session over ``model`` that can fetch any of ``tensors``, feed by feed (``.session``
+    for direct runs; ``simulate_qdq`` for a model with Q/DQ).
+
+    The model is not copied: the tensors are appended to its outputs while the session
+    is created and removed again. Memory holds one feed's activations at a time. (A model with
+    bfloat16 layers is, under ``simulate_qdq``: it runs as its float32 emulation, see
+    :func:`trt_bridge.lower.precision.emulate_bfloat16`.)
+    """
+
+    def __init__(self, model: onnx.ModelProto, tensors: list[str], simulate_qdq: bool = False,
+                 what: str = "the lifted float model"):
+        ort = _import_ort()
+        if simulate_qdq:
+            from trt_bridge.lower.precision import emulate_bfloat16
+
+            model = emulate_bfloat16(model) or model
+        self.graph_inputs = {i.name for i in model.graph.input}
+        present = {o.name for o in model.graph.output}
+        added = [t for t in tensors if t not in self.graph_inputs and t not in present]
+        known = {v.name: v.type.tensor_type.elem_type for v in model.graph.value_info}
+        for name in added:  # float16 models expose float16 tensors
+            model.graph.output.append(onnx.helper.make_tensor_value_info(
+                name, known.get(name) or onnx.TensorProto.FLOAT, None))
+        options = ort.SessionOptions()
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+        options.log_severity_level = 3
+        if simulate_qdq:  # a Q/DQ model: Q/DQ in float, as TensorRT computes them (trt_bridge.runtime.session)
+            options.add_session_config_entry("session.disable_quant_qdq", "1")
+        self.skipped: set[int] = set()  # feeds left out because they gave a NaN or Inf (by index)
+        self._workdir = tempfile.TemporaryDirectory(prefix="trt-bridge-calib-")
+        try:
+            self.session = create_session(serialize_for_session(model, self._workdir.name), options)
+        except Exception as exc:
+            self.close()
+            raise CalibrationDataError(f"onnxruntime cannot run {what}: {exc}") from exc
+        finally:
+            del model.graph.output[len(model.graph.output) - len(added):]
+
+    def __enter__(self) -> CalibrationSession:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        self.session = None
+        self._workdir.cleanup()
+
+    def run(self, observers: dict, feeds: FeedSource, progress: bool = True, desc: str = "calibrating") -> int:
+        """Hand every feed's value of each observed tensor to ``observers[name].update``; return the feed count."""
+        fetch = [t for t in observers if t not in self.graph_inputs]
+        count, first_bad = 0, None
+        for index, feed in enumerate(_progress(feeds, progress, desc)):
+            try:
+                outputs = self.session.run(fetch, feed) if fetch else []
+            except Exception as exc:
+                raise CalibrationDataError(
+                    f"onnxruntime failed on calibration feed {index} "
+                    f"({', '.join(f'{k}{list(v.shape)}' for k, v in feed.items())}): {exc}"
+                ) from exc
+            values = [(name, _as_float32(value)) for name, value in zip(fetch, outputs)]
+            values += [(name, _as_float32(feed[name])) for name in observers if name in self.graph_inputs]
+            # A feed with NaN or Inf, or one that makes a NaN anywhere, must not decide a range: leave it out.
+            # (An activation may hold -Inf on purpose, an attention mask: the observers leave those values out.)
+            bad = next((name for name, value in feed.items() if not _finite(np.asarray(value))), None) or \
+                next((name for name, value in values if _has_nan(value)), None)
+            if bad is not None:
+                if index not in self.skipped:
+                    log.warning("calibration feed %d skipped: '%s' holds NaN or Inf", index, bad)
+                self.skipped.add(index)
+                first_bad = first_bad or (index, bad)
+                continue
+            for name, value in values:
+                observers[name].update(value)
+            count += 1
+        if count == 0 and first_bad is not None:
+            raise CalibrationDataError(
+                f"every calibration feed ({len(self.skipped)}) holds or gives non-finite values (NaN or Inf; feed "
+                f"{first_bad[0]} first in '{first_bad[1]}'), so no range can be measured. Check the calibration "
+                "data for NaN, Inf or values near float32's limit.")
+        return count
+
+
+def _finite(value) -> bool:
+    return not np.issubdtype(value.dtype, np.inexact) or bool(np.isfinite(value).all())
+
+
+def _has_nan(value) -> bool:
+    return np.issubdtype(value.dtype, np.inexact) and bool(np.isnan(value).any())
+
+
+def _as_float32(value):
+    """Observers accumulate in float32 at least (float16 histograms and sums overflow)."""
+    import numpy as np
+
+    value = np.asarray(value)
+    return value.astype(np.float32) if value.dtype == np.float16 else value
+
+
+def _progress(feeds: FeedSource, enabled: bool, desc: str):
+    if not enabled:
+        return iter(feeds)
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return iter(feeds)
+    return tqdm(feeds, total=feeds.total, desc=desc, unit="feed", leave=False, disable=None)
+

@@ -1,0 +1,164 @@
+"""Activation→weight smoothing (SmoothQuant, Xiao et al. 2023) for MatMul inputs.
+
+Transformer activations carry a few outlier channels; one static per-tensor scale
+must cover them and loses resolution everywhere else. For ``X[.., K] · W[K, N]``,
+per-channel factors ``s_k = max|X_k|^α / max|W_k|^(1−α)`` move the outliers into the
+weights, which are quantized per output channel anyway::
+
+    Before:  LayerNormalization(γ, β) ─ x ─ MatMul(W) ─ y        (x has outlier channels)
+    After:   LayerNormalization(γ/s, β/s) ─ x/s ─ MatMul(diag(s)·W) ─ y    exact in float
+
+Only LayerNormalization outputs read by nothing but such MatMuls are smoothed, so
+``1/s`` always folds into gamma and beta and no op is added.
+
+All MatMuls that read the same tensor (q, k, v projections) share one ``s``. Their
+weights become new float constants, re-quantized per output channel at lowering
+(the source's exact integers cannot survive the rescaling).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trt_bridge.annotations import Annotations, ScaleSource, Site, WeightSpec
+from trt_bridge.lift.base import NameAllocator
+from trt_bridge.lower.qdq import effective_weight
+
+S_RANGE = (1e-4, 1e4)
+
+#: Fewest rows (tokens, pixels, samples) per channel that calibration must have seen before a
+#: channel's maximum decides its factor. With fewer, each channel's max is a poor estimate of its
+#: tail, and smoothing (which spends each channel's headroom) clips held-out inputs: a ConvNeXt's
+#: pooled [N, 256] features, 16 calibration rows, fell from 30.2 to 19.4 dB on held-out inputs
+#: while gaining 0.5 dB on the calibration inputs themselves.
+MIN_ROWS = 128
+
+
+@dataclass(frozen=True)
+class Smoothed:
+    tensor: str  # the LayerNormalization output whose channels were rescaled
+    alpha: float
+    folded_into: str  # the LayerNormalization that absorbed 1/s
+    max_factor: float
+
+
+class ChannelMaxObserver:
+    """Running max of |x| per channel of the last axis."""
+
+    def __init__(self) -> None:
+        self.max: np.ndarray | None = None
+        self.rows = 0  # how many values of each channel were seen
+
+    def update(self, values: np.ndarray) -> None:
+        v = np.abs(np.asarray(values, np.float32))
+        self.rows += int(np.prod(v.shape[:-1])) if v.ndim > 1 else 1
+        v = v.reshape(-1, v.shape[-1]).max(axis=0) if v.ndim > 1 else v
+        v = np.where(np.isfinite(v), v, 0.0)
+        self.max = v if self.max is None else np.maximum(self.max, v)
+
+
+class Rescaled:
+    """Feeds ``observer`` with ``x · factors`` (per channel of the last axis): how a range observer
+    sees a tensor that smoothing has since divided by ``s``, without running the model again."""
+
+    def __init__(self, observer, factors: np.ndarray):
+        self.observer, self.factors = observer, np.asarray(factors, np.float32)
+
+    def update(self, values: np.ndarray) -> None:
+        self.observer.update(np.asarray(values, np.float32) * self.factors)
+
+
+def candidates(graph: gs.Graph, annotations: Annotations) -> list[str]:
+    """Activations (still to be calibrated) whose every quantized reader is MatMul(x, constant weight)
+    and whose 1/s folds into the LayerNormalization that produces them.
+
+    Smoothing elsewhere would need an extra Mul and, measured on CNN classifier heads
+    (MNIST: 37.6 → 30.7 dB), hurts; after LayerNormalization, where transformers carry
+    their outlier channels, it is free and it wins (2-layer encoder: 34.9 → 36.3 dB)."""
+    nodes = {n.name: n for n in graph.nodes}
+    tensors = graph.tensors()
+    graph_outputs = {t.name for t in graph.outputs}
+    found = []
+    for name, spec in sorted(annotations.activations.items()):
+        if spec.scale is not None or not spec.sites:
+            continue
+        ok = True
+        for site in spec.sites:
+            node = nodes[site.node]
+            weight = node.inputs[1] if len(node.inputs) > 1 else None
+            if not (node.op == "MatMul" and site.index == 0 and isinstance(weight, gs.Constant)
+                    and weight.name in annotations.weights and len(weight.shape) == 2
+                    and annotations.weights[weight.name].source not in (ScaleSource.FILE, ScaleSource.QAT)):
+                ok = False
+                break
+        if ok and _foldable_layer_norm(tensors[name], [nodes[s.node] for s in spec.sites], graph_outputs):
+            found.append(name)
+    return found
+
+
+def smooth(graph: gs.Graph, annotations: Annotations, channel_max: dict[str, np.ndarray],
+           alpha: float) -> tuple[list[Smoothed], dict[str, np.ndarray]]:
+    """Apply smoothing to every tensor in ``channel_max`` (from :func:`candidates`), in place.
+
+    Returns what was smoothed and, per tensor, the factors ``s`` it is now divided by.
+    """
+    names = NameAllocator(graph)
+    nodes = {n.name: n for n in graph.nodes}
+    tensors = graph.tensors()
+    graph_outputs = {t.name for t in graph.outputs}
+    done, factors = [], {}
+    for name in sorted(channel_max):
+        spec = annotations.activations[name]
+        sites = [nodes[s.node] for s in spec.sites]
+        weights = [effective_weight(annotations.weights[n.inputs[1].name], n.inputs[1]) for n in sites]
+        act = channel_max[name].astype(np.float64)
+        if act.shape[0] != weights[0].shape[0]:
+            continue
+        w_max = np.max([np.abs(w).max(axis=1) for w in weights], axis=0).astype(np.float64)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            s = np.power(act, alpha) / np.power(w_max, 1.0 - alpha)
+        s = np.where(np.isfinite(s) & (act > 0) & (w_max > 0), s, 1.0)
+        s = np.clip(s, *S_RANGE)
+        ln = _foldable_layer_norm(tensors[name], sites, graph_outputs)
+        if ln is None:
+            continue
+        gamma, beta = ln.inputs[1], ln.inputs[2] if len(ln.inputs) > 2 else None
+        ftype = gamma.values.dtype  # float16 models keep float16 parameters
+        ln.inputs[1] = gs.Constant(names(f"{gamma.name}_smoothed"), (gamma.values / s).astype(ftype))
+        if beta is not None:
+            ln.inputs[2] = gs.Constant(names(f"{beta.name}_smoothed"), (beta.values / s).astype(ftype))
+        for node, w in zip(sites, weights, strict=True):
+            old = node.inputs[1]
+            new = gs.Constant(names(f"{old.name}_smoothed"), (w * s[:, None]).astype(ftype))
+            old_spec = annotations.weights[old.name]
+            old_spec.sites = [st for st in old_spec.sites if st.node != node.name]
+            if not old_spec.sites:
+                del annotations.weights[old.name]
+            annotations.add_weight(WeightSpec(new.name, [Site(node.name, 1)], old_spec.axis, old_spec.origin))
+            node.inputs[1] = new
+        done.append(Smoothed(name, alpha, ln.name, float(s.max())))
+        factors[name] = s
+    if done:
+        graph.cleanup().toposort()
+    return done, factors
+
+
+def _foldable_layer_norm(x: gs.Tensor, sites: list[gs.Node], graph_outputs: set[str]) -> gs.Node | None:
+    """The LayerNormalization producing ``x`` if only the smoothed MatMuls read ``x``."""
+    if len(x.inputs) != 1 or x.name in graph_outputs:
+        return None
+    ln = x.inputs[0]
+    if ln.op != "LayerNormalization" or ln.attrs.get("axis", -1) not in (-1, len(x.shape or []) - 1):
+        return None
+    if not isinstance(ln.inputs[1], gs.Constant):
+        return None
+    if len(ln.inputs) > 2 and not isinstance(ln.inputs[2], gs.Constant):
+        return None
+    if len(ln.outputs) > 1 and any(o.outputs for o in ln.outputs[1:]):
+        return None
+    if {id(n) for n in x.outputs} != {id(n) for n in sites}:
+        return None
+    return ln

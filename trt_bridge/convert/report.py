@@ -1,0 +1,120 @@
+"""The conversion report: typed, JSON-serialisable, with a short human summary."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass(frozen=True)
+class RuleHits:
+    rule: str
+    nodes: list[str]
+
+
+@dataclass(frozen=True)
+class FloatLeftover:
+    node: str
+    op: str
+    reason: str
+
+
+@dataclass
+class ConversionReport:
+    input: str
+    output: str
+    source_opset: int
+    output_opset: int
+    rules: list[RuleHits] = field(default_factory=list)
+    quantized: list[dict] = field(default_factory=list)  # QuantizedTensor as dicts
+    left_in_float: list[FloatLeftover] = field(default_factory=list)
+    calibration: dict | None = None
+    seconds: dict[str, float] = field(default_factory=dict)
+    remaining_blockers: list[str] = field(default_factory=list)
+    recentered: list[dict] = field(default_factory=list)  # recenter.Recentered as dicts
+    smoothed: list[dict] = field(default_factory=list)  # smooth.Smoothed as dicts
+    placement: str = "tensorrt"
+    scales: str = "model"  # where the source model's activation scales were taken from (model | data)
+    sanitized: list[dict] = field(default_factory=list)  # sanitize.Change as dicts: casts, Dropout, Identity, ...
+    check: dict | None = None  # checks.CheckReport of the output model, as a dict (None: not run)
+    imported_scales: dict | None = None  # --scales FILE / --qat: files, matching, applied, unused, warnings, notes
+    accuracy: dict | None = None  # --accuracy-target: the ranking, every probe, the chosen tradeoff
+    #: nodes lifted to the nearest form TensorRT builds rather than to what they computed (int16 activations
+    #: narrowed to int8, block floating point calibrated as int8, per-axis activation scales made per tensor,
+    #: non-finite source scales left in float): lift.Approximation as dicts
+    approximated: list[dict] = field(default_factory=list)
+    precision: dict | None = None  # layers by the precision TensorRT runs them in; --high-precision's fp32 keeps
+
+    def __bool__(self) -> bool:
+        return not self.remaining_blockers
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        from trt_bridge.verify.metrics import json_safe  # strict JSON: inf/nan as strings
+
+        return json.dumps(json_safe(self.to_dict()), indent=2, sort_keys=False, allow_nan=False)
+
+    def summary(self) -> str:
+        acts = [q for q in self.quantized if q["kind"] == "activation"]
+        weights = [q for q in self.quantized if q["kind"] == "weight"]
+        lines = [f"converted {self.input} -> {self.output} (opset {self.source_opset} -> {self.output_opset})"]
+        for hit in self.rules:
+            lines.append(f"  rule {hit.rule}: {len(hit.nodes)} node(s)")
+        sources: dict[str, int] = {}
+        for q in self.quantized:
+            sources[q["source"]] = sources.get(q["source"], 0) + 1
+        per_channel = sum(1 for w in weights if w["axis"] is not None)
+        lines.append(f"  quantized: {len(acts)} activation(s), {len(weights)} weight(s) "
+                     f"({per_channel} per-channel); scale sources: "
+                     + ", ".join(f"{k} {v}" for k, v in sorted(sources.items())))
+        lines.append(f"  placement {self.placement}; source activation scales from the {self.scales}")
+        if self.calibration:
+            c = self.calibration
+            lines.append(f"  calibration: {c['feeds']} feed(s), method {c['method']}, {c['seconds']:.2f} s")
+        if self.smoothed:
+            lines.append(f"  smoothed {len(self.smoothed)} LayerNormalization output(s) into their MatMul weights "
+                         f"(alpha {self.smoothed[0]['alpha']})")
+        if self.recentered:
+            lines.append(f"  re-centred {len(self.recentered)} one-sided activation(s) "
+                         "so symmetric int8 keeps all 8 bits")
+        if self.imported_scales:
+            imp = self.imported_scales
+            lines.append(f"  imported scales: {imp['applied']} tensor(s) from "
+                         + ", ".join([*imp["files"], *([imp["qat"]] if imp["qat"] else [])])
+                         + (f"; {len(imp['unused'])} entr(ies) unused" if imp["unused"] else "")
+                         + (f"; {len(imp['warnings'])} disagree with the calibration data" if imp["warnings"] else ""))
+            lines += [f"    brought to the nearest form TensorRT builds: {note}" for note in imp.get("notes") or []]
+        if self.approximated:
+            first = self.approximated[0]
+            lines.append(f"  approximated: {len(self.approximated)} node(s) with no TensorRT equivalent, converted to "
+                         f"the nearest form it builds (e.g. '{first['node']}': {first['what']})")
+        if self.sanitized:
+            kinds: dict[str, int] = {}
+            for change in self.sanitized:
+                kinds[change["pass_name"]] = kinds.get(change["pass_name"], 0) + 1
+            lines.append("  sanitized: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
+        if self.left_in_float:
+            lines.append(f"  left in float: {len(self.left_in_float)} edge(s) (see the JSON report)")
+        if self.precision is not None:
+            from trt_bridge.lower.precision import precision_line
+
+            lines.append("  " + precision_line(self.precision))
+            kept = self.precision.get("kept_in_float32")
+            if kept:
+                lines.append(f"  kept in float32 under --high-precision {self.precision['high_precision']}: "
+                             f"{len(kept)} node(s) (see the JSON report for why)")
+        if self.accuracy is not None:
+            lines.append(f"  {self.accuracy['summary']}")
+            for probe in self.accuracy["probes"]:
+                kept = ", ".join(probe["excluded"]) or "none"
+                by = f" [{probe['ranking']} ranking]" if probe.get("ranking") else ""
+                lines.append(f"    probe{by}: {probe['snr_db']:.2f} dB (cosine {probe['cosine']:.6f}) with "
+                             f"{len(probe['excluded'])} layer(s) in higher precision ({kept})")
+        if self.check is not None:
+            lines.append(f"  check: {self.check['headline']}")
+            for finding in self.check["findings"]:
+                lines.append(f"    [{finding['rule']}] {finding['op']} '{finding['node']}': {finding['why']}")
+        lines.append(f"  total {sum(self.seconds.values()):.2f} s")
+        return "\n".join(lines)

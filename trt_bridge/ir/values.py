@@ -1,0 +1,160 @@
+"""Guards on the numbers a model carries: quantization scales must be finite, positive and normal, weights that
+get quantized must be finite, and what convert writes must hold no non-finite value its source did not.
+
+Scales enter through the source model (``QuantizeLinear``/``DequantizeLinear`` and the QOperator ops), scale
+files and QAT imports (:mod:`trt_bridge.scales.table` checks those) and calibration (non-finite feeds are skipped
+in :mod:`trt_bridge.calibrate.session`); weights through the source model. A bad value is refused with the
+node or tensor that holds it, before anything is written.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+from trt_bridge.errors import UnsupportedPatternError
+from trt_bridge.ir.model import constant_protos
+
+#: float32's smallest normal number: no scale may be smaller (a subnormal or 0 scale is refused by TensorRT
+#: and onnx.checker); the one definition, for source checks, scale tables, calibration and lowering
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+
+#: (domain, op type) → the input indices that are quantization scales
+SCALE_INPUTS: dict[tuple[str, str], tuple[int, ...]] = {
+    ("", "QuantizeLinear"): (1,), ("", "DequantizeLinear"): (1,),
+    ("com.microsoft", "QuantizeLinear"): (1,), ("com.microsoft", "DequantizeLinear"): (1,),
+    ("", "QLinearConv"): (1, 4, 6), ("", "QLinearMatMul"): (1, 4, 6),
+    ("com.microsoft", "QGemm"): (1, 4, 7), ("com.microsoft", "QLinearAdd"): (1, 4, 6),
+    ("com.microsoft", "QLinearMul"): (1, 4, 6), ("com.microsoft", "QLinearSigmoid"): (1, 3),
+    ("com.microsoft", "QLinearLeakyRelu"): (1, 3), ("com.microsoft", "QLinearSoftmax"): (1, 3),
+    ("com.microsoft", "QLinearAveragePool"): (1, 3), ("com.microsoft", "QLinearGlobalAveragePool"): (1, 3),
+    ("com.microsoft", "QLinearWhere"): (2, 5, 7), ("com.microsoft", "MatMulIntegerToFloat"): (2, 3),
+    ("com.microsoft", "DynamicQuantizeMatMul"): (2,),
+}
+
+
+def _scale_inputs(node: onnx.NodeProto) -> list[str]:
+    domain = "" if node.domain in ("", "ai.onnx") else node.domain
+    if (domain, node.op_type) == ("com.microsoft", "QLinearConcat"):
+        return [x for i, x in enumerate(node.input) if i == 0 or (i >= 2 and (i - 2) % 3 == 1)]
+    return [node.input[i] for i in SCALE_INPUTS.get((domain, node.op_type), ()) if i < len(node.input)]
+
+
+def check_source_scales(model: onnx.ModelProto, where) -> None:
+    """Refuse a source model with a constant quantization scale that is NaN, negative, or (per tensor) 0 or
+    subnormal: a 0 would become a subnormal scale, a negative one its absolute value. An Inf scale is what
+    quantizers write for a tensor that holds -Inf (an attention mask): it is logged here, and refused later
+    only if the conversion would keep it (:func:`check_output_finite`, and lowering). A per-channel 0 (an
+    all-zero channel) is logged too."""
+    import logging
+
+    log = logging.getLogger("trt_bridge.ir.values")
+    constants = constant_protos(model)
+    for node in model.graph.node:
+        for name in _scale_inputs(node):
+            tensor = constants.get(name)
+            if tensor is None or tensor.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
+                                                          onnx.TensorProto.DOUBLE):
+                continue
+            values = numpy_helper.to_array(tensor).astype(np.float64).ravel()
+            # an int32 bias's scale is x_scale·w_scale, legitimately below float32's normal range for small
+            # scales (onnxruntime's QDQ EfficientNet, MobileViT): lifting folds it into a float bias, so only a
+            # NaN, negative or zero one is broken
+            data = constants.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+            smallest = 0.0 if data is not None and data.data_type == onnx.TensorProto.INT32 else FLOAT32_TINY
+            broken = values[np.isnan(values) | (values < 0)]
+            if values.size == 1:
+                broken = values[np.isnan(values) | ~(values > 0) | ~(values >= smallest) & ~np.isinf(values)]
+            if broken.size:
+                raise UnsupportedPatternError(
+                    f"{where}: {node.op_type} '{node.name}' has scale '{name}' = {broken[0]:g}"
+                    f"{f' (and {broken.size - 1} more)' if broken.size > 1 else ''}; a quantization scale must be "
+                    "finite and positive. The quantizer wrote a broken model: re-quantize it (or convert its float "
+                    "model with --calib-data).")
+            odd = values[~(np.isfinite(values) & (values >= smallest) & (values > 0))]
+            if odd.size:
+                log.warning("%s: %s '%s' has scale '%s' = %g%s; conversion refuses it if the output would keep it",
+                            where, node.op_type, node.name, name, odd[0],
+                            f" (and {odd.size - 1} more)" if odd.size > 1 else "")
+
+
+#: op types whose constant inputs are weights (their values must be finite); Gather: an embedding table
+WEIGHTED_OPS = {"Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul": (0, 1), "Gather": (0,),
+                "LayerNormalization": (1, 2), "BatchNormalization": (1, 2, 3, 4), "InstanceNormalization": (1, 2)}
+
+
+def check_source_weights(model: onnx.ModelProto, where) -> None:
+    """Refuse a source model whose weights (the constant inputs of Conv, Gemm, MatMul, an embedding Gather and
+    normalizations) hold NaN or Inf: every output would be non-finite, and a NaN would quantize to int8 0.
+    (Other constants may hold -Inf on purpose, as attention masks do.) One tensor at a time."""
+    constants = constant_protos(model)
+    seen = set()
+    for node in model.graph.node:
+        if node.domain not in ("", "ai.onnx"):
+            continue
+        for i in WEIGHTED_OPS.get(node.op_type, ()):
+            name = node.input[i] if i < len(node.input) else ""
+            tensor = constants.get(name)
+            if tensor is None or name in seen or tensor.data_type not in (
+                    onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
+                continue
+            seen.add(name)
+            try:
+                check_finite_weight(name, numpy_helper.to_array(tensor))
+            except UnsupportedPatternError as exc:
+                raise UnsupportedPatternError(f"{where}: {node.op_type} '{node.name}' reads {exc}") from None
+
+
+def check_finite_weight(name: str, values: np.ndarray) -> None:
+    """Refuse a weight with NaN or Inf before it is quantized (a NaN would become int8 0, an Inf a NaN scale)."""
+    finite = np.isfinite(values)
+    if not finite.all():
+        count = int(values.size - np.count_nonzero(finite))
+        first = values.ravel()[int(np.argmin(finite.ravel()))]
+        raise UnsupportedPatternError(
+            f"weight '{name}' holds {count} non-finite value(s) (e.g. {first}); it cannot be quantized. Fix the "
+            "model's weights (a diverged training run or a broken export), or keep its layer in float with "
+            "--exclude-nodes.")
+
+
+def check_output_finite(model: onnx.ModelProto, source_nonfinite: int, where) -> None:
+    """Refuse to write a converted model with a non-finite or non-positive Q/DQ scale, or with more non-finite
+    constant values than its source had (an overflow made while converting: a bias folded from a huge range)."""
+    constants = constant_protos(model)
+    for node in model.graph.node:
+        for name in _scale_inputs(node):
+            tensor = constants.get(name)
+            if tensor is not None and tensor.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+                values = numpy_helper.to_array(tensor).astype(np.float64)
+                if not (np.isfinite(values) & (values > 0)).all():
+                    raise UnsupportedPatternError(
+                        f"{where}: the converted {node.op_type} '{node.name}' would get scale '{name}' = "
+                        f"{values.ravel()[0]:g}, not finite and positive; nothing is written. An input range is "
+                        "beyond float32 (check the calibration data for huge values).")
+    found = _nonfinite(model)
+    if sum(found.values()) > source_nonfinite:
+        name = next(iter(found))
+        raise UnsupportedPatternError(
+            f"{where}: the converted model would hold {sum(found.values()) - source_nonfinite} non-finite constant "
+            f"value(s) that the source does not (first in '{name}'): an overflow from an activation range near "
+            "float32's limit, or a bias dequantized with a source scale of Inf. Nothing is written. Check the "
+            "calibration data for huge values and the source's scales.")
+
+
+def nonfinite_count(model: onnx.ModelProto) -> int:
+    """How many NaN/Inf values the model's float constants hold (attention masks legitimately hold -Inf)."""
+    return sum(_nonfinite(model).values())
+
+
+def _nonfinite(model: onnx.ModelProto) -> dict[str, int]:
+    """Constant name → its count of NaN/Inf values, for the float constants that hold any."""
+    found = {}
+    for name, tensor in constant_protos(model).items():
+        if tensor.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE) and \
+                tensor.data_location != onnx.TensorProto.EXTERNAL:
+            values = numpy_helper.to_array(tensor)
+            count = int(values.size - np.count_nonzero(np.isfinite(values)))
+            if count:
+                found[name] = count
+    return found

@@ -1,0 +1,377 @@
+"""``trt-bridge pipeline MANIFEST.yaml``: the engine-build stage of a GPU CI runner.
+
+For each model of the manifest: convert → check → verify (onnxruntime) → bench (onnxruntime), then for
+each target: build → verify (engine) → bench (engine). A step the machine cannot do is skipped with the
+reason (no TensorRT; no GPU to run an ahead-of-time engine on; ...), and a step whose prerequisite failed
+is skipped naming it. The result is written as JUnit XML (for the CI system), a JSON summary and a
+markdown summary (for the job's page); the exit status is 1 when a step failed or a gate did not pass.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from trt_bridge.errors import TrtBridgeError
+from trt_bridge.manifest.schema import Manifest, ModelEntry, Target, load_manifest
+
+log = logging.getLogger("trt_bridge.manifest")
+
+
+class Status(str, enum.Enum):
+    PASSED = "passed"
+    FAILED = "failed"  # a gate or a check did not pass
+    ERROR = "error"  # the step could not run (the model, the data, the tool)
+    SKIPPED = "skipped"  # this machine cannot do it, or a step it needs did not pass
+
+
+@dataclass
+class StepResult:
+    model: str
+    target: str | None
+    step: str  # convert | check | verify | bench | build | verify-engine | bench-engine
+    status: Status
+    seconds: float = 0.0
+    message: str = ""  # one line: what happened, or why it was skipped or failed
+    details: dict = field(default_factory=dict)  # the step's own report, as JSON data
+    artifacts: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return self.step if self.target is None else f"{self.step} [{self.target}]"
+
+
+@dataclass
+class PipelineReport:
+    manifest: str
+    output: str
+    steps: list[StepResult] = field(default_factory=list)
+    machine: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return not any(s.status in (Status.FAILED, Status.ERROR) for s in self.steps)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def counts(self) -> dict[str, int]:
+        return {status.value: sum(1 for s in self.steps if s.status is status) for status in Status}
+
+    def to_json(self) -> str:
+        from trt_bridge.verify.metrics import json_safe
+
+        data = json_safe(asdict(self))
+        data["passed"], data["counts"] = self.passed, self.counts()
+        return json.dumps(data, indent=2, default=str, allow_nan=False)
+
+    def summary(self) -> str:
+        counts = self.counts()
+        lines = [f"pipeline {self.manifest}: {'PASS' if self.passed else 'FAIL'} "
+                 f"({', '.join(f'{v} {k}' for k, v in counts.items() if v)}; {self.seconds:.1f} s)"]
+        for s in self.steps:
+            lines.append(f"  {s.model:<24} {s.label:<28} {s.status.value:<8} {s.seconds:7.2f} s  {s.message}")
+        lines.append(f"  reports: {self.output}/pipeline.junit.xml, pipeline.json, pipeline.md")
+        return "\n".join(lines)
+
+    def markdown(self) -> str:
+        from trt_bridge.manifest.report import markdown
+
+        return markdown(self)
+
+    def junit_xml(self) -> str:
+        from trt_bridge.manifest.report import junit_xml
+
+        return junit_xml(self)
+
+
+@dataclass(frozen=True)
+class PipelineOptions:
+    models: tuple[str, ...] = ()  # only these models (default: all)
+    on_step: object = None  # called with each StepResult as it ends (the CLI prints a progress line)
+    output: Path | None = None  # the artifacts' folder (--output): wins over the manifest's
+
+
+def run_pipeline(manifest_path: str | Path, options: PipelineOptions = PipelineOptions()) -> PipelineReport:
+    """Run every step the manifest asks for that this machine can do; write the reports; return them."""
+    from trt_bridge.ir.model import write_text_atomic
+
+    start = time.perf_counter()
+    manifest = load_manifest(manifest_path, options.output)
+    unknown = sorted(set(options.models) - {m.name for m in manifest.models})
+    if unknown:
+        raise TrtBridgeError(f"--model {unknown[0]}: the manifest has no such model; it has "
+                             f"{', '.join(m.name for m in manifest.models)}.")
+    manifest.output.mkdir(parents=True, exist_ok=True)
+    report = PipelineReport(str(manifest.path), str(manifest.output), machine=_machine())
+    for model in manifest.models:
+        if options.models and model.name not in options.models:
+            continue
+        report.steps += _ModelRun(manifest, model, report.machine, options).run()
+    report.seconds = time.perf_counter() - start
+    write_text_atomic(manifest.output / "pipeline.json", report.to_json() + "\n")
+    write_text_atomic(manifest.output / "pipeline.md", report.markdown())
+    write_text_atomic(manifest.output / "pipeline.junit.xml", report.junit_xml())
+    return report
+
+
+def _machine() -> dict:
+    """What this machine can do: TensorRT (which), a GPU, onnxruntime's providers."""
+    import platform
+
+    import onnxruntime
+
+    from trt_bridge import __version__
+    from trt_bridge.errors import MissingDependencyError
+    from trt_bridge.tensorrt import MODULES, gpu_present, import_tensorrt, is_rtx
+
+    info = {"trt_bridge": __version__, "python": platform.python_version(), "platform": platform.platform(),
+            "onnxruntime": onnxruntime.__version__, "providers": onnxruntime.get_available_providers(),
+            "gpu": gpu_present(), "tensorrt": None, "tensorrt_rtx": None}
+    for name in MODULES:  # both may be installed: RTX builds ahead of time, tensorrt locally
+        try:
+            trt = import_tensorrt(name)
+        except MissingDependencyError:
+            continue
+        info[name] = {"module": trt.__name__, "version": getattr(trt, "__version__", "?"), "rtx": is_rtx(trt)}
+    if info["tensorrt"] is None and info["tensorrt_rtx"] is not None:
+        info["tensorrt"] = info["tensorrt_rtx"]
+    return info
+
+
+class _ModelRun:
+    """The steps of one model, in order; each records its result and whether later steps can use it."""
+
+    def __init__(self, manifest: Manifest, model: ModelEntry, machine: dict, options: PipelineOptions):
+        self.manifest, self.model, self.machine, self.options = manifest, model, machine, options
+        self.folder = manifest.output / model.name
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self.converted = self.folder / f"{model.name}.int8.onnx"
+        self.results: list[StepResult] = []
+
+    def run(self) -> list[StepResult]:
+        convert = self._step("convert", None, self._convert)
+        if convert.status is not Status.PASSED:
+            for step in ("check", "verify", "bench"):
+                self._skip(step, None, "convert did not pass")
+            for target in self.manifest.targets:
+                for step in ("build", "verify-engine", "bench-engine"):
+                    self._skip(step, target.name, "convert did not pass")
+            return self.results
+        self._step("check", None, self._check)
+        self._step("verify", None, self._verify)
+        self._step("bench", None, self._bench)
+        for target in self.manifest.targets:
+            self._target(target)
+        return self.results
+
+    # -- bookkeeping -----------------------------------------------------------------------------
+
+    def _step(self, step: str, target: str | None, action) -> StepResult:
+        log.info("%s: %s%s", self.model.name, step, f" [{target}]" if target else "")
+        start = time.perf_counter()
+        try:
+            status, message, details, artifacts = action()
+        except TrtBridgeError as exc:
+            status, message, details, artifacts = Status.ERROR, str(exc).splitlines()[0], {"error": str(exc)}, []
+        except Exception as exc:  # noqa: BLE001 - one model's failure must not stop the others; recorded in full
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            log.error("%s: %s failed unexpectedly (a bug in trt-bridge; -vv shows the traceback): %s: %s",
+                      self.model.name, step, type(exc).__name__, first)
+            log.debug("traceback", exc_info=True)
+            status, message = Status.ERROR, f"{type(exc).__name__}: {first}"
+            details, artifacts = {"error": repr(exc)}, []
+        result = StepResult(self.model.name, target, step, status, time.perf_counter() - start, message, details,
+                            [str(a) for a in artifacts])
+        self._record(result)
+        return result
+
+    def _record(self, result: StepResult) -> None:
+        self.results.append(result)
+        if self.options.on_step is not None:
+            self.options.on_step(result)
+
+    def _skip(self, step: str, target: str | None, why: str) -> StepResult:
+        result = StepResult(self.model.name, target, step, Status.SKIPPED, 0.0, why)
+        self._record(result)
+        return result
+
+    # -- model steps -----------------------------------------------------------------------------
+
+    def _convert(self):
+        from trt_bridge.convert import ConvertOptions, ScalePolicy, convert
+        from trt_bridge.ir.model import write_text_atomic
+        from trt_bridge.place.policies import PlacementPolicy
+        from trt_bridge.prepare.types import Bf16Policy
+
+        conf = dict(self.model.convert)
+        enums = {"placement": PlacementPolicy, "scales": ScalePolicy, "bf16": Bf16Policy}
+        for key, kind in enums.items():
+            if key in conf:
+                conf[key] = kind(conf[key])
+        if "calib_method" in conf:
+            from trt_bridge.calibrate import CalibMethod
+
+            conf["calib_method"] = CalibMethod(conf["calib_method"])
+        options = ConvertOptions(calib_data=str(self.model.calib_data) if self.model.calib_data else None,
+                                 calib_random=self.model.calib_random, progress=False, check=False, **conf)
+        report = convert(self.model.source, self.converted, options)
+        report_path = self.folder / "convert.json"
+        write_text_atomic(report_path, report.to_json() + "\n")
+        quantized = len(report.quantized)
+        return (Status.PASSED, f"{quantized} tensor(s) quantized in {sum(report.seconds.values()):.1f} s",
+                {"rules": [asdict(r) for r in report.rules], "quantized": quantized,
+                 "left_in_float": len(report.left_in_float)}, [self.converted, report_path])
+
+    def _check(self):
+        from trt_bridge.checks import check_model
+        from trt_bridge.ir.model import write_text_atomic
+
+        report = check_model(self.converted)
+        path = self.folder / "check.json"
+        write_text_atomic(path, report.to_json() + "\n")
+        status = Status.PASSED if report.ready else Status.FAILED
+        return status, report.headline().split(": ", 1)[-1], {"ready": report.ready,
+                                                            "findings": len(report.findings)}, [path]
+
+    def _eval_options(self, **extra):
+        from trt_bridge.verify import VerifyOptions
+        from trt_bridge.verify.gates import Gate
+
+        gates = []
+        metric = {"min_snr": "snr_db", "min_cosine": "cosine", "max_abs": "max_abs"}
+        for key, value in self.model.gates.items():
+            if isinstance(value, dict):
+                gates += [Gate(metric[key], float(v), output) for output, v in value.items()]
+            else:
+                gates.append(Gate(metric[key], float(value)))
+        data = str(self.model.eval_data) if self.model.eval_data else None
+        random = None if data else (self.model.eval_random or 8)
+        return VerifyOptions(data=data, random=random, gates=tuple(gates), progress=False,
+                             shapes=dict(self.model.shapes) or None, **extra)
+
+    def _verify(self):
+        from trt_bridge.ir.model import write_text_atomic
+        from trt_bridge.verify import verify
+
+        report = verify(self.model.reference, self.converted, self._eval_options(
+            save_outputs=str(self.folder / "reference-outputs.json"),
+            save_inputs=str(self.folder / "inputs.json")))
+        path, text = self.folder / "verify.json", report.to_json()
+        write_text_atomic(path, text + "\n")
+        artifacts = [path, self.folder / "reference-outputs.json", self.folder / "inputs.json"]
+        try:
+            from trt_bridge.verify.html import render
+
+            write_text_atomic(self.folder / "verify.html", render(report))
+            artifacts.append(self.folder / "verify.html")
+        except TrtBridgeError as exc:  # matplotlib missing: the HTML page is optional
+            log.info("no HTML report: %s", exc)
+        return _verdict(report), _metrics_line(report), json.loads(text), artifacts
+
+    def _bench(self):
+        from trt_bridge.bench import BenchOptions, bench
+
+        report = bench([self.model.reference, self.converted], BenchOptions(**self._bench_options()))
+        return self._bench_result(report, "bench")
+
+    def _bench_options(self) -> dict:
+        options = dict(self.model.bench)
+        if self.model.shapes:
+            options["shapes"] = dict(self.model.shapes)
+        return options
+
+    def _bench_result(self, report, name: str):
+        from trt_bridge.ir.model import write_text_atomic
+
+        path, text = self.folder / f"{name}.json", report.to_json()
+        write_text_atomic(path, text + "\n")
+        rows = json.loads(text)["rows"]
+        line = "; ".join(f"{Path(r['path']).name} median {r['stats']['median']:.3f} ms" for r in rows)
+        return Status.PASSED, line, {"rows": rows}, [path]
+
+    # -- target steps ----------------------------------------------------------------------------
+
+    def _target(self, target: Target) -> None:
+        why = self._cannot_build(target)
+        engine = self.folder / f"{self.model.name}.{target.name}.engine"
+        if why:
+            self._skip("build", target.name, why)
+            build_ok = False
+        else:
+            build_ok = self._step("build", target.name, lambda: self._build(target, engine)).status is Status.PASSED
+        run_why = self._cannot_run(target, build_ok)
+        for step, action in (("verify-engine", lambda: self._verify_engine(engine)),
+                             ("bench-engine", lambda: self._bench_engine(engine))):
+            if run_why:
+                self._skip(step, target.name, run_why)
+            else:
+                self._step(step, target.name, action)
+
+    def _cannot_build(self, target: Target) -> str | None:
+        trt = self.machine.get("tensorrt")
+        if trt is None:
+            return "no TensorRT here (pip install 'trt-bridge[rtx]' to build ahead of time, or '[trt]' on a GPU)"
+        if target.compute_capabilities and self.machine.get("tensorrt_rtx") is None:
+            return (f"ahead-of-time builds for compute capability {', '.join(target.compute_capabilities)} need "
+                    f"TensorRT-RTX; this machine has {trt['module']} {trt['version']}")
+        if target.gpu and not self.machine.get("gpu"):
+            return "the target is this machine's GPU, and this machine has none"
+        return None
+
+    def _cannot_run(self, target: Target, built: bool) -> str | None:
+        if not built:
+            return "no engine: build did not pass"
+        if not target.gpu:
+            return (f"an ahead-of-time engine for compute capability {', '.join(target.compute_capabilities)} runs "
+                    "on such a GPU only; add a `gpu: true` target on a GPU runner to run it")
+        if not self.machine.get("gpu"):
+            return "running an engine needs an NVIDIA GPU"
+        return None
+
+    def _build(self, target: Target, engine: Path):
+        from trt_bridge.tensorrt.build import BuildOptions, Profile, build
+
+        profiles = (Profile.fixed(self.model.shapes),) if self.model.shapes else ()
+        cache = self.manifest.output / f"timing-cache.{target.name}.bin"
+        result = build(self.converted, engine, BuildOptions(
+            profiles=profiles, compute_capabilities=target.compute_capabilities, timing_cache=str(cache),
+            progress=False))
+        size = result.info["engine"]["size"]
+        return (Status.PASSED, f"{size / 2**20:.1f} MiB engine in {result.seconds:.1f} s", result.info,
+                [result.engine, result.sidecar])
+
+    def _verify_engine(self, engine: Path):
+        from trt_bridge.ir.model import write_text_atomic
+        from trt_bridge.verify import verify
+
+        report = verify(self.model.reference, self.converted, self._eval_options(engine=str(engine)))
+        path, text = self.folder / f"verify.{engine.stem}.json", report.to_json()
+        write_text_atomic(path, text + "\n")
+        return _verdict(report), _metrics_line(report), json.loads(text), [path]
+
+    def _bench_engine(self, engine: Path):
+        from trt_bridge.bench import BenchOptions, bench
+
+        report = bench([self.converted, engine], BenchOptions(**self._bench_options()))
+        return self._bench_result(report, f"bench.{engine.stem}")
+
+
+def _verdict(report) -> Status:
+    return Status.PASSED if report.passed else Status.FAILED
+
+
+def _metrics_line(report) -> str:
+    parts = []
+    for m in report.outputs:
+        verdict = "" if m.passed else " FAIL: " + "; ".join(m.failures)
+        parts.append(f"{m.runner} '{m.output}' SNR {m.snr_text()} dB, cosine {m.cosine:.4f}{verdict}")
+    return "; ".join(parts)
+
+
+__all__ = ["PipelineOptions", "PipelineReport", "Status", "StepResult", "run_pipeline"]

@@ -1,0 +1,98 @@
+"""The pipeline's reports for CI: JUnit XML (one test case per model × step × target) and a markdown summary."""
+
+from __future__ import annotations
+
+import math
+import xml.etree.ElementTree as ET
+
+from trt_bridge.manifest import PipelineReport, Status
+
+
+def _xml_text(text: str) -> str:
+    """``text`` without the characters XML 1.0 cannot hold (control characters from tool output)."""
+    return "".join(c for c in str(text) if c in "\t\n\r" or (" " <= c <= "\ud7ff") or ("\ue000" <= c <= "\ufffd")
+                   or c >= "\U00010000")
+
+
+def junit_xml(report: PipelineReport) -> str:
+    """JUnit XML as CI systems read it: a testsuite per model, a testcase per step (and target)."""
+    counts = report.counts()
+    root = ET.Element("testsuites", name="trt-bridge pipeline", tests=str(len(report.steps)),
+                      failures=str(counts["failed"]), errors=str(counts["error"]), skipped=str(counts["skipped"]),
+                      time=f"{report.seconds:.3f}")
+    models: dict[str, list] = {}
+    for step in report.steps:
+        models.setdefault(step.model, []).append(step)
+    for model, steps in models.items():
+        suite = ET.SubElement(root, "testsuite", name=_xml_text(model), tests=str(len(steps)),
+                              failures=str(sum(s.status is Status.FAILED for s in steps)),
+                              errors=str(sum(s.status is Status.ERROR for s in steps)),
+                              skipped=str(sum(s.status is Status.SKIPPED for s in steps)),
+                              time=f"{sum(s.seconds for s in steps):.3f}")
+        for step in steps:
+            case = ET.SubElement(suite, "testcase", classname=_xml_text(f"trt-bridge.{model}"),
+                                 name=_xml_text(step.label), time=f"{step.seconds:.3f}")
+            message = _xml_text(step.message)
+            if step.status is Status.FAILED:
+                ET.SubElement(case, "failure", message=message, type="gate").text = message
+            elif step.status is Status.ERROR:
+                ET.SubElement(case, "error", message=message,
+                              type="error").text = _xml_text(step.details.get("error", step.message))
+            elif step.status is Status.SKIPPED:
+                ET.SubElement(case, "skipped", message=message)
+            if step.artifacts:
+                ET.SubElement(case, "system-out").text = _xml_text("\n".join(step.artifacts))
+    ET.indent(root)
+    return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(root, encoding="unicode") + "\n"
+
+
+ICONS = {Status.PASSED: "✅ passed", Status.FAILED: "❌ failed", Status.ERROR: "💥 error", Status.SKIPPED: "⏭ skipped"}
+
+
+def _cell(text: str) -> str:
+    """Text for a markdown table cell: pipes escaped, on one line, no raw HTML."""
+    return (str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+            .replace("\r", " ").replace("\n", " "))
+
+
+def _num(value, fmt: str) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):  # "inf" / "-inf" / "nan" from the JSON form
+        return value
+    return format(value, fmt) if math.isfinite(value) else str(value)
+
+
+def markdown(report: PipelineReport) -> str:
+    counts = report.counts()
+    lines = [f"## trt-bridge pipeline: {'PASS' if report.passed else 'FAIL'}", "",
+             f"`{report.manifest}`: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v)
+             + f" in {report.seconds:.1f} s. TensorRT: "
+             + (f"{report.machine['tensorrt']['module']} {report.machine['tensorrt']['version']}"
+                if report.machine.get("tensorrt") else "none")
+             + f"; GPU: {'yes' if report.machine.get('gpu') else 'none'}.", "",
+             "| model | step | status | seconds | note |", "|---|---|---|---:|---|"]
+    for s in report.steps:
+        lines.append(f"| {_cell(s.model)} | {_cell(s.label)} | {ICONS[s.status]} | {s.seconds:.2f} | "
+                     f"{_cell(s.message)} |")
+    accuracy = [s for s in report.steps if s.step in ("verify", "verify-engine") and s.details.get("outputs")]
+    if accuracy:
+        lines += ["", "### Accuracy", "", "| model | runner | output | SNR (dB) | cosine | top-1 | gates |",
+                  "|---|---|---|---:|---:|---:|---|"]
+        for s in accuracy:
+            for m in s.details["outputs"]:
+                top1 = "" if m.get("top1") is None else f"{100 * m['top1']:.1f}%"
+                gates = "pass" if not m["failures"] else "FAIL: " + "; ".join(m["failures"])
+                lines.append(f"| {_cell(s.model)} | {_cell(m['runner'])} | {_cell(m['output'])} | "
+                             f"{_num(m['snr_db'], '.2f')} | {_num(m['cosine'], '.5f')} | {top1} | {_cell(gates)} |")
+    latency = [s for s in report.steps if s.step in ("bench", "bench-engine") and s.details.get("rows")]
+    if latency:
+        lines += ["", "### Latency", "", "| model | file | backend | median (ms) | p99 (ms) | throughput (/s) | "
+                  "speed-up |", "|---|---|---|---:|---:|---:|---:|"]
+        for s in latency:
+            for r in s.details["rows"]:
+                st = r["stats"]
+                lines.append(f"| {_cell(s.model)} | {_cell(r['path'].rsplit('/', 1)[-1])} | {_cell(r['backend'])} | "
+                             f"{_num(st['median'], '.3f')} | {_num(st['p99'], '.3f')} | "
+                             f"{_num(st['throughput'], '.1f')} | {_num(r['ratio'], '.2f')} |")
+    return "\n".join(lines) + "\n"

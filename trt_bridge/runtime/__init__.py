@@ -1,0 +1,1 @@
+"""onnxruntime: the one session factory."""

@@ -1,0 +1,70 @@
+"""onnxruntime sessions for measuring what a converted model computes.
+
+onnxruntime's CPU provider fuses DequantizeLinear → MatMul/Conv ← DequantizeLinear into
+its own integer kernels. On x86 CPUs without VNNI those kernels multiply u8×s8 pairs with
+16-bit saturation, so a Q/DQ model can score several dB worse in onnxruntime than the
+same model in TensorRT (which accumulates in int32). For accuracy measurements
+trt-bridge therefore keeps Q/DQ as float simulation (``session.disable_quant_qdq``):
+the values TensorRT's int8 kernels compute, up to accumulation order.
+
+A model with bfloat16 layers (``--high-precision bf16``) runs as its float32 emulation
+(:func:`trt_bridge.lower.precision.emulate_bfloat16`: every bfloat16 result rounded as TensorRT
+stores it), since the CPU provider has no bfloat16 kernels.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import onnx
+
+
+def session(model: str | Path | onnx.ModelProto | bytes, simulate_qdq: bool = True):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    if simulate_qdq:
+        options.add_session_config_entry("session.disable_quant_qdq", "1")
+    model = _bfloat16_emulated(model)
+    if isinstance(model, onnx.ModelProto):
+        model = model.SerializeToString()
+    elif isinstance(model, Path):
+        model = str(model)
+    return create_session(model, options)
+
+
+def create_session(model, options, providers=("CPUExecutionProvider",)):
+    """``onnxruntime.InferenceSession``, retried without graph optimizations where onnxruntime's own
+    optimizer fails on a valid model.
+
+    onnxruntime's constant folding (1.2x) fails to initialize some valid models, torch's dynamo exports
+    converted among them ("AddInitializedOrtValue: Attempt to replace the existing tensor"). Its graph
+    optimizations only fuse and fold, so the model computes the same without them.
+    """
+    import onnxruntime as ort
+
+    try:
+        return ort.InferenceSession(model, options, providers=list(providers))
+    except Exception as exc:
+        if "Attempt to replace the existing tensor" not in str(exc):
+            raise
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        return ort.InferenceSession(model, options, providers=list(providers))
+
+
+def _bfloat16_emulated(model: str | Path | onnx.ModelProto | bytes):
+    """``model`` itself, or the float32 emulation of its bfloat16 layers (as a ModelProto)."""
+    from trt_bridge.lower.precision import emulate_bfloat16, has_bfloat16
+
+    if isinstance(model, bytes):
+        proto = onnx.ModelProto.FromString(model)
+    elif isinstance(model, onnx.ModelProto):
+        proto = model
+    else:
+        proto = onnx.load(str(model), load_external_data=False)
+        if not has_bfloat16(proto):
+            return model
+        proto = onnx.load(str(model))
+    emulated = emulate_bfloat16(proto)
+    return model if emulated is None else emulated
