@@ -16,6 +16,7 @@ import pytest
 
 from tests.helpers import assert_qdq_contract, assert_tensorrt_ready, run_ort, snr_db
 from trt_bridge.cli import main
+from trt_bridge.ir.store import WeightStore
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "large_model.py"
 
@@ -42,6 +43,7 @@ def test_a_large_model_converts_through_external_data(tmp_path, monkeypatch):
 
     src = _script().build(tmp_path / "float", hidden=64, layers=2, vocab=1000, seq=16, heads=4)
     monkeypatch.setattr(trt_bridge.ir.model, "EXTERNAL_DATA_THRESHOLD", 100_000)  # the encoder has 660 KB
+    monkeypatch.setattr(WeightStore, "MIN_BYTES", 1024)  # its weights (16-256 KB) go through the weight store
     rng = np.random.default_rng(1)
     np.savez(tmp_path / "calib.npz", input_ids=rng.integers(0, 1000, (8, 1, 16), np.int64))
     out = tmp_path / "int8" / "model.int8.onnx"
@@ -71,3 +73,73 @@ def test_the_session_copy_leaves_the_model_whole(tmp_path, monkeypatch):
     path = serialize_for_session(model, str(tmp_path))
     assert Path(path).exists() and (tmp_path / "model.onnx.data").exists()
     assert {t.name: t.SerializeToString() for t in model.graph.initializer} == before
+
+
+def test_the_weight_store_changes_no_output_byte_and_leaves_nothing_behind(tmp_path, monkeypatch):
+    """A model over 2 GB is held once (its lifted weights live in a private file, mapped by the graph and by
+    onnxruntime: :mod:`trt_bridge.ir.store`). The output is the same, byte for byte, as with every weight held in
+    memory, and the private folder is gone afterwards."""
+    import tempfile
+
+    import trt_bridge.ir.model
+
+    src = _script().build(tmp_path / "float", hidden=64, layers=2, vocab=1000, seq=16, heads=4)
+    monkeypatch.setattr(trt_bridge.ir.model, "EXTERNAL_DATA_THRESHOLD", 100_000)
+    np.savez(tmp_path / "calib.npz", input_ids=np.random.default_rng(1).integers(0, 1000, (8, 1, 16), np.int64))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    outputs, stored = {}, []
+    put = WeightStore.put
+    monkeypatch.setattr(WeightStore, "put", lambda self, tensor, payload: (stored.append(tensor.name),
+                                                                          put(self, tensor, payload)))
+    for name, min_bytes in (("stored", 1024), ("held", 1 << 40)):
+        monkeypatch.setattr(WeightStore, "MIN_BYTES", min_bytes)
+        stored.clear()
+        out = tmp_path / name / "model.onnx"
+        assert main(["convert", str(src), "-o", str(out), "--calib-data", str(tmp_path / "calib.npz"), "-q"]) == 0
+        outputs[name] = [(out.parent / f).read_bytes() for f in ("model.onnx", "model.onnx.data")]
+        assert len(stored) == (16 if name == "stored" else 0)  # 2 embeddings, 12 weight matrices, 2 FFN biases (1 KiB)
+    assert outputs["stored"] == outputs["held"]
+    assert list(scratch.iterdir()) == []  # the store's folder and the sessions' files are gone
+
+
+def test_a_weight_store_maps_what_it_holds_and_serves_onnxruntime(tmp_path):
+    """``put`` writes a weight 4 KiB-aligned and turns its proto into a reference; ``array`` maps it back
+    copy-on-write; ``attach`` gives an imported graph's constants their mapped values; a session over the header
+    computes what the model with its weights computes; ``close`` removes the folder."""
+    import onnx_graphsurgeon as gs
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trt_bridge.ir.model import serialize_for_session
+    from trt_bridge.ir.store import ALIGN, store_of
+
+    rng = np.random.default_rng(0)
+    w1, w2 = rng.standard_normal((8, 300)).astype(np.float32), rng.standard_normal((300, 5)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    expected = run_ort(model, [{"x": x}])[0]
+    with WeightStore() as store:
+        header = onnx.ModelProto()
+        header.CopyFrom(model)
+        for tensor, values in zip(header.graph.initializer, (w1, w2)):
+            store.put(tensor, values)
+            assert store.holds(tensor) and not tensor.raw_data
+            assert int({e.key: e.value for e in tensor.external_data}["offset"]) % ALIGN == 0
+            np.testing.assert_array_equal(store.array(tensor), values)
+        assert store_of(header) is store
+        imported = gs.import_onnx(header)
+        assert store.attach(imported) == 2
+        assert all(t.data_location is None for t in imported.tensors().values() if isinstance(t, gs.Constant))
+        np.testing.assert_array_equal(imported.tensors()["w2"].values, w2)
+        path = serialize_for_session(header, str(tmp_path))
+        assert Path(path).parent == store.folder
+        np.testing.assert_array_equal(run_ort(Path(path), [{"x": x}])[0], expected)
+        folder = store.folder
+    assert not folder.exists()
+    assert store_of(model) is None

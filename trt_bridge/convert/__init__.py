@@ -28,6 +28,7 @@ from trt_bridge.ir.model import (
     release_memory,
     save_model,
 )
+from trt_bridge.ir.store import WeightStore, storable
 from trt_bridge.place.policies import PlacementOptions, PlacementPolicy, place
 from trt_bridge.prepare.types import Bf16Policy
 
@@ -108,10 +109,14 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     seconds["load"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
-    lifted, ctx = lift_model(model, model_path, options.bf16, declared)
+    # A model over 2 GB is held once: its lifted weights go to a private file the graph and onnxruntime map.
+    store = WeightStore() if is_large(model) else None
+    lifted, ctx = lift_model(model, model_path, options.bf16, declared, store)
     del model
     release_memory()
     graph = gs.import_onnx(lifted)  # keeps referring to lifted's weights: no copy
+    if store is not None:
+        store.attach(graph)
     scales = options.scales or (ScalePolicy.DATA if options.calib_data is not None else ScalePolicy.MODEL)
     if scales is ScalePolicy.DATA:
         if feeds is None:
@@ -173,9 +178,13 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         seconds["calibrate"] = seconds.get("calibrate", 0.0) + time.perf_counter() - t0
     t0 = time.perf_counter()
     quantized = lower(graph, ctx.annotations)
+    if store is not None:
+        release_memory()  # the float weights just quantized: their maps go before the export copies the rest
     exported, lifted_opset = export_model(graph), default_opset(lifted)
     del graph, lifted  # the float model goes before the output is checked (a model over 2 GB held it twice)
     release_memory()
+    if store is not None:
+        store.close()
     out_model = _finalize(exported, lifted_opset, check=True, min_opset=needs_opset(quantized))
     del exported
     kept_fp32 = None
@@ -269,12 +278,13 @@ def lift_graph(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
 
 
 def lift_model(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Policy = Bf16Policy.FP32,
-               declared: dict[str, int] | None = None):
+               declared: dict[str, int] | None = None, store: WeightStore | None = None):
     """Lift ``model`` (consumed) to the canonical form: ``(float ModelProto, LiftContext)``.
 
     The float model computes exactly what the source meant, with the source's own
     (dequantized) weights; raises UnsupportedPatternError if anything TensorRT
-    cannot import is left. ``ctx.prepared`` lists the sanitizing changes.
+    cannot import is left. ``ctx.prepared`` lists the sanitizing changes. With a ``store``, the float model
+    is a header whose large weights live in the store's file (:mod:`trt_bridge.ir.store`).
     """
 
     source_opset = default_opset(model)
@@ -282,7 +292,7 @@ def lift_model(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
     if lifting.blockers:
         raise UnsupportedPatternError(_blocker_message(where, lifting.blockers, lifting.ctx.declined))
     lifting.ctx.prepared = lifting.changes
-    lifted = export_model(lifting.graph)
+    lifted = export_model(lifting.graph, store)
     # The lifting graph refers to the source model's tensors (and the lifted weights to their own arrays): let
     # them go with the source, so the float model is held once from here on (a model over 2 GB kept 1× more).
     lifting.ctx.graph, lifting.ctx.constants, lifting.graph = None, {}, None
@@ -293,32 +303,51 @@ def lift_model(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
 _BIG_CONSTANT = 1 << 20
 
 
-def export_model(graph: gs.Graph) -> onnx.ModelProto:
+def export_model(graph: gs.Graph, store: WeightStore | None = None) -> onnx.ModelProto:
     """``gs.export_onnx(graph)``, copying each large weight that still lives in its source TensorProto once.
 
     onnx-graphsurgeon puts the source protos into a GraphProto and ``onnx.helper.make_model`` copies that
     into the ModelProto: while both exist, with the source, a model over 2 GB is held three times. Here the
-    large protos are exported as weightless stand-ins and copied into the finished model one by one."""
+    large protos are exported as weightless stand-ins and copied into the finished model one by one. With a
+    ``store``, every large weight (a source proto's or an array) goes into the store's file instead, and the
+    model refers to it there (:mod:`trt_bridge.ir.store`)."""
     import onnx_graphsurgeon as gs
     from onnx_graphsurgeon.ir.tensor import LazyValues
 
     swapped = {}
     for tensor in graph.tensors().values():
-        lazy = getattr(tensor, "_values", None)
-        if isinstance(tensor, gs.Constant) and isinstance(lazy, LazyValues) and lazy.nbytes >= _BIG_CONSTANT \
-                and isinstance(lazy.tensor, onnx.TensorProto):
-            stand_in = onnx.TensorProto(name=tensor.name, data_type=lazy.tensor.data_type, dims=lazy.tensor.dims)
-            swapped[tensor.name] = (tensor, lazy)
-            tensor._values = LazyValues(stand_in)
+        values = getattr(tensor, "_values", None)
+        if not isinstance(tensor, gs.Constant):
+            continue
+        if isinstance(values, LazyValues) and isinstance(values.tensor, onnx.TensorProto):
+            if values.nbytes < (_BIG_CONSTANT if store is None else store.MIN_BYTES) \
+                    or (store is not None and not storable(values.tensor.data_type)):
+                continue
+            data_type = values.tensor.data_type
+        elif store is not None and isinstance(values, np.ndarray) and values.nbytes >= store.MIN_BYTES \
+                and storable(values.dtype):
+            data_type = onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
+        else:
+            continue
+        stand_in = onnx.TensorProto(name=tensor.name, data_type=data_type, dims=values.shape)
+        swapped[tensor.name] = (tensor, values)
+        tensor._values = LazyValues(stand_in)
     try:
         model = gs.export_onnx(graph)
     finally:
-        for tensor, lazy in swapped.values():
-            tensor._values = lazy
+        for tensor, values in swapped.values():
+            tensor._values = values
     for init in model.graph.initializer:
-        if init.name in swapped:
-            init.CopyFrom(swapped[init.name][1].tensor)
-            init.name = swapped[init.name][0].name
+        if init.name not in swapped:
+            continue
+        tensor, values = swapped[init.name]
+        if store is not None:
+            source = values.tensor if isinstance(values, LazyValues) else None
+            store.put(init, source.raw_data if source is not None and source.HasField("raw_data")
+                      else np.asarray(values.load() if source is not None else values))
+        else:
+            init.CopyFrom(values.tensor)
+            init.name = tensor.name
     return model
 
 

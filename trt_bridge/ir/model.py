@@ -14,6 +14,7 @@ import onnx
 
 from trt_bridge.errors import ModelLoadError, TrtBridgeError
 from trt_bridge.ir.repair import dedupe_initializers, import_used_domains
+from trt_bridge.ir.store import store_of
 
 log = logging.getLogger("trt_bridge.ir.model")
 
@@ -562,8 +563,12 @@ def serialize_for_session(model: onnx.ModelProto, workdir: str) -> str | bytes:
     """What onnxruntime's InferenceSession should be given for ``model``.
 
     Small models go as bytes; models over the protobuf limit are written with
-    external data into ``workdir`` and passed by path.
+    external data into ``workdir`` and passed by path; a header whose weights live in a
+    :class:`~trt_bridge.ir.store.WeightStore` is written beside them, for onnxruntime to map.
     """
+    store = store_of(model)
+    if store is not None:
+        return store.session_model(model)
     if not is_large(model):
         return model.SerializeToString()
     target = Path(workdir) / "model.onnx"
