@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
-from trt_bridge.scales.formats import Constants, weight_name
+from trt_bridge.scales.model_scales import Constants, weight_name
 from trt_bridge.scales.table import ScaleEntry, ScaleTable
 
 WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul")
