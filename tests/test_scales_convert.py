@@ -16,8 +16,10 @@ from test_scales_qat import make_qat, renamed
 from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.runtime.session import session
-from trt_bridge.scales.formats import read_json, read_trt_cache, scales_of_model, write_trt_cache
+from trt_bridge.scales.json_table import read_json
+from trt_bridge.scales.model_scales import scales_of_model
 from trt_bridge.scales.table import ScaleEntry, ScaleTable
+from trt_bridge.scales.trt_cache import read_trt_cache, write_trt_cache
 
 
 def _amax(model: onnx.ModelProto, tensors: list[str], feeds: np.ndarray) -> dict[str, float]:

@@ -55,7 +55,9 @@ def run(args: argparse.Namespace) -> int:
         write_fixed_point(rows, args.output)
         what = f"{len(rows)} requantization(s)"
     else:
-        from trt_bridge.scales.formats import scales_of_model, uncentered, write_json, write_trt_cache
+        from trt_bridge.scales.json_table import write_json
+        from trt_bridge.scales.model_scales import scales_of_model, uncentered
+        from trt_bridge.scales.trt_cache import write_trt_cache
 
         table = scales_of_model(model, source=f"model:{args.model.name}")
         if not len(table):

@@ -53,6 +53,7 @@ import onnx
 
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.lift.dequantize_gathered import DATA_MOVEMENT as MOVES
+from trt_bridge.scales.files import parse_json, read_text
 from trt_bridge.scales.table import ScaleEntry, ScaleTable
 
 log = logging.getLogger("trt_bridge.scales")
@@ -299,10 +300,8 @@ def read_aimet(obj: dict, path: Path, model: onnx.ModelProto | None = None) -> S
 
 def read_aimet_encodings(path, model: onnx.ModelProto | None = None) -> ScaleTable:
     """Read an AIMET ``.encodings`` file (see the module docstring)."""
-    from trt_bridge.scales.formats import _json, _read_text
-
     path = Path(path)
-    obj = _json(_read_text(path, "AIMET encodings file"), path)
+    obj = parse_json(read_text(path, "AIMET encodings file"), path)
     if not is_aimet(obj):
         raise TrtBridgeError(f"{path}: not an AIMET encodings file: it needs \"activation_encodings\"/"
                              "\"param_encodings\" (0.6.1, 1.0.0) or \"version\" and \"encodings\" (2.x).")

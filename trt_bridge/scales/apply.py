@@ -19,7 +19,11 @@ import numpy as np
 
 from trt_bridge.annotations import Annotations, ScaleSource
 from trt_bridge.calibrate.observers import QMAX
+from trt_bridge.calibrate.session import CalibrationSession
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.scales.formats import read_scales
+from trt_bridge.scales.modelopt import read_modelopt_amax
+from trt_bridge.scales.qat import import_qat
 from trt_bridge.scales.table import ScaleEntry, ScaleTable
 
 log = logging.getLogger("trt_bridge.scales")
@@ -51,8 +55,6 @@ def load_sources(files: tuple[str, ...], qat: str | None, model) -> ImportedScal
     """Read ``files`` and ``qat`` (matched against ``model``, the source as loaded); None when neither is given."""
     if not files and not qat:
         return None
-    from trt_bridge.scales.formats import read_scales
-
     explicit = ScaleTable()
     for path in files:
         explicit = read_scales(path, model).merged_over(explicit)  # a later file wins
@@ -63,14 +65,10 @@ def load_sources(files: tuple[str, ...], qat: str | None, model) -> ImportedScal
             raise TrtBridgeError(f"--qat {qat}: no such file. Give the QAT model's ONNX export, or a ModelOpt "
                                  "state dict saved as .npz or .safetensors.")
         if path.suffix == ".onnx":
-            from trt_bridge.scales.qat import import_qat
-
             qat_table, report = import_qat(path, model)
             match = {"matched": len(report.matched), "unmatched": report.unmatched,
                      "ambiguous": [list(a) for a in report.ambiguous], "summary": report.summary()}
         else:
-            from trt_bridge.scales.modelopt import read_modelopt_amax
-
             qat_table, match = read_modelopt_amax(path, model)
     return ImportedScales(explicit.merged_over(qat_table), list(files), qat, match)
 
@@ -169,8 +167,6 @@ def check_against_data(lifted, annotations: Annotations, imported: ImportedScale
     amax = max(observed, 127 · step), at most the covering amax, so it never clips what the source's own
     codes held on these feeds and never gets finer than the source's grid. Tensors in ``keep`` (shared or
     re-centred scales) are left as they are."""
-    from trt_bridge.calibrate.session import CalibrationSession
-
     names = [n for n in imported.applied if n in annotations.activations]
     if not names:
         return

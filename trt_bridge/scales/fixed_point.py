@@ -35,7 +35,8 @@ import numpy as np
 import onnx
 
 from trt_bridge.errors import TrtBridgeError
-from trt_bridge.scales.formats import Constants, qdq_scale, write_text_file
+from trt_bridge.scales.files import write_text_file
+from trt_bridge.scales.model_scales import Constants, qdq_scale
 
 #: op types whose weight input (index 1) a Requantization is computed for
 WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm")

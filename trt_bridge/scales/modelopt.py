@@ -38,7 +38,8 @@ import numpy as np
 import onnx
 
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
-from trt_bridge.scales.formats import Constants, weight_name
+from trt_bridge.place.policies import weight_axis
+from trt_bridge.scales.model_scales import Constants, weight_name
 from trt_bridge.scales.table import ScaleEntry, ScaleTable
 
 WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm", "MatMulInteger", "ConvInteger", "DynamicQuantizeMatMul")
@@ -194,8 +195,6 @@ def amax_table(state: Mapping[str, np.ndarray], model: onnx.ModelProto, source: 
                ) -> tuple[ScaleTable, dict]:
     """Map a state dict's ``*_quantizer._amax`` entries onto ``model`` (see the module doc)."""
     import onnx_graphsurgeon as gs
-
-    from trt_bridge.place.policies import weight_axis
 
     graph = _Graph(model)
     report: dict = {"matched": [], "unmatched": [], "ambiguous": [], "shared": [], "ignored": 0}
