@@ -166,7 +166,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
 
     ranges = None
     if options.high_precision == "fp16" and feeds is not None:
-        from trt_bridge.lower.precision import observed_ranges
+        from trt_bridge.calibrate.ranges import observed_ranges
 
         t0 = time.perf_counter()
         ranges = observed_ranges(lifted, feeds, options.progress)
@@ -390,7 +390,7 @@ def _check_precision_options(options: ConvertOptions) -> None:
 
 
 def _precision_report(model: onnx.ModelProto, options: ConvertOptions, kept) -> dict | None:
-    from trt_bridge.lower.precision import layer_precisions
+    from trt_bridge.lower.layer_precisions import layer_precisions
 
     if is_large(model):
         return None
