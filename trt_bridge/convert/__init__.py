@@ -359,7 +359,7 @@ def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, op
 
 def input_files(model_path: str | Path, options: ConvertOptions) -> list[Path]:
     """Every file a conversion reads besides the model itself: feeds, a loader script, scale files, a QAT file."""
-    from trt_bridge.calibrate.feeds import source_path
+    from trt_bridge.calibrate.feed_sources import source_path
 
     return [source_path(spec) for spec in (options.calib_data, *options.scale_files, options.qat) if spec is not None]
 
