@@ -10,7 +10,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from trt_bridge.calibrate.feeds import InputSpec, model_inputs, open_feeds, validate_feed
+from trt_bridge.calibrate.feed_sources import open_feeds
+from trt_bridge.calibrate.feeds import InputSpec, model_inputs, validate_feed
 from trt_bridge.errors import CalibrationDataError
 
 

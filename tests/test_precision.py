@@ -198,7 +198,7 @@ def test_bfloat16_emulation_rounds_like_tensorrt():
     import ml_dtypes
     from onnx import TensorProto, helper
 
-    from trt_bridge.lower.precision import emulate_bfloat16
+    from trt_bridge.runtime.bf16 import emulate_bfloat16
 
     rng = np.random.default_rng(0)
     w = rng.standard_normal((8, 8)).astype(np.float32)

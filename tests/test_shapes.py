@@ -8,7 +8,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trt_bridge.calibrate.feeds import model_inputs, open_feeds
+from trt_bridge.calibrate.feed_sources import open_feeds
+from trt_bridge.calibrate.feeds import model_inputs
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
 from trt_bridge.ir.shapes import BroadcastChecker, BroadcastConflict, broadcast_conflicts, feed_shape_conflicts
 

@@ -19,7 +19,7 @@ from trt_bridge import samples
 from trt_bridge.annotations import Annotations, Site, WeightSpec
 from trt_bridge.calibrate.smooth import candidates, smooth
 from trt_bridge.convert import ConvertOptions, convert
-from trt_bridge.lower.qdq import effective_weight
+from trt_bridge.lift.weights import effective_weight
 
 
 #   x[2,4,8] ─ LayerNormalization(gamma, beta) ─ ln ─┬─ MatMul(Wq) ─ q

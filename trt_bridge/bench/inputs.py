@@ -3,7 +3,7 @@
 An input's dynamic dimensions take ``--shapes`` (or the runner's default: 1 for ONNX
 models, the optimization profile's opt shape for engines). The feed is the first feed
 of ``--data`` (any source calibration takes), else seeded random data of those shapes
-(:class:`~trt_bridge.calibrate.feeds.RandomFeeds`).
+(:class:`~trt_bridge.calibrate.feed_sources.RandomFeeds`).
 """
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from __future__ import annotations
 import logging
 from dataclasses import replace
 
-from trt_bridge.calibrate.feeds import Feed, InputSpec, RandomFeeds, open_feeds
+from trt_bridge.calibrate.feed_sources import RandomFeeds, open_feeds
+from trt_bridge.calibrate.feeds import Feed, InputSpec
 from trt_bridge.errors import TrtBridgeError
 
 log = logging.getLogger("trt_bridge.bench")

@@ -31,7 +31,7 @@ from trt_bridge.annotations import ActivationSpec, Annotations, ScaleSource, Sit
 from trt_bridge.calibrate.observers import QMAX
 from trt_bridge.calibrate.session import CalibrationResult
 from trt_bridge.lift.base import NameAllocator
-from trt_bridge.lower.qdq import effective_weight
+from trt_bridge.lift.weights import effective_weight
 
 MIN_GAIN = 0.75  # re-centre when the shifted range is below 75 % of the symmetric one
 

@@ -15,6 +15,7 @@ from trt_bridge.calibrate.observers import QMAX, CalibMethod, RangeObserver
 from trt_bridge.errors import CalibrationDataError, MissingDependencyError
 from trt_bridge.ir.model import serialize_for_session
 from trt_bridge.ir.values import FLOAT32_TINY
+from trt_bridge.runtime.bf16 import emulate_bfloat16
 from trt_bridge.runtime.session import create_session
 
 log = logging.getLogger("trt_bridge.calibrate")
@@ -82,8 +83,6 @@ class CalibrationSession:
                  what: str = "the lifted float model"):
         ort = _import_ort()
         if simulate_qdq:
-            from trt_bridge.lower.precision import emulate_bfloat16
-
             model = emulate_bfloat16(model) or model
         self.graph_inputs = {i.name for i in model.graph.input}
         present = {o.name for o in model.graph.output}

@@ -25,7 +25,7 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations, ScaleSource, Site, WeightSpec
 from trt_bridge.lift.base import NameAllocator
-from trt_bridge.lower.qdq import effective_weight
+from trt_bridge.lift.weights import effective_weight
 
 S_RANGE = (1e-4, 1e4)
 

@@ -93,7 +93,7 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
                 findings.append(found)
     int8 = is_int8(graph)
     from trt_bridge.ir.model import is_large
-    from trt_bridge.lower.precision import layer_precisions
+    from trt_bridge.lower.layer_precisions import layer_precisions
 
     precisions = None if is_large(model) else layer_precisions(model)
     from trt_bridge.ir.shapes import BroadcastChecker

@@ -110,7 +110,7 @@ class CheckReport:
         elif unfixable:
             lines.append(f"  {len(unfixable)} blocker(s) `trt-bridge convert` cannot fix (see above)")
         if self.precisions is not None:
-            from trt_bridge.lower.precision import precision_line
+            from trt_bridge.lower.layer_precisions import precision_line
 
             lines.append("  " + precision_line(self.precisions))
         return "\n".join(lines)

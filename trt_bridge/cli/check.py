@@ -36,7 +36,7 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trt_bridge.calibrate.feeds import source_path
+    from trt_bridge.calibrate.feed_sources import source_path
     from trt_bridge.checks import CheckOptions, TrtProbe, check_model
     from trt_bridge.cli import EXIT_FAIL, EXIT_OK
     from trt_bridge.cli.common import check_output_path, emit_report

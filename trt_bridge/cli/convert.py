@@ -124,7 +124,7 @@ def run(args: argparse.Namespace) -> int:
             except re.error as exc:
                 raise TrtBridgeError(f"--{flag.replace('_', '-')} '{pattern}' is not a regular expression: {exc}") \
                     from exc
-    from trt_bridge.calibrate.feeds import source_path
+    from trt_bridge.calibrate.feed_sources import source_path
     from trt_bridge.cli.common import check_output_path
 
     policies = [v for v in args.scales or [] if v in ("model", "data")]

@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("top_k", "layer_batch", "layer_feeds"):
         if getattr(args, flag) < 1:
             raise TrtBridgeError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    from trt_bridge.calibrate.feeds import source_path
+    from trt_bridge.calibrate.feed_sources import source_path
     from trt_bridge.cli.common import check_output_path, emit_report
 
     targets = ((args.json, "report"), (args.html, "HTML report"), (args.save_outputs, "outputs file"),

@@ -171,7 +171,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
 
     ranges = None
     if options.high_precision == "fp16" and feeds is not None:
-        from trt_bridge.lower.precision import observed_ranges
+        from trt_bridge.calibrate.ranges import observed_ranges
 
         t0 = time.perf_counter()
         ranges = observed_ranges(lifted, feeds, options.progress)
@@ -388,7 +388,7 @@ def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, op
 
 def input_files(model_path: str | Path, options: ConvertOptions) -> list[Path]:
     """Every file a conversion reads besides the model itself: feeds, a loader script, scale files, a QAT file."""
-    from trt_bridge.calibrate.feeds import source_path
+    from trt_bridge.calibrate.feed_sources import source_path
 
     return [source_path(spec) for spec in (options.calib_data, *options.scale_files, options.qat) if spec is not None]
 
@@ -419,7 +419,7 @@ def _check_precision_options(options: ConvertOptions) -> None:
 
 
 def _precision_report(model: onnx.ModelProto, options: ConvertOptions, kept) -> dict | None:
-    from trt_bridge.lower.precision import layer_precisions
+    from trt_bridge.lower.layer_precisions import layer_precisions
 
     if is_large(model):
         return None

@@ -98,7 +98,7 @@ class ConversionReport:
         if self.left_in_float:
             lines.append(f"  left in float: {len(self.left_in_float)} edge(s) (see the JSON report)")
         if self.precision is not None:
-            from trt_bridge.lower.precision import precision_line
+            from trt_bridge.lower.layer_precisions import precision_line
 
             lines.append("  " + precision_line(self.precision))
             kept = self.precision.get("kept_in_float32")

@@ -1,12 +1,18 @@
-"""Integer source weights → a float constant in the lifted graph plus its weight annotation."""
+"""Integer source weights → a float constant in the lifted graph plus its weight annotation; and back: the int8
+values and scales a weight annotation lowers to (:func:`weight_values`, used by :mod:`trt_bridge.lower.qdq`) and
+the float weights the lowered model computes with (:func:`effective_weight`, which smoothing and re-centring
+reason about before lowering)."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from trt_bridge.annotations import ScaleSource, Site, WeightSpec
 from trt_bridge.calibrate.observers import QMAX
+from trt_bridge.errors import InternalError, UnsupportedPatternError
+from trt_bridge.ir.values import FLOAT32_TINY, check_finite_weight
 from trt_bridge.lift.base import LiftContext
 
 
@@ -56,3 +62,67 @@ def _weight_spec(name: str, values: np.ndarray, zero_point: np.ndarray, scale: n
     q = np.where(fits.reshape(shape), centred, np.rint(floats / per_channel.reshape(shape)))
     return WeightSpec(name, [], axis, origin, int8=np.clip(q, -QMAX, QMAX).astype(np.int8),
                       scale=per_channel.astype(np.float32), source=ScaleSource.REQUANTIZED)
+
+
+def float_type(tensor: gs.Tensor, what: str):
+    """The numpy float type of a tensor to quantize (float32 when unknown); a bfloat16 one is refused
+    (``what``: "weight" or "activation", for the message)."""
+    dtype = tensor.dtype  # a Constant's type comes from its TensorProto header: the values are not loaded
+    if dtype is None:
+        return np.float32
+    if isinstance(dtype, int):  # an ONNX type numpy lacks: bfloat16
+        raise UnsupportedPatternError(
+            f"{what} '{tensor.name}' is bfloat16, which trt-bridge does not quantize: convert with --bf16 fp32 "
+            "(the default) or --bf16 fp16.")
+    dtype = np.dtype(dtype)
+    return dtype.type if dtype in (np.float16, np.float32) else np.float32
+
+
+def quantize_weight(values: np.ndarray, axis: int, ftype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric int8 per-channel quantization along ``axis``: (int8 values, 1-d scales of type ``ftype``).
+
+    The codes are computed with the scale as the model will store it (float16 in a float16 model), so
+    dequantizing gives back what was quantized."""
+    reduce_axes = tuple(i for i in range(values.ndim) if i != axis)
+    amax = np.abs(values.astype(np.float64)).max(axis=reduce_axes)
+    # an all-zero channel takes 1/127 (any scale is exact); one too small for a normal float32 scale the smallest
+    # normal (TensorRT takes no subnormal scale; such weights are zero to float32 arithmetic anyway)
+    scale = representable_scale(np.where(amax > 0, np.maximum(amax / QMAX, FLOAT32_TINY), 1.0 / QMAX), ftype)
+    shape = [1] * values.ndim
+    shape[axis] = -1
+    q = np.clip(np.rint(values.astype(np.float64) / scale.astype(np.float64).reshape(shape)), -QMAX, QMAX)
+    return q.astype(np.int8), scale
+
+
+def representable_scale(scale: np.ndarray, ftype) -> np.ndarray:
+    """``scale`` in the Q/DQ's float type, never 0: a float16 scale below float16's smallest subnormal
+    would round to 0, which TensorRT rejects ("Scale coefficients must all be positive")."""
+    tiny = np.finfo(ftype).smallest_subnormal
+    return np.asarray(np.maximum(np.asarray(scale, np.float64), tiny), dtype=ftype)
+
+
+def weight_values(spec: WeightSpec, tensor: gs.Tensor, ftype=np.float32) -> tuple[np.ndarray, np.ndarray]:
+    """The int8 values and scales (of type ``ftype``) that the weight ``spec`` on ``tensor`` lowers to: the
+    source's own integers where the lift kept them, else ``tensor`` quantized per channel (and ``spec.source``
+    marked re-quantized)."""
+    if spec.int8 is not None and spec.scale is not None:
+        return spec.int8, representable_scale(np.asarray(spec.scale, np.float64), ftype)
+    if not isinstance(tensor, gs.Constant):
+        raise InternalError(f"weight '{spec.tensor}' is not a constant at lowering")
+    spec.source = ScaleSource.REQUANTIZED
+    # A weight still in its TensorProto is read without keeping the float copy on the Constant (the int8 one
+    # replaces it): a model over 2 GB would otherwise hold every weight twice while lowering.
+    lazy = getattr(tensor, "_values", None)
+    values = np.asarray(lazy.load() if isinstance(lazy, LazyValues) else tensor.values)
+    check_finite_weight(spec.tensor, values)
+    return quantize_weight(values, spec.axis, ftype)
+
+
+def effective_weight(spec: WeightSpec, tensor: gs.Tensor) -> np.ndarray:
+    """The float weights the lowered model computes with: int8 values times their scales."""
+    q, scale = weight_values(spec, tensor, float_type(tensor, "weight"))
+    if scale.ndim == 0:
+        return q.astype(np.float32) * scale
+    shape = [1] * q.ndim
+    shape[spec.axis] = -1
+    return q.astype(np.float32) * scale.reshape(shape)

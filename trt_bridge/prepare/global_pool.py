@@ -19,6 +19,7 @@ import math
 
 import onnx_graphsurgeon as gs
 
+from trt_bridge.ir.model import infer_shapes
 from trt_bridge.prepare.change import Change
 
 #: why a pool's window cannot be compared with its input yet (shapes unknown until constants are folded)
@@ -76,8 +77,6 @@ def after_folding(graph: gs.Graph) -> list[Change]:
     pools = [n for n in graph.nodes if n.op == "AveragePool" and _covers_input(n) in (UNKNOWN_RANK, UNKNOWN_DIMS)]
     if not pools:
         return GlobalAveragePool().apply(graph)
-    from trt_bridge.ir.model import infer_shapes
-
     inferred = infer_shapes(gs.export_onnx(graph, do_type_check=False))
     shapes = {v.name: [d.dim_value if d.HasField("dim_value") else None for d in v.type.tensor_type.shape.dim]
               for v in inferred.graph.value_info if v.type.tensor_type.HasField("shape")}

@@ -46,6 +46,7 @@ import onnx
 from onnx import TensorProto
 
 from trt_bridge.errors import UnsupportedPatternError
+from trt_bridge.ir.model import declared_types, value_types
 from trt_bridge.prepare.change import Change
 
 log = logging.getLogger("trt_bridge.prepare")
@@ -202,8 +203,6 @@ def agree_types(model: onnx.ModelProto, where: str = "model", declared: dict[str
     """
     g = model.graph
     opsets = {(i.domain or ""): i.version for i in model.opset_import}
-    from trt_bridge.ir.model import declared_types, value_types
-
     if declared is None:
         declared = declared_types(g.value_info)
     declared = {**declared, **declared_types(g.output)}

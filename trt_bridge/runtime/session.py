@@ -8,7 +8,7 @@ trt-bridge therefore keeps Q/DQ as float simulation (``session.disable_quant_qdq
 the values TensorRT's int8 kernels compute, up to accumulation order.
 
 A model with bfloat16 layers (``--high-precision bf16``) runs as its float32 emulation
-(:func:`trt_bridge.lower.precision.emulate_bfloat16`: every bfloat16 result rounded as TensorRT
+(:func:`trt_bridge.runtime.bf16.emulate_bfloat16`: every bfloat16 result rounded as TensorRT
 stores it), since the CPU provider has no bfloat16 kernels.
 """
 
@@ -17,6 +17,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import onnx
+
+from trt_bridge.runtime.bf16 import emulate_bfloat16, has_bfloat16
 
 
 def session(model: str | Path | onnx.ModelProto | bytes, simulate_qdq: bool = True):
@@ -55,8 +57,6 @@ def create_session(model, options, providers=("CPUExecutionProvider",)):
 
 def _bfloat16_emulated(model: str | Path | onnx.ModelProto | bytes):
     """``model`` itself, or the float32 emulation of its bfloat16 layers (as a ModelProto)."""
-    from trt_bridge.lower.precision import emulate_bfloat16, has_bfloat16
-
     if isinstance(model, bytes):
         proto = onnx.ModelProto.FromString(model)
     elif isinstance(model, onnx.ModelProto):

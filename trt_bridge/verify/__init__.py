@@ -183,7 +183,7 @@ def _feeds(reference: Path, candidate: Path, options: VerifyOptions) -> list[dic
     elif options.data is not None:
         feeds = list(open_feeds(options.data, None, inputs, model=cand))
     else:
-        from trt_bridge.calibrate.feeds import RandomFeeds
+        from trt_bridge.calibrate.feed_sources import RandomFeeds
 
         count = options.random if options.random is not None else DEFAULT_RANDOM_FEEDS
         if count < 1:

@@ -108,7 +108,7 @@ def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str,
     ref_model, lifted = _float_reference(reference)
     cand_model = onnx.load(str(candidate))
     from trt_bridge.ir.model import elem_types, infer_shapes
-    from trt_bridge.lower.precision import emulate_bfloat16
+    from trt_bridge.runtime.bf16 import emulate_bfloat16
 
     for model in (ref_model, cand_model):  # exposed tensors need types (models often carry no value_info)
         if not model.graph.value_info:

@@ -1,0 +1,47 @@
+"""Which precision TensorRT runs each compute layer of a converted model in, for the report and ``check``.
+
+Under strong typing TensorRT runs every layer in the type the ONNX gives it: a weighted op whose data input
+is dequantized from int8 runs INT8, any other layer in its output's type (FP32, FP16, BF16).
+"""
+
+from __future__ import annotations
+
+import onnx
+
+from trt_bridge.ir.model import elem_types
+
+WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
+SKIP = frozenset({"QuantizeLinear", "DequantizeLinear", "Cast", "Constant", "Identity", "Reshape", "Transpose",
+                  "Flatten", "Squeeze", "Unsqueeze", "Shape", "Gather", "Concat", "Split", "Slice"})
+
+
+def layer_precisions(model: onnx.ModelProto) -> dict:
+    """Which compute layers TensorRT runs in INT8, FP16, BF16 or FP32, as the model's types dictate (strong
+    typing): a weighted op whose data input is dequantized from int8 runs INT8, any other layer in its output's
+    type. Data movement (reshapes, casts, Q/DQ themselves) is not counted."""
+    types = elem_types(model)
+    producer = {o: n for n in model.graph.node for o in n.output}
+    names = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16",
+             onnx.TensorProto.DOUBLE: "fp64"}
+    layers: dict[str, str] = {}
+    for node in model.graph.node:
+        if node.op_type in SKIP or not node.output:
+            continue
+        src = producer.get(node.input[0]) if node.input else None
+        if node.op_type in WEIGHTED_OPS and src is not None and src.op_type == "DequantizeLinear":
+            layers[node.name] = "int8"
+            continue
+        kind = names.get(types.get(node.output[0], 0))
+        if kind is not None:
+            layers[node.name] = kind
+    counts: dict[str, int] = {}
+    for kind in layers.values():
+        counts[kind] = counts.get(kind, 0) + 1
+    return {"counts": dict(sorted(counts.items())), "layers": layers}
+
+
+def precision_line(precisions: dict) -> str:
+    """The one-line summary of :func:`layer_precisions` that ``convert`` and ``check`` print."""
+    counts = precisions["counts"]
+    return "layers by precision (as TensorRT will run them): " + (
+        ", ".join(f"{k.upper()} {v}" for k, v in counts.items()) or "none")
