@@ -204,7 +204,7 @@ if __name__ == "__main__":  # python tests/test_architecture.py [PREFIX]: every 
             print("private  ", i)
     for cycle in _cycles({m: {i.target for i in IMPORTS if i.importer == m} for m in MODULES}):
         print("cycle    ", " ".join(cycle))
-    for module, path in MODULES.items():
+    for path in MODULES.values():
         lines = len(path.read_text(encoding="utf-8").splitlines())
         if lines > MAX_LINES and str(path.relative_to(ROOT)).startswith(prefix):
             print("long     ", path.relative_to(ROOT), lines)

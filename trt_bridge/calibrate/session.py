@@ -76,7 +76,7 @@ class CalibrationSession:
     The model is not copied: the tensors are appended to its outputs while the session
     is created and removed again. Memory holds one feed's activations at a time. (A model with
     bfloat16 layers is, under ``simulate_qdq``: it runs as its float32 emulation, see
-    :func:`trt_bridge.lower.precision.emulate_bfloat16`.)
+    :func:`trt_bridge.runtime.bf16.emulate_bfloat16`.)
     """
 
     def __init__(self, model: onnx.ModelProto, tensors: list[str], simulate_qdq: bool = False,
