@@ -9,6 +9,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations
+from trt_bridge.ir.names import NameAllocator
 
 #: What ``apply`` returns for a node outside its pattern (a float MaxPool for the integer
 #: pass-through rule): neither fired nor declined, and not reported.
@@ -23,21 +24,6 @@ class Decline:
     node: str
     op: str
     reason: str
-
-
-class NameAllocator:
-    """Hands out node and tensor names that do not clash with any in the graph."""
-
-    def __init__(self, graph: gs.Graph):
-        self._taken = {n.name for n in graph.nodes} | set(graph.tensors().keys())
-
-    def __call__(self, base: str) -> str:
-        name, i = base, 1
-        while name in self._taken:
-            name = f"{base}_{i}"
-            i += 1
-        self._taken.add(name)
-        return name
 
 
 @dataclass(frozen=True)

@@ -22,11 +22,10 @@ import onnx_graphsurgeon as gs
 from trt_bridge.annotations import ScaleSource, Site, WeightSpec
 from trt_bridge.lift.base import LiftContext
 from trt_bridge.lift.scale_algebra import constant_values
-from trt_bridge.place.policies import weight_axis
+from trt_bridge.lift.weights import WEIGHT_INPUT, weight_axis
 
 #: the domains AMD's quantizers write their custom ops in (Quark; Vitis AI's quantizer before it)
 QUARK_DOMAINS = ("com.amd.quark", "com.vai.quantize")
-WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
 
 
 class BlockQuantizeDequantize:

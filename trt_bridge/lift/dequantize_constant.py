@@ -28,10 +28,7 @@ import onnx_graphsurgeon as gs
 from trt_bridge.annotations import ScaleSource, Site, WeightSpec
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
-from trt_bridge.lift.weights import lift_integer_weight
-from trt_bridge.place.policies import weight_axis
-
-WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
+from trt_bridge.lift.weights import WEIGHT_INPUT, lift_integer_weight, weight_axis
 
 
 def integer_range(dtype: np.dtype) -> tuple[int, int]:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trt_bridge.ir.graph_builder import GraphBuilder, present, used
 from trt_bridge.lift.base import NOT_MINE, LiftContext
-from trt_bridge.lift.graph_builder import GraphBuilder, present, used
 
 MS = "com.microsoft"
 

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trt_bridge.ir.graph_builder import GraphBuilder, present, used
 from trt_bridge.lift.base import NOT_MINE, LiftContext
-from trt_bridge.lift.graph_builder import GraphBuilder, present, used
 
 MS = "com.microsoft"
 #: ops whose output 1 is onnxruntime's 1-D mask index (key lengths per batch entry)

@@ -21,8 +21,8 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trt_bridge.ir.graph_builder import GraphBuilder, present, used
 from trt_bridge.lift.base import NOT_MINE, LiftContext
-from trt_bridge.lift.graph_builder import GraphBuilder, present, used
 from trt_bridge.lift.ort_attention import MS, AttentionSpec, mask_form, through_casts, write_heads
 from trt_bridge.lift.scale_algebra import constant_values
 

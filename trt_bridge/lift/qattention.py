@@ -22,9 +22,9 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site
+from trt_bridge.ir.graph_builder import present
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.dynamic_integer import static_activation
-from trt_bridge.lift.graph_builder import present
 from trt_bridge.lift.ort_attention import MS, attention_spec, write_attention
 from trt_bridge.lift.scale_algebra import constant_values
 from trt_bridge.lift.weights import lift_integer_weight

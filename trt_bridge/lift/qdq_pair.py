@@ -37,8 +37,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trt_bridge.annotations import ScaleSource, Site
-from trt_bridge.calibrate.observers import QMAX
+from trt_bridge.annotations import QMAX, ScaleSource, Site
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
 

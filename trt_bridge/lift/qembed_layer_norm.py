@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trt_bridge.ir.graph_builder import present
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.embed_layer_norm import MS, write_embed_layer_norm
-from trt_bridge.lift.graph_builder import present
 from trt_bridge.lift.scale_algebra import constant_values
 
 _TABLES = ("word_embedding", "position_embedding", "segment_embedding", "gamma", "beta")

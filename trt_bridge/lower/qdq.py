@@ -24,11 +24,10 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
-from trt_bridge.annotations import Annotations, ScaleSource, WeightSpec
-from trt_bridge.calibrate.observers import QMAX
+from trt_bridge.annotations import QMAX, Annotations, ScaleSource, WeightSpec
 from trt_bridge.errors import InternalError, UnsupportedPatternError
+from trt_bridge.ir.names import NameAllocator
 from trt_bridge.ir.values import FLOAT32_TINY, check_finite_weight
-from trt_bridge.lift.base import NameAllocator
 
 
 @dataclass(frozen=True)

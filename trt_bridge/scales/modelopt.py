@@ -12,7 +12,7 @@ and ``.``, is the module's path plus one last component (the op), or is the path
   ``model.`` or ``/bert``);
 * ``input_quantizer`` → the node's data input (through a Q/DQ pair to the tensor quantized),
   ``weight_quantizer`` → its constant weight, per channel along
-  :func:`trt_bridge.place.policies.weight_axis` (a Linear's [out] amax sits on a MatMul weight's last
+  :func:`trt_bridge.lift.weights.weight_axis` (a Linear's [out] amax sits on a MatMul weight's last
   axis, on a transB Gemm's axis 0);
 * a module matching nodes that read different tensors is *ambiguous*; keys of other quantizers
   (``output_quantizer``, ``*_bmm_quantizer``, ...), modules matching no node, and amax shapes
@@ -38,6 +38,7 @@ import numpy as np
 import onnx
 
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
+from trt_bridge.lift.weights import weight_axis
 from trt_bridge.scales.formats import Constants, weight_name
 from trt_bridge.scales.table import ScaleEntry, ScaleTable
 
@@ -194,8 +195,6 @@ def amax_table(state: Mapping[str, np.ndarray], model: onnx.ModelProto, source: 
                ) -> tuple[ScaleTable, dict]:
     """Map a state dict's ``*_quantizer._amax`` entries onto ``model`` (see the module doc)."""
     import onnx_graphsurgeon as gs
-
-    from trt_bridge.place.policies import weight_axis
 
     graph = _Graph(model)
     report: dict = {"matched": [], "unmatched": [], "ambiguous": [], "shared": [], "ignored": 0}
