@@ -22,6 +22,8 @@ channel, the nearest thing TensorRT builds (logged; the report lists the weight 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -78,11 +80,22 @@ def integer_constant(tensor: gs.Tensor) -> np.ndarray | None:
     return quantize_like(floats, scale, zp, axis, int(producer.attrs.get("block_size", 0)))
 
 
+@dataclass(frozen=True)
+class DequantizedConstantMatch:
+    dq: gs.Node
+    values: np.ndarray  # the integers
+    floats: np.ndarray  # what the DequantizeLinear computes of them
+    scale: np.ndarray  # float64, 0-d or 1-d
+    zp: np.ndarray  # int64, 0-d or 1-d
+    axis: int
+    block: int  # block_size (0: per tensor or per axis)
+
+
 class DequantizeConstant:
     name = "dequantize-constant"
     op_types = ("DequantizeLinear",)
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> DequantizedConstantMatch | str:
         values = integer_constant(node.inputs[0])
         if values is None:
             return NOT_MINE  # an activation: the Q/DQ pair rule's
@@ -98,12 +111,17 @@ class DequantizeConstant:
             return f"block-wise scale of shape {list(scale.shape)} does not cover the weight {list(values.shape)}"
         floats = ((values.astype(np.int64) - broadcast_param(zp.astype(np.int64), values, axis, block))
                   * broadcast_param(scale, values, axis, block)).astype(np.float32)
+        scale = scale.astype(np.float64).reshape(-1) if scale.size > 1 else scale.astype(np.float64).reshape(())
+        zp = zp.astype(np.int64).reshape(-1) if zp.size > 1 else zp.astype(np.int64).reshape(())
+        return DequantizedConstantMatch(node, values, floats, scale, zp, axis, block)
+
+    def rewrite(self, ctx: LiftContext, match: DequantizedConstantMatch) -> None:
+        node, values, floats = match.dq, match.values, match.floats
+        scale, zp, axis, block = match.scale, match.zp, match.axis, match.block
         if block:
             ctx.approximate(self.name, node.name, f"block-wise weights (block_size {block}) re-quantized as int8 per "
                             "output channel, the nearest form TensorRT builds")
-        scale = scale.astype(np.float64).reshape(-1) if scale.size > 1 else scale.astype(np.float64).reshape(())
-        zp = zp.astype(np.int64).reshape(-1) if zp.size > 1 else zp.astype(np.int64).reshape(())
-        source = node.inputs[0]
+        source, out = node.inputs[0], node.outputs[0]
         for consumer in list(out.outputs):
             for index, tensor in enumerate(consumer.inputs):
                 if tensor is not out:
@@ -122,4 +140,3 @@ class DequantizeConstant:
                     ctx.annotations.add_weight(WeightSpec(const.name, [site], c_axis, node.name,
                                                           source=ScaleSource.REQUANTIZED))
                     consumer.inputs[index] = const
-        return None
