@@ -40,6 +40,8 @@ class BlockFormatMatch:
 class BlockQuantizeDequantize:
     name = "block-quantize-dequantize"
     op_types = ("BFPQuantizeDequantize", "MXQuantizeDequantize")
+    outcome = ("lifted by rule 'block-quantize-dequantize': TensorRT has no block floating point, so the "
+               "tensor becomes int8 (activations calibrated: needs --calib-data; weights per output channel)")
 
     def match(self, ctx: LiftContext, node: gs.Node) -> BlockFormatMatch | str:
         if (node.domain or "") not in QUARK_DOMAINS:

@@ -33,6 +33,7 @@ class ConvBiasMatch:
 class FoldConvBias:
     name = "conv-bias"
     op_types = ("Add",)
+    outcome = None  # no words of its own: check says "lifted by" the rule
 
     def match(self, ctx: LiftContext, node: gs.Node) -> ConvBiasMatch | str:
         if len(node.inputs) != 2:

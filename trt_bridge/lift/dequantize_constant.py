@@ -94,6 +94,8 @@ class DequantizedConstantMatch:
 class DequantizeConstant:
     name = "dequantize-constant"
     op_types = ("DequantizeLinear",)
+    outcome = ("lifted by rule 'dequantize-constant': weights become symmetric int8 per output channel (zero "
+               "point 0), an int32 bias becomes float")
 
     def match(self, ctx: LiftContext, node: gs.Node) -> DequantizedConstantMatch | str:
         values = integer_constant(node.inputs[0])

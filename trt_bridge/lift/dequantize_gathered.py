@@ -92,6 +92,7 @@ class GatheredTableMatch:
 class DequantizeGathered:
     name = "dequantize-gathered"
     op_types = ("DequantizeLinear",)
+    outcome = None  # no words of its own: check says "lifted by" the rule
 
     def match(self, ctx: LiftContext, node: gs.Node) -> GatheredTableMatch | str:
         found = _chain(node.inputs[0])

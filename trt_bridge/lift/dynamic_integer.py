@@ -148,6 +148,8 @@ class IntegerOpMatch:
 class DynamicIntegerOp:
     name = "dynamic-integer-op"
     op_types = ("MatMulInteger", "ConvInteger")
+    outcome = ("lifted by rule 'dynamic-integer-op' to a float op on the source's int8 weights, with a "
+               "symmetric int8 Q/DQ whose activation scale is calibrated (needs --calib-data)")
 
     def match(self, ctx: LiftContext, node: gs.Node) -> IntegerOpMatch | str:
         is_conv = node.op == "ConvInteger"

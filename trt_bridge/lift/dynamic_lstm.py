@@ -61,6 +61,7 @@ class DynamicLSTMMatch:
 class DynamicQuantizeLSTM:
     name = "dynamic-lstm"
     op_types = ("DynamicQuantizeLSTM",)
+    outcome = None  # no words of its own: check says "lifted by" the rule
 
     def match(self, ctx: LiftContext, node: gs.Node) -> DynamicLSTMMatch | str:
         # inputs: X, W_q, R_q, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zp, R_scale, R_zp

@@ -34,6 +34,7 @@ class DynamicPassThroughMatch:
 class DynamicPassThrough:
     name = "dynamic-pass-through"
     op_types = ("DequantizeLinear",)
+    outcome = None  # no words of its own: check says "lifted by" the rule
 
     def match(self, ctx: LiftContext, node: gs.Node) -> DynamicPassThroughMatch | str:
         nodes: list[gs.Node] = []

@@ -71,6 +71,8 @@ class EmbedLayerNormMatch:
 class OrtEmbedLayerNorm:
     name = "ort-embed-layer-norm"
     op_types = ("EmbedLayerNormalization",)
+    outcome = ("written back by rule 'ort-embed-layer-norm' as Gather + Add + LayerNormalization (the mask "
+               "index as ReduceSum)")
 
     def match(self, ctx: LiftContext, node: gs.Node) -> EmbedLayerNormMatch | str:
         if (node.domain or "") != MS:

@@ -44,6 +44,8 @@ class FusedDynamicMatMulMatch:
 class FusedDynamicMatMul:
     name = "fused-dynamic-matmul"
     op_types = ("DynamicQuantizeMatMul", "MatMulIntegerToFloat")
+    outcome = ("lifted by rule 'fused-dynamic-matmul' to MatMul on the source's int8 weights, with a "
+               "calibrated int8 activation Q/DQ (needs --calib-data)")
 
     def match(self, ctx: LiftContext, node: gs.Node) -> FusedDynamicMatMulMatch | str:
         if (node.domain or "") != "com.microsoft":

@@ -29,6 +29,7 @@ class FusedMatMulMatch:
 class FusedMatMul:
     name = "fused-matmul"
     op_types = ("FusedMatMul",)
+    outcome = "lifted by rule 'fused-matmul' to MatMul (+ Transpose / alpha Mul)"
 
     def match(self, ctx: LiftContext, node: gs.Node) -> FusedMatMulMatch | str:
         if (node.domain or "") != "com.microsoft":

@@ -55,6 +55,7 @@ class IntegerPassThroughMatch:
 class IntegerPassThrough:
     name = "integer-pass-through"
     op_types = tuple(sorted(PASS_THROUGH | INDEX_OUTPUT))
+    outcome = "lifted by rule 'integer-pass-through': the op runs on the float values between Q/DQ"
 
     def match(self, ctx: LiftContext, node: gs.Node) -> IntegerPassThroughMatch | str:
         if not node.inputs:

@@ -189,6 +189,8 @@ class AttentionMatch:
 class OrtAttention:
     name = "ort-attention"
     op_types = ("Attention",)
+    outcome = ("written back by rule 'ort-attention' as standard ONNX (MatMul, Split, Reshape, Transpose, "
+               "Softmax; the mask as onnxruntime's kernel applies it)")
 
     def match(self, ctx: LiftContext, node: gs.Node) -> AttentionMatch | str:
         if (node.domain or "") != MS:

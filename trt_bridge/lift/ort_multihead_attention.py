@@ -59,6 +59,8 @@ class MultiHeadAttentionMatch:
 class OrtMultiHeadAttention:
     name = "ort-multihead-attention"
     op_types = ("MultiHeadAttention",)
+    outcome = ("written back by rule 'ort-multihead-attention' as standard ONNX (bias Add, Reshape, "
+               "Transpose, MatMul, Softmax)")
 
     def match(self, ctx: LiftContext, node: gs.Node) -> MultiHeadAttentionMatch | str:
         if (node.domain or "") != MS:

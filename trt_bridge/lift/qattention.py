@@ -72,6 +72,9 @@ class QAttentionMatch:
 class QAttention:
     name = "qattention"
     op_types = ("QAttention",)
+    outcome = ("lifted by rule 'qattention' to MatMul on the source's int8 packed Q/K/V weights with a "
+               "calibrated int8 activation Q/DQ (needs --calib-data for a dynamic source), then standard "
+               "ONNX attention")
 
     def match(self, ctx: LiftContext, node: gs.Node) -> QAttentionMatch | str:
         if (node.domain or "") != MS:

@@ -80,6 +80,8 @@ class QDQPairMatch:
 class QDQPair:
     name = "qdq-pair"
     op_types = ("QuantizeLinear",)
+    outcome = ("lifted by rule 'qdq-pair' to a symmetric int8 Q/DQ (zero point 0) covering the source's "
+               "range")
 
     def match(self, ctx: LiftContext, node: gs.Node) -> QDQPairMatch | str:
         q_out = node.outputs[0]

@@ -37,6 +37,8 @@ class QEmbedLayerNormMatch:
 class QEmbedLayerNorm:
     name = "qembed-layer-norm"
     op_types = ("QEmbedLayerNormalization",)
+    outcome = ("lifted by rule 'qembed-layer-norm': its tables dequantized to float, then Gather + Add + "
+               "LayerNormalization (the mask index as ReduceSum)")
 
     def match(self, ctx: LiftContext, node: gs.Node) -> QEmbedLayerNormMatch | str:
         if (node.domain or "") != MS:

@@ -79,6 +79,7 @@ class QOperatorMatch:
 class QOperatorOps:
     name = "qoperator"
     op_types = tuple(sorted({op for _, op in TABLE}))
+    outcome = "lifted by rule 'qoperator' to the float op between symmetric int8 Q/DQ (int32 bias → float)"
 
     def match(self, ctx: LiftContext, node: gs.Node) -> QOperatorMatch | str:
         spec = TABLE.get((node.domain or "", node.op))

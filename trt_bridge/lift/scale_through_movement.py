@@ -56,6 +56,7 @@ class MovedScaleMatch:
 class ScaleThroughMovement:
     name = "qdq-through-data-movement"
     op_types = tuple(sorted(COMMUTES))
+    outcome = None  # no words of its own: check says "lifted by" the rule
 
     def match(self, ctx: LiftContext, node: gs.Node) -> MovedScaleMatch | str:
         if not node.inputs or not node.outputs:
