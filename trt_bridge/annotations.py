@@ -13,6 +13,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+#: symmetric int8: codes in [-QMAX, QMAX], so a tensor whose largest magnitude is amax has scale amax / QMAX
+QMAX = 127
+
 
 class ScaleSource(str, enum.Enum):
     """Where a quantization scale came from (recorded in the report)."""

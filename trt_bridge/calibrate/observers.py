@@ -20,7 +20,7 @@ import enum
 
 import numpy as np
 
-QMAX = 127
+from trt_bridge.annotations import QMAX
 
 
 class CalibMethod(str, enum.Enum):

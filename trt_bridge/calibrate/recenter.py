@@ -27,10 +27,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trt_bridge.annotations import ActivationSpec, Annotations, ScaleSource, Site
-from trt_bridge.calibrate.observers import QMAX
+from trt_bridge.annotations import QMAX, ActivationSpec, Annotations, ScaleSource, Site
 from trt_bridge.calibrate.session import CalibrationResult
-from trt_bridge.lift.base import NameAllocator
+from trt_bridge.ir.names import NameAllocator
 from trt_bridge.lift.weights import effective_weight
 
 MIN_GAIN = 0.75  # re-centre when the shifted range is below 75 % of the symmetric one

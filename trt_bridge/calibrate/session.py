@@ -10,8 +10,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from trt_bridge.annotations import QMAX
 from trt_bridge.calibrate.feeds import FeedSource
-from trt_bridge.calibrate.observers import QMAX, CalibMethod, RangeObserver
+from trt_bridge.calibrate.observers import CalibMethod, RangeObserver
 from trt_bridge.errors import CalibrationDataError, MissingDependencyError
 from trt_bridge.ir.model import serialize_for_session
 from trt_bridge.ir.values import FLOAT32_TINY

@@ -24,7 +24,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations, ScaleSource, Site, WeightSpec
-from trt_bridge.lift.base import NameAllocator
+from trt_bridge.ir.names import NameAllocator
 from trt_bridge.lift.weights import effective_weight
 
 S_RANGE = (1e-4, 1e4)

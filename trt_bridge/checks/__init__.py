@@ -25,35 +25,12 @@ from pathlib import Path
 from trt_bridge.checks.findings import CheckReport, Finding, ParserRun, Severity, TensorInfo
 from trt_bridge.checks.rules import CHECK_RULES, is_int8, tensor_info
 from trt_bridge.errors import MissingDependencyError
+from trt_bridge.lift import LIFT_RULES
 
 log = logging.getLogger("trt_bridge.checks")
 
-#: What each lift rule makes of the nodes it rewrites (the "convert:" line of a finding).
-LIFT_OUTCOMES = {
-    "dynamic-integer-op": "lifted by rule 'dynamic-integer-op' to a float op on the source's int8 weights, with a "
-                          "symmetric int8 Q/DQ whose activation scale is calibrated (needs --calib-data)",
-    "fused-dynamic-matmul": "lifted by rule 'fused-dynamic-matmul' to MatMul on the source's int8 weights, with a "
-                            "calibrated int8 activation Q/DQ (needs --calib-data)",
-    "fused-matmul": "lifted by rule 'fused-matmul' to MatMul (+ Transpose / alpha Mul)",
-    "qoperator": "lifted by rule 'qoperator' to the float op between symmetric int8 Q/DQ (int32 bias → float)",
-    "integer-pass-through": "lifted by rule 'integer-pass-through': the op runs on the float values between Q/DQ",
-    "dequantize-constant": "lifted by rule 'dequantize-constant': weights become symmetric int8 per output channel "
-                           "(zero point 0), an int32 bias becomes float",
-    "qdq-pair": "lifted by rule 'qdq-pair' to a symmetric int8 Q/DQ (zero point 0) covering the source's range",
-    "ort-attention": "written back by rule 'ort-attention' as standard ONNX (MatMul, Split, Reshape, Transpose, "
-                     "Softmax; the mask as onnxruntime's kernel applies it)",
-    "ort-multihead-attention": "written back by rule 'ort-multihead-attention' as standard ONNX (bias Add, "
-                               "Reshape, Transpose, MatMul, Softmax)",
-    "qattention": "lifted by rule 'qattention' to MatMul on the source's int8 packed Q/K/V weights with a calibrated "
-                  "int8 activation Q/DQ (needs --calib-data for a dynamic source), then standard ONNX attention",
-    "ort-embed-layer-norm": "written back by rule 'ort-embed-layer-norm' as Gather + Add + LayerNormalization "
-                            "(the mask index as ReduceSum)",
-    "qembed-layer-norm": "lifted by rule 'qembed-layer-norm': its tables dequantized to float, then Gather + Add + "
-                         "LayerNormalization (the mask index as ReduceSum)",
-    "block-quantize-dequantize": "lifted by rule 'block-quantize-dequantize': TensorRT has no block floating "
-                                 "point, so the tensor becomes int8 (activations calibrated: needs --calib-data; "
-                                 "weights per output channel)",
-}
+#: What each lift rule makes of the nodes it rewrites (the "convert:" line of a finding): the rules' own words.
+LIFT_OUTCOMES = {rule.name: rule.outcome for rule in LIFT_RULES if rule.outcome is not None}
 ABSORBED = "removed by lifting (the rule that rewrote its consumers took it in)"
 
 

@@ -56,15 +56,18 @@ TENSORRT_REJECTS = frozenset({
 
 
 def lift(graph: gs.Graph, rules: tuple[LiftRule, ...] = LIFT_RULES) -> LiftContext:
-    """Apply ``rules`` to ``graph`` in place; dead source nodes are removed afterwards."""
+    """Apply ``rules`` to ``graph`` in place, each to the nodes of its op types in graph order (match, then
+    rewrite); dead source nodes are removed afterwards."""
     ctx = LiftContext(graph)
     for rule in rules:
         for node in [n for n in graph.nodes if n.op in rule.op_types]:
-            reason = rule.apply(ctx, node)
-            if reason is None:
-                ctx.fired.setdefault(rule.name, []).append(node.name)
-            elif reason != NOT_MINE:
-                ctx.declined.append(Decline(rule.name, node.name, node.op, reason))
+            found = rule.match(ctx, node)
+            if isinstance(found, str):
+                if found != NOT_MINE:
+                    ctx.declined.append(Decline(rule.name, node.name, node.op, found))
+                continue
+            rule.rewrite(ctx, found)
+            ctx.fired.setdefault(rule.name, []).append(node.name)
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     by_rule: dict[str, list[Approximation]] = {}
     for approx in ctx.approximated:

@@ -1,18 +1,23 @@
-"""What every lift rule shares: the context it writes to, and how it declines."""
+"""What every lift rule shares: the context it writes to, how it declines, and the two steps it takes
+(``match``, then ``rewrite``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations
+from trt_bridge.ir.names import NameAllocator
 
-#: What ``apply`` returns for a node outside its pattern (a float MaxPool for the integer
+#: What ``match`` returns for a node outside its pattern (a float MaxPool for the integer
 #: pass-through rule): neither fired nor declined, and not reported.
 NOT_MINE = ""
+
+#: the match object of a rule: what its ``match`` found and its ``rewrite`` needs
+M = TypeVar("M")
 
 
 @dataclass(frozen=True)
@@ -23,21 +28,6 @@ class Decline:
     node: str
     op: str
     reason: str
-
-
-class NameAllocator:
-    """Hands out node and tensor names that do not clash with any in the graph."""
-
-    def __init__(self, graph: gs.Graph):
-        self._taken = {n.name for n in graph.nodes} | set(graph.tensors().keys())
-
-    def __call__(self, base: str) -> str:
-        name, i = base, 1
-        while name in self._taken:
-            name = f"{base}_{i}"
-            i += 1
-        self._taken.add(name)
-        return name
 
 
 @dataclass(frozen=True)
@@ -79,15 +69,34 @@ class LiftContext:
         return const
 
 
-class LiftRule(Protocol):
-    """One source pattern lifted to float graph + annotations.
+@dataclass(frozen=True)
+class PendingConstant:
+    """A float constant that a ``match`` worked out and its ``rewrite`` adds (:meth:`LiftContext.constant`):
+    ``match`` changes nothing, not even the names taken."""
 
-    ``apply`` rewires the edges around ``node`` and returns None, or returns the
-    reason it declined (and leaves the graph untouched). Dead nodes are removed by
-    a separate cleanup step.
+    base: str
+    values: np.ndarray
+    key: tuple
+
+    def make(self, ctx: LiftContext) -> gs.Constant:
+        return ctx.constant(self.base, self.values, self.key)
+
+
+class LiftRule(Protocol[M]):
+    """One source pattern lifted to float graph + annotations, in two steps.
+
+    ``match`` looks at ``node`` and returns what ``rewrite`` needs (the rule's match object, never a
+    string), or the reason it declines (:data:`NOT_MINE` for a node outside its pattern); it changes
+    nothing, neither the graph nor the context. ``rewrite`` rewires the edges around the match and
+    records annotations; it does not decline. Dead nodes are removed by a separate cleanup step.
+    ``outcome`` is what ``check`` says the rule makes of the nodes it rewrites (None: ``check`` names
+    the rule).
     """
 
     name: str
     op_types: tuple[str, ...]
+    outcome: str | None
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None: ...
+    def match(self, ctx: LiftContext, node: gs.Node) -> M | str: ...
+
+    def rewrite(self, ctx: LiftContext, match: M) -> None: ...

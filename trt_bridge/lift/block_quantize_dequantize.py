@@ -17,31 +17,45 @@ quantized symmetric per output channel. Every node lifted this way is listed in 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site, WeightSpec
 from trt_bridge.lift.base import LiftContext
 from trt_bridge.lift.scale_algebra import constant_values
-from trt_bridge.place.policies import weight_axis
+from trt_bridge.lift.weights import WEIGHT_INPUT, weight_axis
 
 #: the domains AMD's quantizers write their custom ops in (Quark; Vitis AI's quantizer before it)
 QUARK_DOMAINS = ("com.amd.quark", "com.vai.quantize")
-WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
+
+
+@dataclass(frozen=True)
+class BlockFormatMatch:
+    node: gs.Node
+    values: np.ndarray | None  # the input's values where it is a constant
 
 
 class BlockQuantizeDequantize:
     name = "block-quantize-dequantize"
     op_types = ("BFPQuantizeDequantize", "MXQuantizeDequantize")
+    outcome = ("lifted by rule 'block-quantize-dequantize': TensorRT has no block floating point, so the "
+               "tensor becomes int8 (activations calibrated: needs --calib-data; weights per output channel)")
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> BlockFormatMatch | str:
         if (node.domain or "") not in QUARK_DOMAINS:
             return f"{node.op} of domain '{node.domain}' is not AMD Quark's (expected one of {QUARK_DOMAINS})"
         if len(node.inputs) != 1 or len(node.outputs) != 1:
             return f"expected one input and one output, found {len(node.inputs)} and {len(node.outputs)}"
-        x, y = node.inputs[0], node.outputs[0]
+        x = node.inputs[0]
         if getattr(x.dtype, "kind", "f") != "f":
             return f"the input '{x.name}' is {x.dtype}, not float"
-        values = constant_values(x)
+        return BlockFormatMatch(node, constant_values(x))
+
+    def rewrite(self, ctx: LiftContext, match: BlockFormatMatch) -> None:
+        node, values = match.node, match.values
+        x, y = node.inputs[0], node.outputs[0]
         graph_outputs = any(t is y for t in ctx.graph.outputs)
         what = "activation, int8 scale from calibration" if values is None else "constant, kept float"
         for consumer in list(y.outputs):
@@ -61,4 +75,3 @@ class BlockQuantizeDequantize:
             ctx.graph.nodes.append(gs.Node("Identity", ctx.names(f"{node.name}/float"), {}, [x], [y]))
         ctx.approximate(self.name, node.name, f"{node.op} (block format, block_size="
                         f"{node.attrs.get('block_size', '?')}) has no TensorRT equivalent: {what}")
-        return None

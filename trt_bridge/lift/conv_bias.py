@@ -14,6 +14,8 @@ the Conv's output has no other reader and is not a graph output. Exact up to flo
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -21,11 +23,19 @@ from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values
 
 
+@dataclass(frozen=True)
+class ConvBiasMatch:
+    add: gs.Node
+    conv: gs.Node
+    bias: np.ndarray  # the Conv's bias plus the added constant, in the constant's type
+
+
 class FoldConvBias:
     name = "conv-bias"
     op_types = ("Add",)
+    outcome = None  # no words of its own: check says "lifted by" the rule
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> ConvBiasMatch | str:
         if len(node.inputs) != 2:
             return NOT_MINE
         for index in (0, 1):
@@ -45,16 +55,19 @@ class FoldConvBias:
             if len(conv.inputs) > 2 and conv.inputs[2].name and old is None:
                 return NOT_MINE
             total = bias.astype(np.float64) + (0.0 if old is None else old.astype(np.float64))
-            const = gs.Constant(ctx.names(f"{conv.name}_bias_folded"), total.astype(values.dtype))
-            if len(conv.inputs) > 2:
-                conv.inputs[2] = const
-            else:
-                conv.inputs.append(const)
-            z = node.outputs[0]
-            node.outputs.clear()
-            conv.outputs[0] = z
-            return None
+            return ConvBiasMatch(node, conv, total.astype(values.dtype))
         return NOT_MINE
+
+    def rewrite(self, ctx: LiftContext, match: ConvBiasMatch) -> None:
+        conv = match.conv
+        const = gs.Constant(ctx.names(f"{conv.name}_bias_folded"), match.bias)
+        if len(conv.inputs) > 2:
+            conv.inputs[2] = const
+        else:
+            conv.inputs.append(const)
+        z = match.add.outputs[0]
+        match.add.outputs.clear()
+        conv.outputs[0] = z
 
 
 def _per_channel(values: np.ndarray, conv: gs.Node, y: gs.Tensor) -> np.ndarray | None:

@@ -22,16 +22,15 @@ channel, the nearest thing TensorRT builds (logged; the report lists the weight 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site, WeightSpec
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
-from trt_bridge.lift.weights import lift_integer_weight
-from trt_bridge.place.policies import weight_axis
-
-WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
+from trt_bridge.lift.weights import WEIGHT_INPUT, lift_integer_weight, weight_axis
 
 
 def integer_range(dtype: np.dtype) -> tuple[int, int]:
@@ -81,11 +80,24 @@ def integer_constant(tensor: gs.Tensor) -> np.ndarray | None:
     return quantize_like(floats, scale, zp, axis, int(producer.attrs.get("block_size", 0)))
 
 
+@dataclass(frozen=True)
+class DequantizedConstantMatch:
+    dq: gs.Node
+    values: np.ndarray  # the integers
+    floats: np.ndarray  # what the DequantizeLinear computes of them
+    scale: np.ndarray  # float64, 0-d or 1-d
+    zp: np.ndarray  # int64, 0-d or 1-d
+    axis: int
+    block: int  # block_size (0: per tensor or per axis)
+
+
 class DequantizeConstant:
     name = "dequantize-constant"
     op_types = ("DequantizeLinear",)
+    outcome = ("lifted by rule 'dequantize-constant': weights become symmetric int8 per output channel (zero "
+               "point 0), an int32 bias becomes float")
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> DequantizedConstantMatch | str:
         values = integer_constant(node.inputs[0])
         if values is None:
             return NOT_MINE  # an activation: the Q/DQ pair rule's
@@ -101,12 +113,17 @@ class DequantizeConstant:
             return f"block-wise scale of shape {list(scale.shape)} does not cover the weight {list(values.shape)}"
         floats = ((values.astype(np.int64) - broadcast_param(zp.astype(np.int64), values, axis, block))
                   * broadcast_param(scale, values, axis, block)).astype(np.float32)
+        scale = scale.astype(np.float64).reshape(-1) if scale.size > 1 else scale.astype(np.float64).reshape(())
+        zp = zp.astype(np.int64).reshape(-1) if zp.size > 1 else zp.astype(np.int64).reshape(())
+        return DequantizedConstantMatch(node, values, floats, scale, zp, axis, block)
+
+    def rewrite(self, ctx: LiftContext, match: DequantizedConstantMatch) -> None:
+        node, values, floats = match.dq, match.values, match.floats
+        scale, zp, axis, block = match.scale, match.zp, match.axis, match.block
         if block:
             ctx.approximate(self.name, node.name, f"block-wise weights (block_size {block}) re-quantized as int8 per "
                             "output channel, the nearest form TensorRT builds")
-        scale = scale.astype(np.float64).reshape(-1) if scale.size > 1 else scale.astype(np.float64).reshape(())
-        zp = zp.astype(np.int64).reshape(-1) if zp.size > 1 else zp.astype(np.int64).reshape(())
-        source = node.inputs[0]
+        source, out = node.inputs[0], node.outputs[0]
         for consumer in list(out.outputs):
             for index, tensor in enumerate(consumer.inputs):
                 if tensor is not out:
@@ -125,4 +142,3 @@ class DequantizeConstant:
                     ctx.annotations.add_weight(WeightSpec(const.name, [site], c_axis, node.name,
                                                           source=ScaleSource.REQUANTIZED))
                     consumer.inputs[index] = const
-        return None

@@ -15,6 +15,8 @@ axes, a Transpose's permuted axis). Anything else is declined with its reason.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -80,11 +82,19 @@ def _source_axis(nodes: list[gs.Node], axis: int, rank_out: int, rank_in: int) -
     return axis
 
 
+@dataclass(frozen=True)
+class GatheredTableMatch:
+    dq: gs.Node
+    moves: list[gs.Node]  # Gather and the data-movement nodes after it, the table's side first
+    floats: np.ndarray  # the dequantized table
+
+
 class DequantizeGathered:
     name = "dequantize-gathered"
     op_types = ("DequantizeLinear",)
+    outcome = None  # no words of its own: check says "lifted by" the rule
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> GatheredTableMatch | str:
         found = _chain(node.inputs[0])
         if found is None:
             return NOT_MINE
@@ -105,9 +115,11 @@ class DequantizeGathered:
             shape[axis] = -1
         s = scale.astype(np.float64).reshape(shape if scale.size > 1 else ())
         z = zp.astype(np.float64).reshape(shape if zp.size > 1 else ())
+        return GatheredTableMatch(node, nodes, ((values.astype(np.float64) - z) * s).astype(np.float32))
+
+    def rewrite(self, ctx: LiftContext, match: GatheredTableMatch) -> None:
+        node, nodes = match.dq, match.moves
         table = nodes[0].inputs[0]
-        floats = ctx.constant(f"{table.name}_float", ((values.astype(np.float64) - z) * s).astype(np.float32),
-                              ("dequantized", table.name, node.name))
+        floats = ctx.constant(f"{table.name}_float", match.floats, ("dequantized", table.name, node.name))
         replay(ctx, nodes, floats, node.outputs[0])
         node.outputs.clear()  # the new chain now produces the DQ's output
-        return None

@@ -27,13 +27,13 @@ or by multiplying a constant integer addend by the remaining multiplier.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site, WeightSpec
-from trt_bridge.lift.base import LiftContext
+from trt_bridge.lift.base import LiftContext, PendingConstant
 from trt_bridge.lift.scale_algebra import Monomial, constant_values, monomial_of, quantizer_zero_point
 from trt_bridge.lift.weights import lift_integer_weight
 
@@ -134,11 +134,24 @@ def _channel_vector(numeric: np.ndarray, channels: int, out_rank: int | None, sp
     return vec if vec.size == channels else None
 
 
+@dataclass(frozen=True)
+class IntegerOpMatch:
+    node: gs.Node
+    acts: list[_Activation]  # the operands quantized at run time or statically, in input order
+    weight: _Weight | None  # the constant integer weight (None: activation × activation, or a float weight)
+    w_scale: np.ndarray | None  # its scale, 0-d or per output channel
+    float_weight: _Activation | None  # a float constant quantized at run time, lifted as the weight
+    addends: list[tuple[_Addend, int]]  # the float values added to the accumulator, with their signs
+    end: gs.Tensor  # the float result
+
+
 class DynamicIntegerOp:
     name = "dynamic-integer-op"
     op_types = ("MatMulInteger", "ConvInteger")
+    outcome = ("lifted by rule 'dynamic-integer-op' to a float op on the source's int8 weights, with a "
+               "symmetric int8 Q/DQ whose activation scale is calibrated (needs --calib-data)")
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> IntegerOpMatch | str:
         is_conv = node.op == "ConvInteger"
         operands = [_classify(node, 0), _classify(node, 1)]
         for op in operands:
@@ -194,6 +207,7 @@ class DynamicIntegerOp:
         (end, multiplier), addends = walk
 
         weight_scale = multiplier / act_scale  # symbols cancel; numeric = w_scale
+        w_scale = None
         if weight is not None:
             w_scale = _channel_vector(weight_scale.numeric, channels, out_rank, spatial)
             if w_scale is None:
@@ -204,7 +218,7 @@ class DynamicIntegerOp:
 
         float_addends = []
         for other, mult_at, sign in addends:
-            value = _float_addend(ctx, other, multiplier / mult_at)
+            value = _float_addend(other, multiplier / mult_at)
             if value is None:
                 return (f"cannot tell the float value of '{other.name}', which is added to the "
                         "accumulator before it is scaled back to float")
@@ -212,15 +226,19 @@ class DynamicIntegerOp:
 
         if end.dtype is not None and np.dtype(end.dtype) != np.float32:
             return f"the float result '{end.name}' is {np.dtype(end.dtype)}, not float32"
+        return IntegerOpMatch(node, acts, weight, w_scale, float_weight, float_addends, end)
 
-        # --- rewrite: from here on the rule does not decline ---
+    def rewrite(self, ctx: LiftContext, match: IntegerOpMatch) -> None:
+        node, acts, weight, end = match.node, match.acts, match.weight, match.end
+        is_conv = node.op == "ConvInteger"
+        float_addends = [(addend.made(ctx), sign) for addend, sign in match.addends]  # first: the names as before
         inputs = [a.float_tensor for a in acts]
         base = node.name or node.outputs[0].name
         op_name = ctx.names(f"{base}/float")
         if weight is not None:
             axis = 0 if is_conv else weight.values.ndim - 1
-            inputs.append(lift_integer_weight(ctx, weight.tensor, weight.values, weight.zero_point, w_scale, axis,
-                                              Site(op_name, 1), node.name))
+            inputs.append(lift_integer_weight(ctx, weight.tensor, weight.values, weight.zero_point, match.w_scale,
+                                              axis, Site(op_name, 1), node.name))
         attrs = {k: v for k, v in node.attrs.items() if k in _CONV_ATTRS} if is_conv else {}
         result = gs.Variable(ctx.names(f"{base}/float_out"), dtype=np.float32)
         new_nodes = [gs.Node("Conv" if is_conv else "MatMul", op_name, attrs, inputs, [result])]
@@ -236,7 +254,7 @@ class DynamicIntegerOp:
         ctx.graph.nodes.extend(new_nodes)
 
         for i, a in enumerate(acts):
-            if a is float_weight:
+            if a is match.float_weight:
                 values = constant_values(a.float_tensor)
                 ctx.annotations.add_weight(WeightSpec(a.float_tensor.name, [Site(op_name, i)],
                                                       0 if is_conv else values.ndim - 1, node.name))
@@ -244,7 +262,6 @@ class DynamicIntegerOp:
             ctx.annotations.add_activation(
                 a.float_tensor.name, Site(op_name, i), node.name, scale=None if a.static_scale is None
                 else a.static_scale, source=None if a.static_scale is None else ScaleSource.MODEL)
-        return None
 
 
 def _walk_epilogue(acc: gs.Tensor, act_scale: Monomial, per_channel, graph_outputs: set[str]):
@@ -310,7 +327,7 @@ def _absorb_constant_scales(t: gs.Tensor, mult: Monomial, per_channel,
 _SHAPE_OPS = ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Expand")
 
 
-def _float_addend(ctx: LiftContext, tensor: gs.Tensor, remaining: Monomial) -> _Addend | None:
+def _float_addend(tensor: gs.Tensor, remaining: Monomial) -> _Addend | None:
     """The float tensor that ``tensor`` (in accumulator units) stands for, given the
     multiplier ``remaining`` still to be applied to it, and the shape ops to apply to it again."""
     t, reshapes = tensor, []
@@ -325,7 +342,7 @@ def _float_addend(ctx: LiftContext, tensor: gs.Tensor, remaining: Monomial) -> _
         if remaining.symbols:
             return None
         scaled = (values.astype(np.float64) * remaining.numeric).astype(np.float32)
-        return _Addend(ctx.constant(f"{tensor.name}_float", scaled, ("addend", t.name, remaining.numeric.tobytes())),
+        return _Addend(PendingConstant(f"{tensor.name}_float", scaled, ("addend", t.name, remaining.numeric.tobytes())),
                        reshapes[::-1])
     if len(t.inputs) != 1 or t.inputs[0].op not in ("Div", "Mul"):
         return None
@@ -341,12 +358,16 @@ def _float_addend(ctx: LiftContext, tensor: gs.Tensor, remaining: Monomial) -> _
     return None
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Addend:
-    """A float addend, and the shape ops (source order) that bring it to the accumulator's layout."""
+    """A float addend (a constant still to be made, until :meth:`made`), and the shape ops (source order) that
+    bring it to the accumulator's layout."""
 
-    value: gs.Tensor
+    value: gs.Tensor | PendingConstant
     reshapes: list[gs.Node]
+
+    def made(self, ctx: LiftContext) -> _Addend:
+        return replace(self, value=self.value.make(ctx)) if isinstance(self.value, PendingConstant) else self
 
     def tensor(self, ctx: LiftContext, base: str, nodes: list[gs.Node]) -> gs.Tensor:
         """The addend in the accumulator's layout, appending the copied shape ops to ``nodes``."""

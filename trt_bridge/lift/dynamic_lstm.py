@@ -12,10 +12,12 @@ parser imports LSTM, and it stays in higher precision (TensorRT has no INT8 recu
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trt_bridge.lift.base import LiftContext
+from trt_bridge.lift.base import LiftContext, PendingConstant
 from trt_bridge.lift.scale_algebra import constant_values
 
 
@@ -31,7 +33,7 @@ def _per_row(a: np.ndarray, directions: int, rows: int) -> np.ndarray | None:
     return None
 
 
-def _dequantized(ctx: LiftContext, node: gs.Node, q: int, qparams: int, name: str) -> gs.Constant | str:
+def _dequantized(node: gs.Node, q: int, qparams: int, name: str) -> PendingConstant | str:
     """The float weight of input ``q``, whose scale and zero point are inputs ``qparams`` and ``qparams + 1``."""
     values, scale, zp = (constant_values(node.inputs[i]) if len(node.inputs) > i and node.inputs[i].name else None
                          for i in (q, qparams, qparams + 1))
@@ -47,20 +49,33 @@ def _dequantized(ctx: LiftContext, node: gs.Node, q: int, qparams: int, name: st
                 f"expected [{d}] or [{d}, {rows}]")
     floats = ((values.astype(np.float64) - z) * s).transpose(0, 2, 1).astype(np.float32)
     source = node.inputs[q]
-    return ctx.constant(f"{source.name}_float", np.ascontiguousarray(floats), ("lstm", source.name, node.name))
+    return PendingConstant(f"{source.name}_float", np.ascontiguousarray(floats), ("lstm", source.name, node.name))
+
+
+@dataclass(frozen=True)
+class DynamicLSTMMatch:
+    node: gs.Node
+    weights: tuple[PendingConstant, PendingConstant]  # W and R, dequantized and transposed
 
 
 class DynamicQuantizeLSTM:
     name = "dynamic-lstm"
     op_types = ("DynamicQuantizeLSTM",)
+    outcome = None  # no words of its own: check says "lifted by" the rule
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> DynamicLSTMMatch | str:
         # inputs: X, W_q, R_q, B, sequence_lens, initial_h, initial_c, P, W_scale, W_zp, R_scale, R_zp
-        weights = [_dequantized(ctx, node, index, qparams, name) for index, qparams, name in ((1, 8, "W"),
-                                                                                              (2, 10, "R"))]
-        for w in weights:
+        weights = []
+        for index, qparams, name in ((1, 8, "W"), (2, 10, "R")):
+            w = _dequantized(node, index, qparams, name)
             if isinstance(w, str):
                 return w
+            weights.append(w)
+        return DynamicLSTMMatch(node, tuple(weights))
+
+    def rewrite(self, ctx: LiftContext, match: DynamicLSTMMatch) -> None:
+        node = match.node
+        weights = [w.make(ctx) for w in match.weights]
         inputs = [node.inputs[0], *weights, *node.inputs[3:8]]
         while inputs and inputs[-1].name == "":
             inputs.pop()
@@ -69,4 +84,3 @@ class DynamicQuantizeLSTM:
         node.inputs.clear()
         attrs = {k: v for k, v in node.attrs.items() if k != "layout"}
         ctx.graph.nodes.append(gs.Node("LSTM", ctx.names(f"{node.name}_float"), attrs, inputs, outputs))
-        return None

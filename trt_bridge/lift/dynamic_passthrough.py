@@ -16,17 +16,27 @@ placement then decides where TensorRT quantizes, as for every other activation.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import onnx_graphsurgeon as gs
 
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.dequantize_gathered import DATA_MOVEMENT, replay
 
 
+@dataclass(frozen=True)
+class DynamicPassThroughMatch:
+    dq: gs.Node
+    moves: list[gs.Node]  # the data-movement nodes, the DequantizeLinear's side first
+    x: gs.Tensor  # the float input of DynamicQuantizeLinear
+
+
 class DynamicPassThrough:
     name = "dynamic-pass-through"
     op_types = ("DequantizeLinear",)
+    outcome = None  # no words of its own: check says "lifted by" the rule
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> DynamicPassThroughMatch | str:
         nodes: list[gs.Node] = []
         t = node.inputs[0]
         while len(t.inputs) == 1 and t.inputs[0].op in DATA_MOVEMENT and t.inputs[0].outputs[0] is t:
@@ -40,7 +50,10 @@ class DynamicPassThrough:
         if scale is not producer.outputs[1] or zp is not producer.outputs[2]:
             return (f"it dequantizes the codes of DynamicQuantizeLinear '{producer.name}' with another scale or "
                     "zero point than the ones that quantizer computed")
-        current = producer.inputs[0]
+        return DynamicPassThroughMatch(node, nodes, producer.inputs[0])
+
+    def rewrite(self, ctx: LiftContext, match: DynamicPassThroughMatch) -> None:
+        node, nodes, current = match.dq, match.moves, match.x
         replay(ctx, nodes[::-1], current, node.outputs[0])
         if not nodes:  # DQ right after the quantizer: its readers read x
             out = node.outputs[0]
@@ -49,4 +62,3 @@ class DynamicPassThrough:
             if any(graph_out is out for graph_out in ctx.graph.outputs):
                 ctx.graph.nodes.append(gs.Node("Identity", ctx.names(f"{node.name}_float"), {}, [current], [out]))
         node.outputs.clear()
-        return None

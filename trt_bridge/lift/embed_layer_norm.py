@@ -19,11 +19,13 @@ index counts each row's ones, as onnxruntime's CPU kernel does. ``QEmbedLayerNor
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trt_bridge.ir.graph_builder import GraphBuilder, present, used
 from trt_bridge.lift.base import NOT_MINE, LiftContext
-from trt_bridge.lift.graph_builder import GraphBuilder, present, used
 
 MS = "com.microsoft"
 
@@ -60,15 +62,26 @@ def write_embed_layer_norm(ctx: LiftContext, node: gs.Node, tables: list[gs.Tens
             b.reduce("ReduceSum", ones, [1], 0, np.int32, out=outs[1])
 
 
+@dataclass(frozen=True)
+class EmbedLayerNormMatch:
+    node: gs.Node
+    tables: list[gs.Tensor | None]  # word, position, segment, γ, β
+
+
 class OrtEmbedLayerNorm:
     name = "ort-embed-layer-norm"
     op_types = ("EmbedLayerNormalization",)
+    outcome = ("written back by rule 'ort-embed-layer-norm' as Gather + Add + LayerNormalization (the mask "
+               "index as ReduceSum)")
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> EmbedLayerNormMatch | str:
         if (node.domain or "") != MS:
             return NOT_MINE
         tables = [present(node, i) for i in range(2, 7)]
         if tables[0] is None or tables[1] is None or tables[3] is None:
             return "the word and position tables and gamma (inputs 2, 3, 5) must be given"
-        write_embed_layer_norm(ctx, node, tables, present(node, 7), present(node, 8))
-        return None
+        return EmbedLayerNormMatch(node, tables)
+
+    def rewrite(self, ctx: LiftContext, match: EmbedLayerNormMatch) -> None:
+        node = match.node
+        write_embed_layer_norm(ctx, node, match.tables, present(node, 7), present(node, 8))

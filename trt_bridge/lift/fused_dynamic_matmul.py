@@ -13,6 +13,8 @@ fused contrib ops instead of the plain pattern::
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -28,11 +30,24 @@ def _optional(node: gs.Node, index: int) -> gs.Tensor | None:
     return node.inputs[index]
 
 
+@dataclass(frozen=True)
+class FusedDynamicMatMulMatch:
+    node: gs.Node
+    x: gs.Tensor  # the float input
+    weight: gs.Tensor  # the integer weight, its values, scale and zero point (0-d or per column)
+    w_q: np.ndarray
+    scale: np.ndarray
+    zero_point: np.ndarray
+    bias: gs.Tensor | None
+
+
 class FusedDynamicMatMul:
     name = "fused-dynamic-matmul"
     op_types = ("DynamicQuantizeMatMul", "MatMulIntegerToFloat")
+    outcome = ("lifted by rule 'fused-dynamic-matmul' to MatMul on the source's int8 weights, with a "
+               "calibrated int8 activation Q/DQ (needs --calib-data)")
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> FusedDynamicMatMulMatch | str:
         if (node.domain or "") != "com.microsoft":
             return f"{node.op} in domain '{node.domain}' is not onnxruntime's contrib op"
         if node.op == "DynamicQuantizeMatMul":
@@ -65,17 +80,19 @@ class FusedDynamicMatMul:
             return "weight scale/zero point are neither per tensor nor per output column"
         scale = scale.astype(np.float64).reshape(() if scale.size == 1 else (channels,))
         zero_point = zero_point.astype(np.int64).reshape(() if zero_point.size == 1 else (channels,))
+        return FusedDynamicMatMulMatch(node, x, node.inputs[w_index], w_q, scale, zero_point,
+                                       _optional(node, bias_index))
 
+    def rewrite(self, ctx: LiftContext, match: FusedDynamicMatMulMatch) -> None:
+        node, x, bias = match.node, match.x, match.bias
         base = node.name or node.outputs[0].name
         op_name = ctx.names(f"{base}/float")
-        weight = lift_integer_weight(ctx, node.inputs[w_index], w_q, zero_point, scale, 1, Site(op_name, 1),
+        weight = lift_integer_weight(ctx, match.weight, match.w_q, match.zero_point, match.scale, 1, Site(op_name, 1),
                                      node.name)
         y = node.outputs[0]
-        bias = _optional(node, bias_index)
         result = y if bias is None else gs.Variable(ctx.names(f"{base}/float_out"), dtype=np.float32)
         y.inputs.clear()
         ctx.graph.nodes.append(gs.Node("MatMul", op_name, {}, [x, weight], [result]))
         if bias is not None:
             ctx.graph.nodes.append(gs.Node("Add", ctx.names(f"{base}/bias"), {}, [result, bias], [y]))
         ctx.annotations.add_activation(x.name, Site(op_name, 0), node.name)
-        return None

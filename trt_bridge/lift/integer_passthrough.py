@@ -15,6 +15,8 @@ ArgMax reads the dequantized input and keeps its int64 output.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -40,11 +42,22 @@ def _quantizer(tensor: gs.Tensor) -> gs.Node | None:
     return producer
 
 
+@dataclass(frozen=True)
+class IntegerPassThroughMatch:
+    node: gs.Node
+    qparams: list[gs.Tensor]  # the QuantizeLinear's scale [and zero point], for the new DQ and Qs
+    #: a constant Pad's value in float (None: not a constant Pad), and whether it replaces input 2 (else it is
+    #: appended after the pads)
+    pad_value: float | None = None
+    pad_replaces: bool = False
+
+
 class IntegerPassThrough:
     name = "integer-pass-through"
     op_types = tuple(sorted(PASS_THROUGH | INDEX_OUTPUT))
+    outcome = "lifted by rule 'integer-pass-through': the op runs on the float values between Q/DQ"
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> IntegerPassThroughMatch | str:
         if not node.inputs:
             return "no inputs"
         q = _quantizer(node.inputs[0])
@@ -57,23 +70,31 @@ class IntegerPassThrough:
             return f"QuantizeLinear '{q.name}' is not per tensor with constant scale and zero point"
         if node.op == "MaxPool" and len(node.outputs) > 1 and node.outputs[1].outputs:
             return "MaxPool's Indices output is used"
-
-        base = node.name or node.outputs[0].name
         qparams = [q.inputs[1]] + ([zp_t] if zp_t is not None else [])
-        x = gs.Variable(ctx.names(f"{node.inputs[0].name}_dequantized"), dtype=np.float32)
-        new_nodes = [gs.Node("DequantizeLinear", ctx.names(f"{base}/dq"), {}, [node.inputs[0], *qparams], [x])]
-        inputs = [x] + list(node.inputs[1:])
-        if node.op == "Pad" and len(inputs) > 2 and inputs[2].name:
-            code = constant_values(inputs[2])
+        if node.op == "Pad" and len(node.inputs) > 2 and node.inputs[2].name:
+            code = constant_values(node.inputs[2])
             if code is None:
                 return "the Pad value is not a constant"
             value = (float(code.reshape(())) - float(zp.reshape(()))) * float(scale.reshape(()))
-            inputs[2] = gs.Constant(ctx.names(f"{base}/pad_value"), np.array(value, np.float32))
-        elif node.op == "Pad" and (node.attrs.get("mode", "constant") in ("constant", b"constant")):
-            value = -float(zp.reshape(())) * float(scale.reshape(()))  # pads with code 0
-            if len(inputs) < 2:
+            return IntegerPassThroughMatch(node, qparams, value, pad_replaces=True)
+        if node.op == "Pad" and (node.attrs.get("mode", "constant") in ("constant", b"constant")):
+            if len(node.inputs) < 2:
                 return "Pad without a pads input (opset < 11) is not lifted"
-            inputs = inputs[:2] + [gs.Constant(ctx.names(f"{base}/pad_value"), np.array(value, np.float32))]
+            return IntegerPassThroughMatch(node, qparams, -float(zp.reshape(())) * float(scale.reshape(())))  # code 0
+        return IntegerPassThroughMatch(node, qparams)
+
+    def rewrite(self, ctx: LiftContext, match: IntegerPassThroughMatch) -> None:
+        node, qparams = match.node, match.qparams
+        base = node.name or node.outputs[0].name
+        x = gs.Variable(ctx.names(f"{node.inputs[0].name}_dequantized"), dtype=np.float32)
+        new_nodes = [gs.Node("DequantizeLinear", ctx.names(f"{base}/dq"), {}, [node.inputs[0], *qparams], [x])]
+        inputs = [x] + list(node.inputs[1:])
+        if match.pad_value is not None:
+            pad = gs.Constant(ctx.names(f"{base}/pad_value"), np.array(match.pad_value, np.float32))
+            if match.pad_replaces:
+                inputs[2] = pad
+            else:
+                inputs = inputs[:2] + [pad]
         outputs = list(node.outputs)
         if node.op in INDEX_OUTPUT:
             for out in outputs:
@@ -91,4 +112,3 @@ class IntegerPassThrough:
         ctx.graph.nodes.extend(new_nodes)
         node.inputs.clear()  # detach the source node, so its inputs' consumers are the new nodes only
         node.outputs.clear()
-        return None

@@ -32,8 +32,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trt_bridge.ir.graph_builder import GraphBuilder, present, used
 from trt_bridge.lift.base import NOT_MINE, LiftContext
-from trt_bridge.lift.graph_builder import GraphBuilder, present, used
 
 MS = "com.microsoft"
 #: ops whose output 1 is onnxruntime's 1-D mask index (key lengths per batch entry)
@@ -180,23 +180,34 @@ def _padding_mask(b: GraphBuilder, spec: AttentionSpec, mask: gs.Tensor, x: gs.T
     return b.unsqueeze(b.op("Where", [valid, zero, filt]), [1, 2], b.dtype)
 
 
+@dataclass(frozen=True)
+class AttentionMatch:
+    node: gs.Node
+    spec: AttentionSpec
+
+
 class OrtAttention:
     name = "ort-attention"
     op_types = ("Attention",)
+    outcome = ("written back by rule 'ort-attention' as standard ONNX (MatMul, Split, Reshape, Transpose, "
+               "Softmax; the mask as onnxruntime's kernel applies it)")
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> AttentionMatch | str:
         if (node.domain or "") != MS:
             return NOT_MINE  # the standard ONNX Attention (opset 23) is TensorRT's to import
-        x, weights, bias = node.inputs[0], node.inputs[1], present(node, 2)
-        mask, attention_bias = present(node, 3), present(node, 5)
+        x, weights, mask = node.inputs[0], node.inputs[1], present(node, 3)
         if present(node, 6) is not None:
             return "input 6 (past_sequence_length) is given; only self-attention without a cache is written back"
         if x.shape is not None and len(x.shape) != 3:
             return f"input '{x.name}' has rank {len(x.shape)}, expected 3 ([batch, sequence, hidden])"
         packed = weights.shape[-1] if weights.shape is not None and isinstance(weights.shape[-1], int) else None
         spec = attention_spec(node, ctx.graph, packed, mask, x, past_index=4)
-        if isinstance(spec, str):
-            return spec
+        return spec if isinstance(spec, str) else AttentionMatch(node, spec)
+
+    def rewrite(self, ctx: LiftContext, match: AttentionMatch) -> None:
+        node = match.node
+        x, weights, bias = node.inputs[0], node.inputs[1], present(node, 2)
+        mask, attention_bias = present(node, 3), present(node, 5)
         base = node.name or node.outputs[0].name
         out = node.outputs[0]
         node.outputs.clear()
@@ -205,5 +216,4 @@ class OrtAttention:
         qkv = b.op("MatMul", [x, weights])
         if bias is not None:
             qkv = b.op("Add", [qkv, bias])
-        write_attention(ctx, base, qkv, spec, mask, attention_bias, out)
-        return None
+        write_attention(ctx, base, qkv, match.spec, mask, attention_bias, out)

@@ -18,11 +18,13 @@ The key padding mask takes the forms of ``Attention``'s: key lengths [B], a raw 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
+from trt_bridge.ir.graph_builder import GraphBuilder, present, used
 from trt_bridge.lift.base import NOT_MINE, LiftContext
-from trt_bridge.lift.graph_builder import GraphBuilder, present, used
 from trt_bridge.lift.ort_attention import MS, AttentionSpec, mask_form, through_casts, write_heads
 from trt_bridge.lift.scale_algebra import constant_values
 
@@ -48,11 +50,19 @@ def _rank(t: gs.Tensor) -> int | None:
     return None if shape is None else len(shape)
 
 
+@dataclass(frozen=True)
+class MultiHeadAttentionMatch:
+    node: gs.Node
+    spec: AttentionSpec
+
+
 class OrtMultiHeadAttention:
     name = "ort-multihead-attention"
     op_types = ("MultiHeadAttention",)
+    outcome = ("written back by rule 'ort-multihead-attention' as standard ONNX (bias Add, Reshape, "
+               "Transpose, MatMul, Softmax)")
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> MultiHeadAttentionMatch | str:
         if (node.domain or "") != MS:
             return NOT_MINE
         query, key, value = (present(node, i) for i in range(3))
@@ -70,7 +80,7 @@ class OrtMultiHeadAttention:
             if used(node, index, ctx.graph):
                 return f"output {index} ({what}) is read"
         heads = int(node.attrs.get("num_heads", 0))
-        bias, mask, attention_bias = present(node, 3), present(node, 4), present(node, 5)
+        bias, mask = present(node, 3), present(node, 4)
         sizes = [_hidden(t) for t in (query, key, value)]
         bias_values = None if bias is None else bias.shape
         if any(s is None for s in sizes) and bias_values is not None and isinstance(bias_values[0], int) \
@@ -90,14 +100,18 @@ class OrtMultiHeadAttention:
         scale = float(node.attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(sizes[0] // heads))
         spec = AttentionSpec(heads, tuple(sizes), bool(int(node.attrs.get("unidirectional", 0))), scale,
                              float(node.attrs.get("mask_filter_value", -10000.0)), form)
+        return MultiHeadAttentionMatch(node, spec)
 
+    def rewrite(self, ctx: LiftContext, match: MultiHeadAttentionMatch) -> None:
+        node, spec = match.node, match.spec
+        query, key, value = (present(node, i) for i in range(3))
+        bias, mask, attention_bias = present(node, 3), present(node, 4), present(node, 5)
         out = node.outputs[0]
         node.outputs.clear()
         node.inputs.clear()
         b = GraphBuilder(ctx.graph, ctx.names, node.name or out.name, query.dtype or out.dtype or np.float32)
         q, k, v = query, key, value
         if bias is not None:
-            b_q, b_k, b_v = b.split(bias, list(sizes), axis=0)
+            b_q, b_k, b_v = b.split(bias, list(spec.sizes), axis=0)
             q, k, v = b.op("Add", [q, b_q]), b.op("Add", [k, b_k]), b.op("Add", [v, b_v])
         write_heads(b, q, k, v, spec, mask, attention_bias, out)
-        return None

@@ -18,14 +18,16 @@ with the reason, as for ``Attention``.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site
+from trt_bridge.ir.graph_builder import present
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.dynamic_integer import static_activation
-from trt_bridge.lift.graph_builder import present
-from trt_bridge.lift.ort_attention import MS, attention_spec, write_attention
+from trt_bridge.lift.ort_attention import MS, AttentionSpec, attention_spec, write_attention
 from trt_bridge.lift.scale_algebra import constant_values
 from trt_bridge.lift.weights import lift_integer_weight
 
@@ -56,11 +58,25 @@ def _per_column(values: np.ndarray | None, width: int, what: str) -> np.ndarray 
     return values.reshape(() if values.size == 1 else (width,))
 
 
+@dataclass(frozen=True)
+class QAttentionMatch:
+    node: gs.Node
+    x: gs.Tensor  # the float input
+    static_scale: float | None  # its scale where the source quantized it statically
+    w_q: np.ndarray  # the packed Q/K/V weight's integers, its scale and zero point (0-d or per column)
+    scale: np.ndarray
+    zp: np.ndarray
+    spec: AttentionSpec
+
+
 class QAttention:
     name = "qattention"
     op_types = ("QAttention",)
+    outcome = ("lifted by rule 'qattention' to MatMul on the source's int8 packed Q/K/V weights with a "
+               "calibrated int8 activation Q/DQ (needs --calib-data for a dynamic source), then standard "
+               "ONNX attention")
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> QAttentionMatch | str:
         if (node.domain or "") != MS:
             return NOT_MINE
         act = _activation(node)
@@ -81,21 +97,23 @@ class QAttention:
         spec = attention_spec(node, ctx.graph, width, mask, x, past_index=8)
         if isinstance(spec, str):
             return spec
+        return QAttentionMatch(node, x, static_scale, w_q, scale, zp, spec)
 
+    def rewrite(self, ctx: LiftContext, match: QAttentionMatch) -> None:
+        node, x, static_scale = match.node, match.x, match.static_scale
         base = node.name or node.outputs[0].name
-        out, bias, w_tensor = node.outputs[0], present(node, 2), node.inputs[1]
+        out, bias, w_tensor, mask = node.outputs[0], present(node, 2), node.inputs[1], present(node, 5)
         node.outputs.clear()
         node.inputs.clear()
         op_name = ctx.names(f"{base}/qkv")
-        weight = lift_integer_weight(ctx, w_tensor, w_q, zp.astype(np.int64),
-                                     scale.astype(np.float64), 1, Site(op_name, 1), node.name)
+        weight = lift_integer_weight(ctx, w_tensor, match.w_q, match.zp.astype(np.int64),
+                                     match.scale.astype(np.float64), 1, Site(op_name, 1), node.name)
         qkv = gs.Variable(ctx.names(f"{base}/qkv_out"), dtype=np.float32)
         ctx.graph.nodes.append(gs.Node("MatMul", op_name, {}, [x, weight], [qkv]))
         if bias is not None:
             biased = gs.Variable(ctx.names(f"{base}/qkv_bias_out"), dtype=np.float32)
             ctx.graph.nodes.append(gs.Node("Add", ctx.names(f"{base}/qkv_bias"), {}, [qkv, bias], [biased]))
             qkv = biased
-        write_attention(ctx, base, qkv, spec, mask, None, out)
+        write_attention(ctx, base, qkv, match.spec, mask, None, out)
         ctx.annotations.add_activation(x.name, Site(op_name, 0), node.name, scale=static_scale,
                                        source=None if static_scale is None else ScaleSource.MODEL)
-        return None

@@ -34,11 +34,12 @@ to int8 32.5 and 42.5 dB).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trt_bridge.annotations import ScaleSource, Site
-from trt_bridge.calibrate.observers import QMAX
+from trt_bridge.annotations import QMAX, ScaleSource, Site
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
 
@@ -68,11 +69,21 @@ def covering_scale(scale: float, zp: np.ndarray) -> float:
     return max(abs(lo), abs(hi)) / QMAX
 
 
+@dataclass(frozen=True)
+class QDQPairMatch:
+    q: gs.Node
+    dqs: list[gs.Node]  # every reader of the QuantizeLinear's codes
+    scale: np.ndarray
+    zp: np.ndarray
+
+
 class QDQPair:
     name = "qdq-pair"
     op_types = ("QuantizeLinear",)
+    outcome = ("lifted by rule 'qdq-pair' to a symmetric int8 Q/DQ (zero point 0) covering the source's "
+               "range")
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> QDQPairMatch | str:
         q_out = node.outputs[0]
         if not q_out.outputs and not any(t is q_out for t in ctx.graph.outputs):
             return NOT_MINE  # dead (a weight's Q, already folded by dequantize-constant)
@@ -97,7 +108,10 @@ class QDQPair:
                                       and np.array_equal(theirs[1].reshape(-1).astype(np.int64),
                                                          zp.reshape(-1).astype(np.int64))):
                 return f"DequantizeLinear '{dq.name}' uses other scale/zero point than QuantizeLinear '{node.name}'"
+        return QDQPairMatch(node, dqs, scale, zp)
 
+    def rewrite(self, ctx: LiftContext, match: QDQPairMatch) -> None:
+        node, dqs, scale, zp = match.q, match.dqs, match.scale, match.zp
         x = node.inputs[0]
         usable = np.isfinite(scale) & (scale > 0)
         if not usable.all():
@@ -106,7 +120,7 @@ class QDQPair:
                     "float32 while calibrating): TensorRT rejects it; the tensor stays in float")
             ctx.approximate(self.name, node.name, what)
             _read_float(ctx, dqs, x)
-            return None
+            return
         per_axis = scale.size > 1
         s = scale.astype(np.float64).reshape(-1) if per_axis else float(scale.reshape(()))
         zp = zp.reshape(-1) if per_axis else zp.reshape(())
@@ -137,7 +151,6 @@ class QDQPair:
             elif spec.scale < covering or spec.model_range != (lo, hi):  # two Qs on one tensor: the union
                 spec.model_range = (min(lo, spec.model_range[0]), max(hi, spec.model_range[1]))
                 spec.scale = max(spec.scale, covering)
-        return None
 
 
 def _read_float(ctx: LiftContext, dqs: list[gs.Node], x: gs.Tensor) -> list[Site]:

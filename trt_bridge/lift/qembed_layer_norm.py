@@ -15,25 +15,35 @@ rounding of its float values, kept as they are.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trt_bridge.lift.base import NOT_MINE, LiftContext
+from trt_bridge.ir.graph_builder import present
+from trt_bridge.lift.base import NOT_MINE, LiftContext, PendingConstant
 from trt_bridge.lift.embed_layer_norm import MS, write_embed_layer_norm
-from trt_bridge.lift.graph_builder import present
 from trt_bridge.lift.scale_algebra import constant_values
 
 _TABLES = ("word_embedding", "position_embedding", "segment_embedding", "gamma", "beta")
 
 
+@dataclass(frozen=True)
+class QEmbedLayerNormMatch:
+    node: gs.Node
+    tables: tuple[PendingConstant | None, ...]  # word, position, segment, γ, β dequantized (None: absent)
+
+
 class QEmbedLayerNorm:
     name = "qembed-layer-norm"
     op_types = ("QEmbedLayerNormalization",)
+    outcome = ("lifted by rule 'qembed-layer-norm': its tables dequantized to float, then Gather + Add + "
+               "LayerNormalization (the mask index as ReduceSum)")
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> QEmbedLayerNormMatch | str:
         if (node.domain or "") != MS:
             return NOT_MINE
-        tables: list[gs.Tensor | None] = []
+        tables: list[PendingConstant | None] = []
         for i, what in enumerate(_TABLES):
             codes = present(node, 2 + i)
             if codes is None:
@@ -48,7 +58,10 @@ class QEmbedLayerNorm:
                 return f"{what} '{codes.name}' and its scale and zero point must be constants, per tensor"
             floats = ((values.astype(np.float64) - zp.astype(np.float64).reshape(())) * scale.astype(np.float64)
                       .reshape(())).astype(np.float32)
-            tables.append(ctx.constant(f"{codes.name.removesuffix('_quantized')}_float", floats,
-                                       ("qembed", codes.name, scale.tobytes(), zp.tobytes())))
-        write_embed_layer_norm(ctx, node, tables, present(node, 7), None)
-        return None
+            tables.append(PendingConstant(f"{codes.name.removesuffix('_quantized')}_float", floats,
+                                          ("qembed", codes.name, scale.tobytes(), zp.tobytes())))
+        return QEmbedLayerNormMatch(node, tuple(tables))
+
+    def rewrite(self, ctx: LiftContext, match: QEmbedLayerNormMatch) -> None:
+        tables = [None if table is None else table.make(ctx) for table in match.tables]
+        write_embed_layer_norm(ctx, match.node, tables, present(match.node, 7), None)

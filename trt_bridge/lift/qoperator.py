@@ -25,8 +25,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trt_bridge.lift.base import LiftContext
+from trt_bridge.lift.base import LiftContext, PendingConstant
 from trt_bridge.lift.scale_algebra import constant_values
+from trt_bridge.lift.weights import weight_axis
 
 
 @dataclass(frozen=True)
@@ -68,11 +69,19 @@ def _given(node: gs.Node, index: int) -> gs.Tensor | None:
     return node.inputs[index]
 
 
+@dataclass(frozen=True)
+class QOperatorMatch:
+    node: gs.Node
+    spec: QOp
+    bias: gs.Tensor | PendingConstant | None  # the float bias (None: no bias input)
+
+
 class QOperatorOps:
     name = "qoperator"
     op_types = tuple(sorted({op for _, op in TABLE}))
+    outcome = "lifted by rule 'qoperator' to the float op between symmetric int8 Q/DQ (int32 bias → float)"
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> QOperatorMatch | str:
         spec = TABLE.get((node.domain or "", node.op))
         if spec is None:
             return f"{node.op} in domain '{node.domain}' is not a QOperator op this rule knows"
@@ -85,7 +94,16 @@ class QOperatorOps:
         for index in _scale_inputs(node, spec):
             if constant_values(node.inputs[index]) is None:
                 return f"scale/zero point input {index} ('{node.inputs[index].name}') is not a constant"
+        bias_entry = next((e for e in spec.inputs if e[0] == "bias"), None)
+        bias = None if bias_entry is None else _given(node, bias_entry[1])
+        if bias is not None:
+            bias = _float_bias(node, spec, bias)
+            if isinstance(bias, str):
+                return bias
+        return QOperatorMatch(node, spec, bias)
 
+    def rewrite(self, ctx: LiftContext, match: QOperatorMatch) -> None:
+        node, spec = match.node, match.spec
         base = node.name or node.outputs[0].name
         float_inputs: list[gs.Tensor] = []
         new_nodes: list[gs.Node] = []
@@ -103,14 +121,9 @@ class QOperatorOps:
                 new_nodes.append(gs.Node("DequantizeLinear", ctx.names(f"{base}/dq{len(float_inputs)}"), attrs,
                                          [data, scale] + ([zp] if zp is not None and zp.name else []), [out]))
                 float_inputs.append(out)
-            else:  # int32 bias
-                bias = _given(node, entry[1])
-                if bias is None:
-                    continue
-                value = _float_bias(ctx, node, spec, bias)
-                if isinstance(value, str):
-                    return value
-                float_inputs.append(value)
+            elif match.bias is not None:  # the bias, as a float
+                bias = match.bias
+                float_inputs.append(bias.make(ctx) if isinstance(bias, PendingConstant) else bias)
 
         attrs = {k: v for k, v in node.attrs.items() if k in spec.attrs}
         y = node.outputs[0]
@@ -127,7 +140,6 @@ class QOperatorOps:
         ctx.graph.nodes.extend(new_nodes)
         node.inputs.clear()  # detach the source node, so its inputs' consumers are the new nodes only
         node.outputs.clear()
-        return None
 
 
 def _scale_inputs(node: gs.Node, spec: QOp) -> list[int]:
@@ -148,16 +160,12 @@ def _weight_axis(float_op: str, position: int, node: gs.Node, data: gs.Tensor) -
     scale = constant_values(node.inputs[scale_index])
     if scale is None or scale.size == 1:
         return None
-    if float_op == "Conv":
-        return 0
-    if float_op == "Gemm":
-        return 0 if node.attrs.get("transB", 0) else 1
-    rank = len(data.shape) if data.shape is not None else 2
-    return rank - 1
+    return weight_axis(gs.Node(float_op, attrs=dict(node.attrs)), len(data.shape) if data.shape is not None else 2)
 
 
-def _float_bias(ctx: LiftContext, node: gs.Node, spec: QOp, bias: gs.Tensor) -> gs.Tensor | str:
-    """An int32 bias at scale input_scale·weight_scale (·alpha for QGemm, whose beta is 1) as a float constant."""
+def _float_bias(node: gs.Node, spec: QOp, bias: gs.Tensor) -> gs.Tensor | PendingConstant | str:
+    """An int32 bias at scale input_scale·weight_scale (·alpha for QGemm, whose beta is 1) as a float constant
+    (``bias`` itself where it is float already), or why not."""
     values = constant_values(bias)
     if values is None:
         return f"bias '{bias.name}' is not a constant"
@@ -170,4 +178,4 @@ def _float_bias(ctx: LiftContext, node: gs.Node, spec: QOp, bias: gs.Tensor) -> 
     if scale.size > 1 and (values.ndim == 0 or values.shape[-1] != scale.size):
         return f"bias '{bias.name}' has shape {list(values.shape)}, which does not match {scale.size} weight scales"
     floats = values.astype(np.float64) * (scale if scale.size > 1 else scale[0])
-    return ctx.constant(f"{bias.name}_float", floats.astype(np.float32), ("int32-bias", bias.name, scale.tobytes()))
+    return PendingConstant(f"{bias.name}_float", floats.astype(np.float32), ("int32-bias", bias.name, scale.tobytes()))

@@ -21,10 +21,12 @@ the others.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trt_bridge.annotations import ScaleSource, Site
+from trt_bridge.annotations import ActivationSpec, ScaleSource, Site
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.dequantize_gathered import DATA_MOVEMENT
 from trt_bridge.lift.scale_algebra import constant_values
@@ -45,11 +47,18 @@ def _moves_only(node: gs.Node) -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class MovedScaleMatch:
+    moved: gs.Tensor  # the op's output, to annotate
+    spec: ActivationSpec  # the source's annotation of the op's input
+
+
 class ScaleThroughMovement:
     name = "qdq-through-data-movement"
     op_types = tuple(sorted(COMMUTES))
+    outcome = None  # no words of its own: check says "lifted by" the rule
 
-    def apply(self, ctx: LiftContext, node: gs.Node) -> str | None:
+    def match(self, ctx: LiftContext, node: gs.Node) -> MovedScaleMatch | str:
         if not node.inputs or not node.outputs:
             return NOT_MINE
         x, y = node.inputs[0], node.outputs[0]
@@ -66,10 +75,13 @@ class ScaleThroughMovement:
             return why
         if y.dtype is not None and not isinstance(y.dtype, int) and not np.issubdtype(np.dtype(y.dtype), np.floating):
             return NOT_MINE
+        return MovedScaleMatch(y, spec)
+
+    def rewrite(self, ctx: LiftContext, match: MovedScaleMatch) -> None:
+        y, spec = match.moved, match.spec
         for consumer in y.outputs:
             for index, tensor in enumerate(consumer.inputs):
                 if tensor is y:
                     ctx.annotations.add_activation(y.name, Site(consumer.name, index), spec.origin, spec.scale,
                                                    ScaleSource.MODEL)
         ctx.annotations.activations[y.name].model_range = spec.model_range
-        return None

@@ -1,7 +1,8 @@
-"""Integer source weights → a float constant in the lifted graph plus its weight annotation; and back: the int8
-values and scales a weight annotation lowers to (:func:`weight_values`, used by :mod:`trt_bridge.lower.qdq`) and
-the float weights the lowered model computes with (:func:`effective_weight`, which smoothing and re-centring
-reason about before lowering)."""
+"""Integer source weights → a float constant in the lifted graph plus its weight annotation; which input of an
+op is its weight, and on which axis its output channels lie; and back: the int8 values and scales a weight
+annotation lowers to (:func:`weight_values`, used by :mod:`trt_bridge.lower.qdq`) and the float weights the
+lowered model computes with (:func:`effective_weight`, which smoothing and re-centring reason about before
+lowering)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,24 @@ import numpy as np
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
-from trt_bridge.annotations import ScaleSource, Site, WeightSpec
-from trt_bridge.calibrate.observers import QMAX
+from trt_bridge.annotations import QMAX, ScaleSource, Site, WeightSpec
 from trt_bridge.errors import InternalError, UnsupportedPatternError
 from trt_bridge.ir.values import FLOAT32_TINY, check_finite_weight
 from trt_bridge.lift.base import LiftContext
+
+#: op type → input index of its weight
+WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
+
+
+def weight_axis(node: gs.Node, rank: int) -> int:
+    """The output-channel axis of ``node``'s weight: per-channel scales go there."""
+    if node.op == "Conv":
+        return 0
+    if node.op == "ConvTranspose":
+        return 1
+    if node.op == "Gemm":
+        return 0 if node.attrs.get("transB", 0) else 1
+    return rank - 1
 
 
 def lift_integer_weight(ctx: LiftContext, tensor: gs.Tensor, values: np.ndarray, zero_point: np.ndarray,

@@ -25,7 +25,7 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations
 from trt_bridge.errors import InternalError, UnsupportedPatternError
-from trt_bridge.lift.base import NameAllocator
+from trt_bridge.ir.names import NameAllocator
 from trt_bridge.lift.weights import float_type, representable_scale, weight_values
 
 

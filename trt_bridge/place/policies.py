@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ActivationSpec, Annotations, Site, WeightSpec
+from trt_bridge.lift.weights import weight_axis
 
 #: op type → input index of the weight
 WEIGHTED = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
@@ -72,17 +73,6 @@ class Placement:
 
 def _is_constant(t: gs.Tensor) -> bool:
     return isinstance(t, gs.Constant) or (len(t.inputs) == 1 and t.inputs[0].op == "Constant")
-
-
-def weight_axis(node: gs.Node, rank: int) -> int:
-    """The output-channel axis of ``node``'s weight: per-channel scales go there."""
-    if node.op == "Conv":
-        return 0
-    if node.op == "ConvTranspose":
-        return 1
-    if node.op == "Gemm":
-        return 0 if node.attrs.get("transB", 0) else 1
-    return rank - 1
 
 
 def place(graph: gs.Graph, annotations: Annotations, options: PlacementOptions = PlacementOptions(),

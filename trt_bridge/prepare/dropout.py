@@ -18,7 +18,7 @@ import logging
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trt_bridge.lift.base import NameAllocator
+from trt_bridge.ir.names import NameAllocator
 from trt_bridge.prepare.change import Change
 from trt_bridge.prepare.identity import bypass, is_graph_output, output_note
 

@@ -26,8 +26,8 @@ import math
 
 import onnx_graphsurgeon as gs
 
-from trt_bridge.lift.base import NameAllocator
-from trt_bridge.lift.graph_builder import GraphBuilder, present
+from trt_bridge.ir.graph_builder import GraphBuilder, present
+from trt_bridge.ir.names import NameAllocator
 from trt_bridge.prepare.change import Change
 
 MS = "com.microsoft"

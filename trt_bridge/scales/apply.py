@@ -17,8 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_bridge.annotations import Annotations, ScaleSource
-from trt_bridge.calibrate.observers import QMAX
+from trt_bridge.annotations import QMAX, Annotations, ScaleSource
 from trt_bridge.calibrate.session import CalibrationSession
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.scales.formats import read_scales

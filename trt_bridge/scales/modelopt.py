@@ -12,7 +12,7 @@ and ``.``, is the module's path plus one last component (the op), or is the path
   ``model.`` or ``/bert``);
 * ``input_quantizer`` → the node's data input (through a Q/DQ pair to the tensor quantized),
   ``weight_quantizer`` → its constant weight, per channel along
-  :func:`trt_bridge.place.policies.weight_axis` (a Linear's [out] amax sits on a MatMul weight's last
+  :func:`trt_bridge.lift.weights.weight_axis` (a Linear's [out] amax sits on a MatMul weight's last
   axis, on a transB Gemm's axis 0);
 * a module matching nodes that read different tensors is *ambiguous*; keys of other quantizers
   (``output_quantizer``, ``*_bmm_quantizer``, ...), modules matching no node, and amax shapes
@@ -38,7 +38,7 @@ import numpy as np
 import onnx
 
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
-from trt_bridge.place.policies import weight_axis
+from trt_bridge.lift.weights import weight_axis
 from trt_bridge.scales.model_scales import Constants, weight_name
 from trt_bridge.scales.table import ScaleEntry, ScaleTable
 

@@ -19,7 +19,7 @@ Keys of the returned :class:`ScaleTable` (what an integrator looks up in the lif
     ``kind="weight"``: ``tensor`` is ``"<node>:weight"`` (:func:`weight_key`; :func:`weight_node`
         reads it back), where ``<node>`` is the NAME OF THE TARGET'S WEIGHTED NODE (Conv, MatMul,
         Gemm, ConvInteger, MatMulInteger, DynamicQuantizeMatMul, …), and ``axis`` is the output-
-        channel axis of that node's weight as the target stores it (``placement.weight_axis``).
+        channel axis of that node's weight as the target stores it (``lift.weights.weight_axis``).
         Weights are keyed by node because dynamic targets rename them (``W_quantized``) and
         lifting makes new float weights, while every lift records the source node as
         ``WeightSpec.origin`` (a float source's placement uses the node itself). The ``:weight``

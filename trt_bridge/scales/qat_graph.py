@@ -16,10 +16,10 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trt_bridge.calibrate.observers import QMAX
+from trt_bridge.annotations import QMAX
 from trt_bridge.lift.qdq_pair import covering_scale
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
-from trt_bridge.place.policies import weight_axis
+from trt_bridge.lift.weights import weight_axis
 
 #: weighted op type → (family, the float op whose weight layout it shares)
 WEIGHTED_OPS = {

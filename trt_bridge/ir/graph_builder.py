@@ -3,8 +3,8 @@
 Every node and tensor gets a fresh name under ``base``; constants take the float type of the
 computation (``dtype``; float32 where it is unknown, and new tensors are then left untyped); ops
 whose inputs moved from attributes to inputs across opsets (Unsqueeze, Split, ReduceSum, ReduceMean
-at 13 and 18) are written for the graph's opset. The lift rules and the sanitize step for
-onnxruntime's fused ops (``sanitize/ort_fused.py``) build with it.
+at 13 and 18) are written for the graph's opset. The lift rules and the preparation step for
+onnxruntime's fused ops (``prepare/ort_fused.py``) build with it.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trt_bridge.lift.base import NameAllocator
+from trt_bridge.ir.names import NameAllocator
 
 
 class GraphBuilder:
