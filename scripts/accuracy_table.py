@@ -19,8 +19,9 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from trt_bridge import samples
 from trt_bridge.calibrate.observers import CalibMethod
-from trt_bridge.convert import ConvertOptions, convert, snr_db
+from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.runtime.session import session
+from trt_bridge.verify.metrics import snr_db
 
 
 def _run(path: Path, feeds: np.ndarray) -> np.ndarray:

@@ -31,8 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_bridge.convert import ConvertOptions, convert, snr_db
+from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.verify.metrics import snr_db
 
 STATIC_HINTS = ("static", "qdq", "qop", "xint8", "a8w8", "a16w8", "bfp", "default", "mixed", "transformer")
 

@@ -30,9 +30,9 @@ import onnx
 from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from trt_bridge import samples
-from trt_bridge.convert import snr_db
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
 from trt_bridge.runtime.session import session
+from trt_bridge.verify.metrics import snr_db
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "demo-output"

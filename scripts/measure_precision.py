@@ -25,8 +25,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from measure_real_models import outputs, pages  # noqa: E402
 
-from trt_bridge.convert import ConvertOptions, convert, snr_db  # noqa: E402
+from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
 from trt_bridge.convert.accuracy import convert_to_target  # noqa: E402
+from trt_bridge.verify.metrics import snr_db  # noqa: E402
 
 
 def main() -> int:

@@ -32,9 +32,10 @@ import onnx_graphsurgeon as gs
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions, convert, snr_db
+from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.runtime.session import session
 from trt_bridge.tensorrt.build import build_engine, parse
+from trt_bridge.verify.metrics import snr_db
 
 
 def pages(count: int, seed: int, shape: tuple[int, ...]) -> np.ndarray:

@@ -47,7 +47,7 @@ def run_exact(model: Path | onnx.ModelProto, feeds: list[dict[str, np.ndarray]])
 
 
 def snr_db(reference: list[np.ndarray], test: list[np.ndarray]) -> float:
-    from trt_bridge.convert import snr_db as snr
+    from trt_bridge.verify.metrics import snr_db as snr
 
     return snr(np.concatenate([r.ravel() for r in reference]), np.concatenate([t.ravel() for t in test]))
 
@@ -104,7 +104,7 @@ def assert_lift_is_exact(float_model, dpath, feeds):
             deq = (q - zp.reshape(shape if zp.ndim else ())) * scale.reshape(shape if scale.ndim else ())
             deq = deq.T if transposed else deq
             init.CopyFrom(onnx.numpy_helper.from_array(deq.astype(np.float32), init.name))
-    from trt_bridge.convert import lift_model
+    from trt_bridge.lift.pipeline import lift_model
 
     lifted, _ = lift_model(onnx.load(str(dpath)))
     for want, got in zip(run_ort(reference, feeds), run_ort(lifted, feeds)):

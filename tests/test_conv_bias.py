@@ -17,8 +17,9 @@ from helpers import (
 )
 from test_multi_output import _feeds, residual_net
 
-from trt_bridge.convert import ConvertOptions, convert, lift_model
+from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.ir.model import load_model
+from trt_bridge.lift.pipeline import lift_model
 
 
 #  x ─ ConvInteger ─ Cast ─ Mul(scales) ─ Add(bias [C]) ─ Relu ─ ConvInteger ... ─ Add(bias) ─┐

@@ -181,7 +181,7 @@ def test_structure_matches_a_renamed_dynamic_export(sample, tmp_path):
     #           exported/conv1.weight_quantized ────────┘
     #   no name is shared: the i-th op of each (family, weight shape) matches the i-th; the activation key is the
     #   DynamicQuantizeLinear's float input, the weight key the ConvInteger/MatMulInteger node; lifting keeps both.
-    from trt_bridge.convert import lift_model
+    from trt_bridge.lift.pipeline import lift_model
 
     model = sample()
     qat, amax = qat_of(model)
@@ -264,7 +264,7 @@ def test_gemm_and_fake_quantized_weights_match_a_matmul_target(tmp_path):
 
 def test_unnamed_target_nodes_are_keyed_as_convert_names_them():
     #   target nodes without names: the weight keys use the names convert.prepare gives them (<op>_<index>)
-    from trt_bridge.convert import prepare
+    from trt_bridge.prepare.model import prepare
 
     model = conv_net()
     qat, _ = qat_of(model)

@@ -34,7 +34,8 @@ from helpers import SHARED_MODELS, quantize_dynamic, quantize_static, run_ort, s
 
 from trt_bridge import samples
 from trt_bridge.checks import CheckOptions, Severity, TrtProbe, check_model
-from trt_bridge.convert import ConvertOptions, _name_nodes, convert
+from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.ir.names import name_nodes
 from trt_bridge.tensorrt.build import ParserError, ParseResult, build_engine, parse
 
 pytest.importorskip("tensorrt_rtx")
@@ -158,7 +159,7 @@ def _named_nodes(path: Path, parsed: ParseResult) -> dict[str, ParserError]:
     """The node each parser error names, under the names `check` uses (it names unnamed nodes by index,
     the way convert does)."""
     model = onnx.load(str(path), load_external_data=False)
-    _name_nodes(model)
+    name_nodes(model)
     names = [n.name for n in model.graph.node]
     named = {}
     for error in parsed.details:

@@ -26,7 +26,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs  # noqa: E402
 
-from trt_bridge.convert import ConvertOptions, convert, snr_db  # noqa: E402
+from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
+from trt_bridge.verify.metrics import snr_db
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"
 #: (mode, arch) -> (onnxruntime's ops the source carries, lift rules that must fire)

@@ -63,8 +63,8 @@ def test_qoperator_model_converts_builds_and_keeps_the_sources_accuracy(shared_m
 
     The reference is the source's float meaning: its graph with weights dequantized and no activation
     quantization (``lift_model``; MNIST also has the zoo's float model, checked too)."""
-    from trt_bridge.convert import lift_model
     from trt_bridge.ir.model import load_model
+    from trt_bridge.lift.pipeline import lift_model
     from trt_bridge.runtime.session import session
 
     source = shared_models / name

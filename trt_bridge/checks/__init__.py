@@ -49,15 +49,15 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
     """Check the model at ``path``; raise TrtBridgeError only when it cannot be read at all."""
     import onnx_graphsurgeon as gs
 
-    from trt_bridge.convert import _name_nodes
     from trt_bridge.ir.model import default_opset, load_model
+    from trt_bridge.ir.names import name_nodes
 
     start = time.perf_counter()
     path = Path(path)
     declared: dict[str, int] = {}
     repairs: list[str] = []
     model = load_model(path, declared, repairs)
-    _name_nodes(model)
+    name_nodes(model)
     node_names = [n.name for n in model.graph.node]  # the parser names nodes by index when they have no name
     opset = default_opset(model)
     graph = gs.import_onnx(model)
@@ -120,9 +120,8 @@ def _bf16(tensors: list, ready: bool) -> list[Finding]:
 def _feeds(model, data: str, broadcasts) -> list[Finding]:
     """Every feed of ``data`` against the model's inputs and what they imply for each broadcasting node."""
     from trt_bridge.calibrate import model_inputs, open_feeds
-    from trt_bridge.convert import feed_types
     from trt_bridge.errors import CalibrationDataError
-    from trt_bridge.prepare.types import Bf16Policy
+    from trt_bridge.prepare.types import Bf16Policy, feed_types
 
     try:  # the feeds convert would take: bfloat16 inputs become float32 (--bf16's default)
         for _ in open_feeds(data, None, feed_types(model_inputs(model), Bf16Policy.FP32), model=broadcasts):
@@ -149,8 +148,9 @@ def _broadcasts(broadcasts) -> list[Finding]:
 
 def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: dict[str, int]) -> list[Finding]:
     """Run convert's preparation and lifting on ``model`` (consumed); fill in each finding's fix."""
-    from trt_bridge.convert import lift_graph, prepare
     from trt_bridge.errors import UnsupportedPatternError
+    from trt_bridge.lift.pipeline import lift_graph
+    from trt_bridge.prepare.model import prepare
 
     try:
         prepared = prepare(model, path, declared=declared)
@@ -277,8 +277,8 @@ def _lifted_model_parses(path: Path) -> bool:
     """Whether TensorRT's parser takes the float model convert lifts ``path`` to (its Q/DQ come after)."""
     import tempfile
 
-    from trt_bridge.convert import lift_model
     from trt_bridge.ir.model import load_model, save_model
+    from trt_bridge.lift.pipeline import lift_model
     from trt_bridge.tensorrt.build import parse
 
     try:

@@ -7,38 +7,31 @@ import logging
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-import numpy as np
 import onnx
 
 from trt_bridge.annotations import ScaleSource
 from trt_bridge.calibrate import CalibMethod, model_inputs, open_feeds
 from trt_bridge.convert.report import ConversionReport, FloatLeftover, RuleHits
-from trt_bridge.errors import CalibrationDataError, InternalError, TrtBridgeError, UnsupportedPatternError
+from trt_bridge.errors import CalibrationDataError, TrtBridgeError
+from trt_bridge.ir.export import export_model
+from trt_bridge.ir.finalize import finalize
 from trt_bridge.ir.model import (
-    MIN_QDQ_OPSET,
     check_name_lengths,
     check_writable,
     default_opset,
     external_data_files,
-    infer_shapes,
     is_large,
     load_model,
     release_memory,
     save_model,
 )
-from trt_bridge.ir.store import WeightStore, storable
+from trt_bridge.ir.store import WeightStore
+from trt_bridge.lift.pipeline import lift_model
 from trt_bridge.place.policies import PlacementOptions, PlacementPolicy, place
-from trt_bridge.prepare.types import Bf16Policy
-
-if TYPE_CHECKING:
-    import onnx_graphsurgeon as gs
+from trt_bridge.prepare.types import Bf16Policy, feed_types
 
 log = logging.getLogger("trt_bridge.convert")
-
-#: Q/DQ nodes hold exact integer data; constant folding must leave them alone.
-_NO_FOLD = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
 
 
 class ScalePolicy(str, enum.Enum):
@@ -185,7 +178,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     release_memory()
     if store is not None:
         store.close()
-    out_model = _finalize(exported, lifted_opset, check=True, min_opset=needs_opset(quantized))
+    out_model = finalize(exported, lifted_opset, check=True, min_opset=needs_opset(quantized))
     del exported
     kept_fp32 = None
     if options.high_precision != "fp32":
@@ -194,7 +187,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         exact = {layer: r.tensor for r in recentered for layer in r.compensated}
         out_model, kept_fp32 = to_low_precision(out_model, options.high_precision, ranges,
                                                 keep_io_types=options.io_types == "keep", exact=exact)
-        out_model = _finalize(out_model, default_opset(out_model), check=True, min_opset=19)
+        out_model = finalize(out_model, default_opset(out_model), check=True, min_opset=19)
     seconds["lower"] = time.perf_counter() - t0
 
     check_output_finite(out_model, source_nonfinite, model_path)
@@ -226,129 +219,6 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         report.remaining_blockers = [f"{f.op} '{f.node}': {f.why}" for f in checked.blockers]
         seconds["check"] = time.perf_counter() - t0
     return report
-
-
-def prepare(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Policy = Bf16Policy.FP32,
-            declared: dict[str, int] | None = None) -> list:
-    """Make ``model``'s types agree with its ops (in place): bfloat16 per ``bf16``, then a Cast wherever
-    a node's inputs contradict its schema. ``declared``: the exporter's value_info types, as
-    :func:`load_model` captured them (None: the model's value_info is the exporter's). Returns the
-    changes (``sanitize.Change``)."""
-    from trt_bridge.ir.model import elem_types
-    from trt_bridge.prepare.pad_code import retype_pad_codes
-    from trt_bridge.prepare.types import agree_types, convert_bf16
-
-    _name_nodes(model)
-    changes = retype_pad_codes(model, elem_types(model), str(where)) + convert_bf16(model, bf16)
-    if declared is not None and bf16 is not Bf16Policy.KEEP:
-        target = onnx.TensorProto.FLOAT if bf16 is Bf16Policy.FP32 else onnx.TensorProto.FLOAT16
-        declared = {k: target if v == onnx.TensorProto.BFLOAT16 else v for k, v in declared.items()}
-    return changes + agree_types(model, str(where), declared)
-
-
-@dataclass
-class Lifting:
-    """What lifting a model found (see :func:`lift_graph`)."""
-
-    graph: object  # gs.Graph, lifted in place
-    ctx: object  # lift.LiftContext
-    changes: list  # sanitize.Change: types, bfloat16, Dropout, Identity, Cast chains
-    blockers: list  # (gs.Node, where): nodes TensorRT cannot import that no rule lifted
-
-
-def lift_graph(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Policy = Bf16Policy.FP32,
-               prepared: list | None = None, declared: dict[str, int] | None = None) -> Lifting:
-    """Prepare (unless ``prepared`` holds the changes :func:`prepare` already made), sanitize, fold
-    constants and lift ``model`` (consumed); report what is left."""
-    import onnx_graphsurgeon as gs
-
-    from trt_bridge.lift import leftover_blockers, lift
-    from trt_bridge.prepare import global_pool, sanitize
-
-    changes = prepare(model, where, bf16, declared) if prepared is None else list(prepared)
-    if changes:  # the casts' outputs need types and shapes for the passes below
-        model = infer_shapes(model)
-    graph = gs.import_onnx(model)
-    changes += sanitize(graph)
-    fold_constants(graph)
-    changes += global_pool.after_folding(graph)
-    ctx = lift(graph)
-    changes += global_pool.after_folding(graph)  # where a quantizer's custom op (Quark's BFP) hid the shapes
-    return Lifting(graph, ctx, changes, leftover_blockers(graph))
-
-
-def lift_model(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Policy = Bf16Policy.FP32,
-               declared: dict[str, int] | None = None, store: WeightStore | None = None):
-    """Lift ``model`` (consumed) to the canonical form: ``(float ModelProto, LiftContext)``.
-
-    The float model computes exactly what the source meant, with the source's own
-    (dequantized) weights; raises UnsupportedPatternError if anything TensorRT
-    cannot import is left. ``ctx.prepared`` lists the sanitizing changes. With a ``store``, the float model
-    is a header whose large weights live in the store's file (:mod:`trt_bridge.ir.store`).
-    """
-
-    source_opset = default_opset(model)
-    lifting = lift_graph(model, where, bf16, declared=declared)
-    if lifting.blockers:
-        raise UnsupportedPatternError(_blocker_message(where, lifting.blockers, lifting.ctx.declined))
-    lifting.ctx.prepared = lifting.changes
-    lifted = export_model(lifting.graph, store)
-    # The lifting graph refers to the source model's tensors (and the lifted weights to their own arrays): let
-    # them go with the source, so the float model is held once from here on (a model over 2 GB kept 1× more).
-    lifting.ctx.graph, lifting.ctx.constants, lifting.graph = None, {}, None
-    return _finalize(lifted, source_opset), lifting.ctx
-
-
-#: constants at least this large are copied once into an exported model (see :func:`export_model`)
-_BIG_CONSTANT = 1 << 20
-
-
-def export_model(graph: gs.Graph, store: WeightStore | None = None) -> onnx.ModelProto:
-    """``gs.export_onnx(graph)``, copying each large weight that still lives in its source TensorProto once.
-
-    onnx-graphsurgeon puts the source protos into a GraphProto and ``onnx.helper.make_model`` copies that
-    into the ModelProto: while both exist, with the source, a model over 2 GB is held three times. Here the
-    large protos are exported as weightless stand-ins and copied into the finished model one by one. With a
-    ``store``, every large weight (a source proto's or an array) goes into the store's file instead, and the
-    model refers to it there (:mod:`trt_bridge.ir.store`)."""
-    import onnx_graphsurgeon as gs
-    from onnx_graphsurgeon.ir.tensor import LazyValues
-
-    swapped = {}
-    for tensor in graph.tensors().values():
-        values = getattr(tensor, "_values", None)
-        if not isinstance(tensor, gs.Constant):
-            continue
-        if isinstance(values, LazyValues) and isinstance(values.tensor, onnx.TensorProto):
-            if values.nbytes < (_BIG_CONSTANT if store is None else store.MIN_BYTES) \
-                    or (store is not None and not storable(values.tensor.data_type)):
-                continue
-            data_type = values.tensor.data_type
-        elif store is not None and isinstance(values, np.ndarray) and values.nbytes >= store.MIN_BYTES \
-                and storable(values.dtype):
-            data_type = onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
-        else:
-            continue
-        stand_in = onnx.TensorProto(name=tensor.name, data_type=data_type, dims=values.shape)
-        swapped[tensor.name] = (tensor, values)
-        tensor._values = LazyValues(stand_in)
-    try:
-        model = gs.export_onnx(graph)
-    finally:
-        for tensor, values in swapped.values():
-            tensor._values = values
-    for init in model.graph.initializer:
-        if init.name not in swapped:
-            continue
-        tensor, values = swapped[init.name]
-        if store is not None:
-            source = values.tensor if isinstance(values, LazyValues) else None
-            store.put(init, source.raw_data if source is not None and source.HasField("raw_data")
-                      else np.asarray(values.load() if source is not None else values))
-        else:
-            init.CopyFrom(values.tensor)
-            init.name = tensor.name
-    return model
 
 
 def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, options: ConvertOptions):
@@ -429,16 +299,6 @@ def _precision_report(model: onnx.ModelProto, options: ConvertOptions, kept) -> 
     return report
 
 
-def feed_types(inputs, bf16: Bf16Policy):
-    """The input types feeds must have once bfloat16 inputs are rewritten (``--bf16 fp32|fp16``)."""
-    from dataclasses import replace
-
-    if bf16 is Bf16Policy.KEEP:
-        return inputs
-    target = np.dtype(np.float32 if bf16 is Bf16Policy.FP32 else np.float16)
-    return [replace(i, dtype=target) if i.dtype.name == "bfloat16" else i for i in inputs]
-
-
 def _share_scales(annotations, groups: list[list[str]]) -> None:
     """Give each group (a Concat's inputs and output) one scale, the largest, so none clips. An imported
     scale (--scales FILE, --qat) outranks calibrated and model scales: the largest imported one is shared,
@@ -452,99 +312,3 @@ def _share_scales(annotations, groups: list[list[str]]) -> None:
                 spec.scale, spec.source = chosen.scale, chosen.source
 
 
-def fold_constants(graph: gs.Graph) -> None:
-    """Fold constant subgraphs (a Reshape/Transpose of a weight) in place; Q/DQ stay (exact integer data), and
-    so do AMD Quark's custom ops (onnxruntime cannot run them: one in the subgraph would stop all folding)."""
-    from trt_bridge.lift.block_quantize_dequantize import QUARK_DOMAINS
-
-    graph.fold_constants(should_exclude_node=lambda n: n.op in _NO_FOLD or (n.domain or "") in QUARK_DOMAINS
-                         ).cleanup()
-
-
-def unique_node_names(nodes: list[tuple[str, str]]) -> list[str]:
-    """For (name, op type) of each node in graph order: a unique name for each, the nodes' own where they
-    have one (``<op>_<index>`` otherwise, a duplicate suffixed with its index)."""
-    seen: set[str] = set()
-    names = []
-    for i, (name, op) in enumerate(nodes):
-        name = name or f"{op}_{i}"
-        while name in seen:
-            name = f"{name}_{i}"
-        names.append(name)
-        seen.add(name)
-    return names
-
-
-def _name_nodes(model: onnx.ModelProto) -> None:
-    """Give every node a unique name: rules, sites and reports refer to nodes by name."""
-    for node, name in zip(model.graph.node, unique_node_names([(n.name, n.op_type) for n in model.graph.node])):
-        node.name = name
-
-
-def _finalize(model: onnx.ModelProto, opset: int, check: bool = False, min_opset: int = MIN_QDQ_OPSET
-              ) -> onnx.ModelProto:
-    """Drop unused opset imports, upgrade to opset ≥ ``min_opset``, infer shapes; check when asked."""
-    used = {n.domain for n in model.graph.node}
-    keep = [imp for imp in model.opset_import if imp.domain in ("", "ai.onnx") or imp.domain in used]
-    del model.opset_import[:]
-    model.opset_import.extend(keep)
-    if opset < min_opset:
-        from onnx import version_converter
-
-        why = "float16 QuantizeLinear/DequantizeLinear" if min_opset > MIN_QDQ_OPSET else \
-            "per-channel DequantizeLinear"
-        try:
-            model = version_converter.convert_version(model, min_opset)
-        except Exception as exc:
-            raise UnsupportedPatternError(
-                f"cannot upgrade the model from opset {opset} to {min_opset} (needed for {why}): {exc}. "
-                f"Re-export the model at opset {min_opset} or newer."
-            ) from exc
-    if model.ir_version < 7:
-        model.ir_version = 7
-    _unname_unknown_dims(model)
-    del model.graph.value_info[:]
-    if is_large(model):
-        return model  # protobuf cannot hold it for in-memory checks; checked from disk after saving
-    try:
-        model = infer_shapes(model, strict=check)
-        if check:
-            onnx.checker.check_model(model, full_check=True)
-    except Exception as exc:  # the output contract failed: a trt-bridge bug, not the user's
-        raise InternalError(f"the converted model fails ONNX's strict checks: {str(exc).strip()}. "
-                            "Please report this with the input model.") from exc
-    return model
-
-
-def _unname_unknown_dims(model: onnx.ModelProto) -> None:
-    """Exporters write '?' for unknown dimensions; TensorRT takes equal names for equal sizes,
-    so two '?' dimensions (height and width) would be forced equal. Leave them unnamed."""
-    for value in (*model.graph.input, *model.graph.output):
-        for dim in value.type.tensor_type.shape.dim:
-            if dim.HasField("dim_param") and dim.dim_param == "?":
-                dim.ClearField("dim_param")
-
-
-def _blocker_message(path: Path, blockers, declined) -> str:
-    reasons = {d.node: d.reason for d in declined}
-    lines = [f"{path}: {len(blockers)} node(s) that TensorRT cannot import could not be rewritten:"]
-    for node, where in blockers[:20]:
-        if where:
-            why = "it sits in a control-flow subgraph, which trt-bridge does not rewrite yet"
-        else:
-            why = reasons.get(node.name, f"no rule handles {node.domain + '.' if node.domain else ''}{node.op} yet")
-        lines.append(f"  - {where}{node.op} '{node.name}': {why}")
-    if len(blockers) > 20:
-        lines.append(f"  ... and {len(blockers) - 20} more")
-    lines.append("Please report the pattern (with `trt-bridge convert --report`) so a rule can be added.")
-    return "\n".join(lines)
-
-
-def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
-    """Signal-to-noise ratio of ``test`` against ``reference`` in dB (higher is better)."""
-    ref = np.asarray(reference, np.float64).ravel()
-    err = ref - np.asarray(test, np.float64).ravel()
-    noise = float(np.sum(err * err))
-    if noise == 0.0:
-        return float("inf")
-    return 10.0 * float(np.log10(float(np.sum(ref * ref)) / noise))

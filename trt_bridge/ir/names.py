@@ -3,6 +3,7 @@ lowering)."""
 
 from __future__ import annotations
 
+import onnx
 import onnx_graphsurgeon as gs
 
 
@@ -19,3 +20,24 @@ class NameAllocator:
             i += 1
         self._taken.add(name)
         return name
+
+
+def unique_node_names(nodes: list[tuple[str, str]]) -> list[str]:
+    """For (name, op type) of each node in graph order: a unique name for each, the nodes' own where they
+    have one (``<op>_<index>`` otherwise, a duplicate suffixed with its index)."""
+    seen: set[str] = set()
+    names = []
+    for i, (name, op) in enumerate(nodes):
+        name = name or f"{op}_{i}"
+        while name in seen:
+            name = f"{name}_{i}"
+        names.append(name)
+        seen.add(name)
+    return names
+
+
+def name_nodes(model: onnx.ModelProto) -> None:
+    """Give every node a unique name: rules, sites and reports refer to nodes by name."""
+    for node, name in zip(model.graph.node, unique_node_names([(n.name, n.op_type) for n in model.graph.node])):
+        node.name = name
+

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import enum
 import logging
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -377,3 +378,12 @@ def _infer(schema, node: onnx.NodeProto, types: dict[str, onnx.TypeProto], opset
             onnx.helper.make_opsetid(d, v) for d, v in opsets.items()])
     except Exception:  # noqa: BLE001 - the per-node inference needs values some ops read (Reshape); fall back
         return {}
+
+
+def feed_types(inputs, bf16: Bf16Policy):
+    """The input types feeds must have once bfloat16 inputs are rewritten (``--bf16 fp32|fp16``)."""
+    if bf16 is Bf16Policy.KEEP:
+        return inputs
+    target = np.dtype(np.float32 if bf16 is Bf16Policy.FP32 else np.float16)
+    return [replace(i, dtype=target) if i.dtype.name == "bfloat16" else i for i in inputs]
+

@@ -53,7 +53,8 @@ class WeightedOp:
 def folded(graph: gs.Graph) -> gs.Graph:
     """``graph`` with constant subgraphs (a Reshape/Transpose of a weight) folded, as convert folds them
     before lifting; Q/DQ stay. Node names are fixed first: generated names count the nodes as loaded."""
-    from trt_bridge.convert import fold_constants, unique_node_names
+    from trt_bridge.ir.names import unique_node_names
+    from trt_bridge.lift.pipeline import fold_constants
 
     for node, name in zip(graph.nodes, unique_node_names([(n.name, n.op) for n in graph.nodes])):
         node.name = name

@@ -207,8 +207,8 @@ def _float_reference(path: str | Path) -> tuple[onnx.ModelProto, bool]:
     if not any(n.op_type in quantized or n.op_type.startswith("QLinear") or (n.domain or "") not in ("", "ai.onnx")
                for n in model.graph.node):
         return model, False
-    from trt_bridge.convert import lift_model
     from trt_bridge.ir.model import validate_model
+    from trt_bridge.lift.pipeline import lift_model
 
     declared: dict[str, int] = {}
     lifted, _ = lift_model(validate_model(model, path, declared=declared), path, declared=declared)

@@ -135,3 +135,14 @@ class Accumulator:
         if self.classifier and self.rows:
             metrics.top1, metrics.topk, metrics.k = self.top1 / self.rows, self.topk / self.rows, self.k
         return metrics
+
+
+def snr_db(reference: np.ndarray, test: np.ndarray) -> float:
+    """Signal-to-noise ratio of ``test`` against ``reference`` in dB (higher is better)."""
+    ref = np.asarray(reference, np.float64).ravel()
+    err = ref - np.asarray(test, np.float64).ravel()
+    noise = float(np.sum(err * err))
+    if noise == 0.0:
+        return float("inf")
+    return 10.0 * float(np.log10(float(np.sum(ref * ref)) / noise))
+

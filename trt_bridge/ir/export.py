@@ -1,0 +1,59 @@
+"""A graph back to a ModelProto, holding each large weight once (or putting it in a weight store)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
+
+from trt_bridge.ir.store import WeightStore, storable
+
+#: constants at least this large are copied once into an exported model (see :func:`export_model`)
+BIG_CONSTANT = 1 << 20
+
+
+def export_model(graph: gs.Graph, store: WeightStore | None = None) -> onnx.ModelProto:
+    """``gs.export_onnx(graph)``, copying each large weight that still lives in its source TensorProto once.
+
+    onnx-graphsurgeon puts the source protos into a GraphProto and ``onnx.helper.make_model`` copies that
+    into the ModelProto: while both exist, with the source, a model over 2 GB is held three times. Here the
+    large protos are exported as weightless stand-ins and copied into the finished model one by one. With a
+    ``store``, every large weight (a source proto's or an array) goes into the store's file instead, and the
+    model refers to it there (:mod:`trt_bridge.ir.store`)."""
+    swapped = {}
+    for tensor in graph.tensors().values():
+        values = getattr(tensor, "_values", None)
+        if not isinstance(tensor, gs.Constant):
+            continue
+        if isinstance(values, LazyValues) and isinstance(values.tensor, onnx.TensorProto):
+            if values.nbytes < (BIG_CONSTANT if store is None else store.MIN_BYTES) \
+                    or (store is not None and not storable(values.tensor.data_type)):
+                continue
+            data_type = values.tensor.data_type
+        elif store is not None and isinstance(values, np.ndarray) and values.nbytes >= store.MIN_BYTES \
+                and storable(values.dtype):
+            data_type = onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
+        else:
+            continue
+        stand_in = onnx.TensorProto(name=tensor.name, data_type=data_type, dims=values.shape)
+        swapped[tensor.name] = (tensor, values)
+        tensor._values = LazyValues(stand_in)
+    try:
+        model = gs.export_onnx(graph)
+    finally:
+        for tensor, values in swapped.values():
+            tensor._values = values
+    for init in model.graph.initializer:
+        if init.name not in swapped:
+            continue
+        tensor, values = swapped[init.name]
+        if store is not None:
+            source = values.tensor if isinstance(values, LazyValues) else None
+            store.put(init, source.raw_data if source is not None and source.HasField("raw_data")
+                      else np.asarray(values.load() if source is not None else values))
+        else:
+            init.CopyFrom(values.tensor)
+            init.name = tensor.name
+    return model
+
