@@ -35,7 +35,8 @@ from helpers import SHARED_MODELS, quantize_dynamic, quantize_static, run_ort, s
 from trt_bridge import samples
 from trt_bridge.checks import CheckOptions, Severity, TrtProbe, check_model
 from trt_bridge.convert import ConvertOptions, _name_nodes, convert
-from trt_bridge.tensorrt.build import ParserError, ParseResult, build_engine, parse
+from trt_bridge.tensorrt.build import build_engine
+from trt_bridge.tensorrt.parse import ParserError, ParseResult, parse
 
 pytest.importorskip("tensorrt_rtx")
 

@@ -75,9 +75,9 @@ def bench(paths: list[str | Path], options: BenchOptions = BenchOptions()) -> Be
     Everything that can be checked without running (files, kinds, the GPU for engines, the
     onnxruntime provider, the options) is checked before the first model runs.
     """
-    from trt_bridge.bench.cuda import gpu_name, gpu_problem
     from trt_bridge.bench.engine_runner import no_gpu_error
     from trt_bridge.bench.ort_runner import check_provider
+    from trt_bridge.tensorrt.cuda import gpu_name, gpu_problem
 
     options.check()
     if not paths:
@@ -121,7 +121,7 @@ def _input_names(path: Path, kind: str) -> list[str] | None:
         except Exception as exc:  # noqa: BLE001 - not ONNX: the runner says so, with the file
             raise TrtBridgeError(f"{path}: not a readable ONNX model ({type(exc).__name__}).") from exc
     try:
-        from trt_bridge.tensorrt.build import read_sidecar
+        from trt_bridge.tensorrt.sidecar import read_sidecar
 
         return [i["name"] for i in read_sidecar(path)["inputs"]]
     except Exception:  # noqa: BLE001 - an engine without a sidecar: its inputs are known once deserialized
