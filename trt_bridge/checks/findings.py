@@ -6,6 +6,7 @@ import enum
 import json
 from dataclasses import asdict, dataclass, field
 
+from trt_bridge.lower.layer_precisions import precision_line
 from trt_bridge.tensorrt.parse import ParserError
 
 #: what convert does about the parser's errors on a model ``trt-bridge build`` is given (by their rule)
@@ -116,8 +117,6 @@ class CheckReport:
         elif unfixable:
             lines.append(f"  {len(unfixable)} blocker(s) `trt-bridge convert` cannot fix (see above)")
         if self.precisions is not None:
-            from trt_bridge.lower.layer_precisions import precision_line
-
             lines.append("  " + precision_line(self.precisions))
         return "\n".join(lines)
 
