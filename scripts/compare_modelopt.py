@@ -89,7 +89,8 @@ def _run(cmd: list[str]) -> tuple[float, str]:
 
 
 def _builds(path: Path) -> str:
-    from trt_bridge.tensorrt.build import build_engine, parse
+    from trt_bridge.tensorrt.build import build_engine
+    from trt_bridge.tensorrt.parse import parse
 
     result = parse(path)
     if not result.ok:

@@ -82,7 +82,8 @@ def _measured_by_quantizer(column: str, source: Path) -> float | None:
 
 
 def measure(arch: str, column: str, source: Path, float_dir: Path, work: Path, reference: np.ndarray) -> Cell:
-    from trt_bridge.tensorrt.build import build_engine, parse
+    from trt_bridge.tensorrt.build import build_engine
+    from trt_bridge.tensorrt.parse import parse
 
     cell = Cell(arch, column)
     held_out = _feeds(float_dir / f"{arch}.eval.npz")

@@ -126,7 +126,8 @@ def find_tensorrt() -> TensorRT | None:
             trt = import_tensorrt()
     except MissingDependencyError:
         return None
-    from trt_bridge.tensorrt.build import build_engine, parse
+    from trt_bridge.tensorrt.build import build_engine
+    from trt_bridge.tensorrt.parse import parse
 
     return TensorRT(trt.__name__, trt.__version__, is_rtx(trt), parse, build_engine)
 

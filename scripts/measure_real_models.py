@@ -34,7 +34,8 @@ from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantTy
 from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.runtime.session import session
-from trt_bridge.tensorrt.build import build_engine, parse
+from trt_bridge.tensorrt.build import build_engine
+from trt_bridge.tensorrt.parse import parse
 from trt_bridge.verify.metrics import snr_db
 
 

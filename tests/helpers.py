@@ -59,7 +59,8 @@ def op_types(path: Path | onnx.ModelProto) -> set[str]:
 
 def assert_tensorrt_ready(path: Path) -> None:
     """The TensorRT-RTX parser accepts ``path`` and builds it ahead of time for SM 8.9."""
-    from trt_bridge.tensorrt.build import build_engine, parse
+    from trt_bridge.tensorrt.build import build_engine
+    from trt_bridge.tensorrt.parse import parse
 
     result = parse(path)
     assert result.ok, f"TensorRT parser rejected {path}: {result.errors}"

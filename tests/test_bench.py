@@ -216,7 +216,7 @@ def test_cli_table_json_and_markdown_files(models, tmp_path):
 
 
 def test_cli_engine_without_gpu_is_a_clear_error(models, tmp_path):
-    from trt_bridge.bench.cuda import gpu_problem
+    from trt_bridge.tensorrt.cuda import gpu_problem
 
     if gpu_problem() is None:
         pytest.skip("this machine has a GPU: tests/gpu/test_bench_gpu.py runs engines")

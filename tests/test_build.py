@@ -19,17 +19,13 @@ from onnx import TensorProto, helper, numpy_helper
 from test_cli import cli
 
 from trt_bridge import __version__, samples
+from trt_bridge.checks.findings import parser_findings
 from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
-from trt_bridge.tensorrt.build import (
-    BuildOptions,
-    EngineBuildError,
-    ModelRejectedError,
-    Profile,
-    build,
-    parse_shapes,
-    read_sidecar,
-)
+from trt_bridge.tensorrt.build import EngineBuildError, ModelRejectedError, build
+from trt_bridge.tensorrt.options import BuildOptions
+from trt_bridge.tensorrt.profiles import Profile, parse_shapes
+from trt_bridge.tensorrt.sidecar import read_sidecar
 
 pytest.importorskip("tensorrt_rtx", reason="ahead-of-time builds need TensorRT-RTX (pip install 'trt-bridge[rtx]')")
 
@@ -147,7 +143,7 @@ def test_timing_cache_is_saved_and_reused(models, tmp_path):
 def test_a_model_tensorrt_rejects_lists_the_parser_findings(models, tmp_path):
     with pytest.raises(ModelRejectedError) as error:
         build(models["dynamic"], tmp_path / "api.engine", SM89)
-    assert {(f.rule, f.op) for f in error.value.findings} == {
+    assert {(f.rule, f.op) for f in parser_findings(error.value.errors)} == {
         ("no-importer", "DynamicQuantizeLinear"), ("no-importer", "ConvInteger"), ("no-importer", "MatMulInteger")}
 
     engine = tmp_path / "dynamic.engine"

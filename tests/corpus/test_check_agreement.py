@@ -36,7 +36,8 @@ from trt_bridge import samples
 from trt_bridge.checks import CheckOptions, Severity, TrtProbe, check_model
 from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.ir.names import name_nodes
-from trt_bridge.tensorrt.build import ParserError, ParseResult, build_engine, parse
+from trt_bridge.tensorrt.build import build_engine
+from trt_bridge.tensorrt.parse import ParserError, ParseResult, parse
 
 pytest.importorskip("tensorrt_rtx")
 

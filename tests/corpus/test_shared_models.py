@@ -8,7 +8,7 @@ from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ex
 
 from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert
-from trt_bridge.tensorrt.build import parse
+from trt_bridge.tensorrt.parse import parse
 
 
 def test_mnist_dynamic_uint8_converts_builds_and_keeps_accuracy(shared_models, tmp_path):

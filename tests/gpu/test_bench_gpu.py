@@ -148,7 +148,7 @@ def test_data_feeds_the_engine(built, tmp_path):
 
 
 def test_bad_engine_and_freed_memory(built, tmp_path):
-    from trt_bridge.bench.cuda import call, runtime
+    from trt_bridge.tensorrt.cuda import call, runtime
 
     bad = tmp_path / "bad.engine"
     bad.write_bytes(b"\0" * 64)

@@ -14,7 +14,10 @@ from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
-from trt_bridge.tensorrt.build import BuildOptions, Profile, build, read_sidecar
+from trt_bridge.tensorrt.build import build
+from trt_bridge.tensorrt.options import BuildOptions
+from trt_bridge.tensorrt.profiles import Profile
+from trt_bridge.tensorrt.sidecar import read_sidecar
 
 pytestmark = pytest.mark.gpu
 

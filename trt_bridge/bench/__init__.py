@@ -14,12 +14,20 @@ order given; ``ratio`` is the speed-up versus the first row.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
+import onnx
+
+from trt_bridge.bench.engine_runner import ENGINE_SUFFIXES, EngineRunner, no_gpu_error
+from trt_bridge.bench.inputs import concrete_specs
+from trt_bridge.bench.ort_runner import OrtRunner, check_provider
 from trt_bridge.bench.report import BenchReport, BenchRow, Machine
 from trt_bridge.bench.stats import LatencyStats
+from trt_bridge.calibrate.feeds import model_inputs
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.tensorrt.cuda import gpu_name, gpu_problem
+from trt_bridge.tensorrt.sidecar import read_sidecar
 
 __all__ = ["BenchOptions", "BenchReport", "BenchRow", "LatencyStats", "Machine", "bench", "kind_of"]
 
@@ -58,8 +66,6 @@ class BenchOptions:
 
 def kind_of(path: Path) -> str:
     """``"onnx"`` or ``"engine"``, from the file name."""
-    from trt_bridge.bench.engine_runner import ENGINE_SUFFIXES
-
     suffix = path.suffix.lower()
     if suffix == ".onnx":
         return "onnx"
@@ -75,10 +81,6 @@ def bench(paths: list[str | Path], options: BenchOptions = BenchOptions()) -> Be
     Everything that can be checked without running (files, kinds, the GPU for engines, the
     onnxruntime provider, the options) is checked before the first model runs.
     """
-    from trt_bridge.bench.cuda import gpu_name, gpu_problem
-    from trt_bridge.bench.engine_runner import no_gpu_error
-    from trt_bridge.bench.ort_runner import check_provider
-
     options.check()
     if not paths:
         raise TrtBridgeError("bench needs at least one engine or ONNX model.")
@@ -112,17 +114,11 @@ def bench(paths: list[str | Path], options: BenchOptions = BenchOptions()) -> Be
 def _input_names(path: Path, kind: str) -> list[str] | None:
     """A model's input names without running it: the ONNX graph's, or an engine's sidecar (None: unknown)."""
     if kind == "onnx":
-        import onnx
-
-        from trt_bridge.calibrate.feeds import model_inputs
-
         try:
             return [i.name for i in model_inputs(onnx.load(str(path), load_external_data=False))]
         except Exception as exc:  # noqa: BLE001 - not ONNX: the runner says so, with the file
             raise TrtBridgeError(f"{path}: not a readable ONNX model ({type(exc).__name__}).") from exc
     try:
-        from trt_bridge.tensorrt.build import read_sidecar
-
         return [i["name"] for i in read_sidecar(path)["inputs"]]
     except Exception:  # noqa: BLE001 - an engine without a sidecar: its inputs are known once deserialized
         return None
@@ -131,10 +127,6 @@ def _input_names(path: Path, kind: str) -> list[str] | None:
 def _shapes_per_model(models, options: BenchOptions) -> dict:
     """Each model's options with the --shapes of its own inputs (models with other inputs can be benched
     side by side), every ONNX model's shapes checked against its inputs before the first run."""
-    from dataclasses import replace
-
-    from trt_bridge.bench.inputs import concrete_specs
-
     if not options.shapes:
         return {path: options for path, _ in models}
     known: set[str] = set()
@@ -148,10 +140,6 @@ def _shapes_per_model(models, options: BenchOptions) -> dict:
         known |= set(names)
         out[path] = replace(options, shapes={k: v for k, v in options.shapes.items() if k in names} or None)
         if kind == "onnx" and out[path].shapes:
-            import onnx
-
-            from trt_bridge.calibrate.feeds import model_inputs
-
             concrete_specs(model_inputs(onnx.load(str(path), load_external_data=False)), out[path].shapes,
                            str(path))
     unknown = sorted(set(options.shapes) - known)
@@ -162,15 +150,11 @@ def _shapes_per_model(models, options: BenchOptions) -> dict:
 
 def _run(path: Path, kind: str, options: BenchOptions) -> tuple[BenchRow, str | None]:
     if kind == "onnx":
-        from trt_bridge.bench.ort_runner import OrtRunner
-
         runner = OrtRunner(path, options)
         times, seconds = runner.measure()
         row = BenchRow(str(path), kind, runner.backend, LatencyStats.from_times(times, seconds),
                        inputs=runner.input_shapes, feed=runner.feed_source)
         return row, None
-    from trt_bridge.bench.engine_runner import EngineRunner
-
     with EngineRunner(path, options) as runner:
         times, seconds = runner.measure()
         row = BenchRow(str(path), kind, runner.backend, LatencyStats.from_times(times, seconds),

@@ -11,7 +11,7 @@
 Each iteration's latency is the CUDA-event time between its two events (the GPU time of
 that inference, plus the copies with ``transfers="include"``); throughput is iterations
 over the wall-clock time of the timed run. Everything allocated is freed on ``close()``
-(the runner is a context manager). Every CUDA call is checked (:func:`.cuda.call`).
+(the runner is a context manager). Every CUDA call is checked (:func:`trt_bridge.tensorrt.cuda.call`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,13 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_bridge.bench.cuda import call, error_text, gpu_problem, runtime
 from trt_bridge.bench.inputs import concrete_specs, first_feed
 from trt_bridge.calibrate.feeds import Feed, InputSpec
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.tensorrt import import_tensorrt, is_rtx
+from trt_bridge.tensorrt.cuda import call, error_text, gpu_problem, runtime
+from trt_bridge.tensorrt.logger import Logger
+from trt_bridge.tensorrt.sidecar import read_sidecar
 
 log = logging.getLogger("trt_bridge.bench")
 
@@ -55,8 +58,6 @@ def no_gpu_error(path: Path, problem: str) -> TrtBridgeError:
 
 def _built_with(engine: Path) -> str | None:
     """The TensorRT module the engine's sidecar names (an engine runs only with the TensorRT that built it)."""
-    from trt_bridge.tensorrt.build import read_sidecar
-
     try:
         return read_sidecar(engine)["tensorrt"]["module"]
     except Exception:  # noqa: BLE001 - no sidecar (built elsewhere): the default module
@@ -99,13 +100,10 @@ class EngineRunner:
             raise no_gpu_error(self.path, problem)
         if not self.path.is_file():
             raise TrtBridgeError(f"{self.path}: no such file. Check the path to the engine.")
-        from trt_bridge.tensorrt import import_tensorrt, is_rtx
-        from trt_bridge.tensorrt.build import _Logger
-
         self._cudart = cudart = runtime()
         trt = self._trt = import_tensorrt(_built_with(self.path))
         self.label = f"{'TensorRT-RTX' if is_rtx(trt) else 'TensorRT'} {getattr(trt, '__version__', '?')}"
-        self._logger = _Logger(trt)
+        self._logger = Logger(trt)
         self._runtime = trt.Runtime(self._logger)
         self.engine = self._runtime.deserialize_cuda_engine(self.path.read_bytes())
         if self.engine is None:

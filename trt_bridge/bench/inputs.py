@@ -14,6 +14,7 @@ from dataclasses import replace
 from trt_bridge.calibrate.feed_sources import RandomFeeds, open_feeds
 from trt_bridge.calibrate.feeds import Feed, InputSpec
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.tensorrt.profiles import parse_shapes as parse_shape_items
 
 log = logging.getLogger("trt_bridge.bench")
 
@@ -25,9 +26,7 @@ def parse_shapes(items: list[str] | None) -> Shapes | None:
     items: the syntax of ``trt-bridge build`` (trtexec's and Polygraphy's), parsed by the same code."""
     if not items:
         return None
-    from trt_bridge.tensorrt.build import parse_shapes as parse
-
-    return parse(list(items))
+    return parse_shape_items(list(items))
 
 
 def _text(shape) -> str:

@@ -26,6 +26,7 @@ from trt_bridge.checks.findings import CheckReport, Finding, ParserRun, Severity
 from trt_bridge.checks.rules import CHECK_RULES, is_int8, tensor_info
 from trt_bridge.errors import MissingDependencyError
 from trt_bridge.lift import LIFT_RULES
+from trt_bridge.tensorrt.parse import parse
 
 log = logging.getLogger("trt_bridge.checks")
 
@@ -237,8 +238,6 @@ def _node_named_in(message: str, ops: dict):
 
 def _probe(path: Path, report: CheckReport, node_names: list[str], ops: dict) -> ParserRun | None:
     """Run TensorRT's parser, attach its messages to the findings; None when no TensorRT is installed."""
-    from trt_bridge.tensorrt.build import parse
-
     try:
         result = parse(path)
     except MissingDependencyError:
@@ -251,7 +250,7 @@ def _probe(path: Path, report: CheckReport, node_names: list[str], ops: dict) ->
     by_node = {f.node: f for f in report.findings if f.node}
     for error in result.details:
         name = error.node or (node_names[error.index] if 0 <= error.index < len(node_names) else "")
-        message = f"{error.code}: {error.message}"
+        message = error.text
         finding = by_node.get(name) if name else next((f for f in report.findings if f.rule == "invalid-onnx"), None)
         if finding is not None:
             finding.tensorrt = message if not finding.tensorrt else f"{finding.tensorrt}; {message}"
@@ -279,7 +278,6 @@ def _lifted_model_parses(path: Path) -> bool:
 
     from trt_bridge.ir.model import load_model, save_model
     from trt_bridge.lift.pipeline import lift_model
-    from trt_bridge.tensorrt.build import parse
 
     try:
         declared: dict[str, int] = {}

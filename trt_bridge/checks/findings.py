@@ -6,6 +6,13 @@ import enum
 import json
 from dataclasses import asdict, dataclass, field
 
+from trt_bridge.lower.layer_precisions import precision_line
+from trt_bridge.tensorrt.parse import ParserError
+
+#: what convert does about the parser's errors on a model ``trt-bridge build`` is given (by their rule)
+PARSER_FIXES = {"no-importer": "lifted by `trt-bridge convert` (`trt-bridge check` says how)",
+                "tensorrt-parser": "`trt-bridge check` says whether convert fixes it"}
+
 
 class Severity(str, enum.Enum):
     BLOCKER = "blocker"  # TensorRT does not build the model as INT8 while this stays
@@ -85,7 +92,7 @@ class CheckReport:
         return data
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=lambda o: o.value if isinstance(o, enum.Enum) else str(o))
+        return json.dumps(self.to_dict(), indent=2, default=_json_default)
 
     def headline(self) -> str:
         blockers, warnings = len(self.blockers), len(self.findings) - len(self.blockers)
@@ -110,7 +117,21 @@ class CheckReport:
         elif unfixable:
             lines.append(f"  {len(unfixable)} blocker(s) `trt-bridge convert` cannot fix (see above)")
         if self.precisions is not None:
-            from trt_bridge.lower.layer_precisions import precision_line
-
             lines.append("  " + precision_line(self.precisions))
         return "\n".join(lines)
+
+
+def parser_findings(errors: list[ParserError]) -> list[Finding]:
+    """``check``'s findings for the errors of TensorRT's parser on a model it rejects (one per node), as
+    :class:`~trt_bridge.tensorrt.build.ModelRejectedError` carries them: the ops convert lifts are fixable."""
+    return [Finding(e.rule, Severity.BLOCKER, e.node, e.op, [], e.text, PARSER_FIXES[e.rule], e.rule == "no-importer",
+                    e.text) for e in errors]
+
+
+def findings_json(findings: list[Finding]) -> list[dict]:
+    """``check``'s JSON form of ``findings``."""
+    return json.loads(json.dumps([asdict(f) for f in findings], default=_json_default))
+
+
+def _json_default(obj):  # asdict turned nested dataclasses into dicts already: enums remain
+    return obj.value if isinstance(obj, enum.Enum) else str(obj)

@@ -14,12 +14,11 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.checks.findings import Finding, Severity, TensorInfo
-from trt_bridge.lift import TENSORRT_REJECTS, leftover_blockers
+from trt_bridge.ir.tensorrt_ops import NO_IMPORTER
+from trt_bridge.lift import leftover_blockers
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
-#: Ops with no importer in TensorRT's ONNX parser ("UNSUPPORTED_NODE").
-NO_IMPORTER = TENSORRT_REJECTS - set(QDQ)
 #: integer code types TensorRT's Q/DQ take (besides the fp8/fp4 float formats)
 TRT_CODE_TYPES = frozenset({np.dtype(np.int8)})
 

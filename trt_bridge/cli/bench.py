@@ -5,6 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from trt_bridge.bench import BenchOptions, bench
+from trt_bridge.bench.inputs import parse_shapes
+from trt_bridge.calibrate.feed_sources import source_path
+from trt_bridge.cli import EXIT_OK
+from trt_bridge.cli.common import check_output_path, emit_report
+from trt_bridge.ir.model import write_text_atomic
+
 DESCRIPTION = """\
 Time TensorRT engines (.engine/.plan/.trt: TensorRT + cuda-python, CUDA events, a CUDA graph
 when the engine can be captured; needs an NVIDIA GPU) and ONNX models (onnxruntime with the
@@ -58,13 +65,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trt_bridge.bench import BenchOptions, bench
-    from trt_bridge.bench.inputs import parse_shapes
-    from trt_bridge.calibrate.feed_sources import source_path
-    from trt_bridge.cli import EXIT_OK
-    from trt_bridge.cli.common import check_output_path, emit_report
-    from trt_bridge.ir.model import write_text_atomic
-
     outputs = ((args.json, "JSON report"), (args.markdown, "markdown table"))
     for i, (target, what) in enumerate(outputs):
         check_output_path(target, [*args.paths, source_path(args.data), outputs[1 - i][0]], what)

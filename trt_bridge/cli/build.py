@@ -3,9 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import json
 import re
 import sys
 from pathlib import Path
+
+from trt_bridge.cli import EXIT_FAIL, EXIT_OK
+from trt_bridge.cli.common import add_output_flags, check_output_path, emit_report
+from trt_bridge.errors import TrtBridgeError
+from trt_bridge.tensorrt.build import EngineBuildError, ModelRejectedError, build
+from trt_bridge.tensorrt.options import BuildOptions
+from trt_bridge.tensorrt.profiles import Profile, parse_shapes
+from trt_bridge.tensorrt.sidecar import sidecar_path
 
 DESCRIPTION = """\
 Build a TensorRT engine from MODEL (e.g. the output of `trt-bridge convert`) with TensorRT's Python API:
@@ -41,8 +50,6 @@ SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
 
 
 def add_parser(sub) -> None:
-    from trt_bridge.cli.common import add_output_flags
-
     p = sub.add_parser("build", help="build a TensorRT engine (and its sidecar JSON) from an ONNX model",
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", type=Path, help="the ONNX model (TensorRT-ready: see `trt-bridge check`)")
@@ -87,9 +94,6 @@ def _size(text: str) -> int:
 
 def profiles_from_args(shapes, mins, opts, maxs) -> tuple:
     """The profiles of ``--shapes`` and the ``--min/--opt/--max-shapes`` trios (each a list of argument lists)."""
-    from trt_bridge.errors import TrtBridgeError
-    from trt_bridge.tensorrt.build import Profile, parse_shapes
-
     fixed = parse_shapes([s for group in shapes or [] for s in group])
     counts = {"--min-shapes": len(mins or []), "--opt-shapes": len(opts or []), "--max-shapes": len(maxs or [])}
     if len(set(counts.values())) > 1:
@@ -113,14 +117,8 @@ def profiles_from_args(shapes, mins, opts, maxs) -> tuple:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trt_bridge.cli import EXIT_FAIL, EXIT_OK
-    from trt_bridge.cli.common import check_output_path, emit_report
-    from trt_bridge.tensorrt.build import BuildOptions, EngineBuildError, ModelRejectedError, build, findings_json
-
     output = args.output or args.model.with_suffix(".engine")
     if args.json not in (None, "-"):
-        from trt_bridge.tensorrt.build import sidecar_path
-
         check_output_path(args.json, [args.model, output, sidecar_path(output), args.timing_cache], "report")
     ccs = tuple(c.strip() for group in args.compute_capability or [] for c in group.split(",") if c.strip())
     options = BuildOptions(
@@ -134,9 +132,11 @@ def run(args: argparse.Namespace) -> int:
     except EngineBuildError as exc:
         print(f"trt-bridge build: error: {exc}", file=sys.stderr)
         if args.json:
-            import json
+            # not at module level: the checks package imports onnx_graphsurgeon (checks.rules, lift), which
+            # `trt-bridge --help` must not load (tests/test_cli.py); hoist it once that import is lazy there
+            from trt_bridge.checks.findings import findings_json, parser_findings
 
-            findings = findings_json(exc.findings) if isinstance(exc, ModelRejectedError) else []
+            findings = findings_json(parser_findings(exc.errors)) if isinstance(exc, ModelRejectedError) else []
             emit_report(args.json, json.dumps({"engine": None, "error": str(exc), "findings": findings}, indent=2),
                         None)
         return EXIT_FAIL

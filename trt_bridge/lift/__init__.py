@@ -11,6 +11,7 @@ import logging
 
 import onnx_graphsurgeon as gs
 
+from trt_bridge.ir.tensorrt_ops import TENSORRT_REJECTS
 from trt_bridge.lift.base import NOT_MINE, Approximation, Decline, LiftContext, LiftRule
 from trt_bridge.lift.block_quantize_dequantize import BlockQuantizeDequantize
 from trt_bridge.lift.conv_bias import FoldConvBias
@@ -47,12 +48,6 @@ LIFT_RULES: tuple[LiftRule, ...] = (
 )
 
 log = logging.getLogger("trt_bridge.lift")
-
-#: Ops that TensorRT's ONNX parser rejects, or that lowering must write anew: none may survive lifting.
-TENSORRT_REJECTS = frozenset({
-    "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger", "QLinearConv", "QLinearMatMul",
-    "QuantizeLinear", "DequantizeLinear",
-})
 
 
 def lift(graph: gs.Graph, rules: tuple[LiftRule, ...] = LIFT_RULES) -> LiftContext:

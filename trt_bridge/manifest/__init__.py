@@ -335,7 +335,9 @@ class _ModelRun:
         return None
 
     def _build(self, target: Target, engine: Path):
-        from trt_bridge.tensorrt.build import BuildOptions, Profile, build
+        from trt_bridge.tensorrt.build import build
+        from trt_bridge.tensorrt.options import BuildOptions
+        from trt_bridge.tensorrt.profiles import Profile
 
         profiles = (Profile.fixed(self.model.shapes),) if self.model.shapes else ()
         cache = self.manifest.output / f"timing-cache.{target.name}.bin"

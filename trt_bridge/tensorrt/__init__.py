@@ -1,6 +1,12 @@
 """A lazy shim over ``tensorrt`` (TensorRT 10/11, GPU machines) and ``tensorrt_rtx``
 (TensorRT-RTX, whose parser and builder also run ahead of time on a CPU-only machine).
-Both expose the same Python API; nothing is imported until it is needed."""
+Both expose the same Python API; nothing is imported until it is needed.
+
+The package: :mod:`.parse` (TensorRT's ONNX parser and what it says), :mod:`.build` (``trt-bridge build``), with
+:mod:`.options`, :mod:`.profiles` (the shapes syntax), :mod:`.target` (which TensorRT builds for what),
+:mod:`.config` (builder flags), :mod:`.timing_cache`, :mod:`.progress` and :mod:`.sidecar` (``<engine>.json``);
+:mod:`.logger` (TensorRT loggers) and :mod:`.cuda` (cuda-python calls and the GPU probe) for building and
+running engines."""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import importlib
 from types import ModuleType
 
 from trt_bridge.errors import MissingDependencyError
+from trt_bridge.tensorrt.cuda import gpu_problem
 
 MODULES = ("tensorrt", "tensorrt_rtx")  # in the order import_tensorrt tries them
 _cache: dict[str, ModuleType] = {}
@@ -38,8 +45,6 @@ def is_rtx(trt: ModuleType) -> bool:
 def gpu_present() -> bool:
     """Whether an NVIDIA GPU can run engines here: cuda-python's runtime sees one (without cuda-python,
     whether the driver's device node exists)."""
-    from trt_bridge.bench.cuda import gpu_problem
-
     try:
         return gpu_problem() is None
     except MissingDependencyError:  # a driver, but no cuda-python

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
+from trt_bridge.tensorrt import gpu_present, import_tensorrt, is_rtx
 from trt_bridge.verify.gates import Gate, apply_gates
 from trt_bridge.verify.layers import Localization, localize
 from trt_bridge.verify.metrics import Accumulator, OutputMetrics
@@ -287,8 +288,6 @@ class _polygraphy_logging:
 
 def _engine_runner(engine: str):
     """Polygraphy's TrtRunner over the serialized engine; running needs an NVIDIA GPU."""
-    from trt_bridge.tensorrt import gpu_present, import_tensorrt, is_rtx
-
     path = Path(engine)
     if not path.is_file():
         raise TrtBridgeError(f"{engine}: no such engine file. Build one with `trt-bridge build`, or drop --engine.")

@@ -1,4 +1,4 @@
-"""Checked calls into the CUDA runtime of cuda-python, and the GPU probe ``bench`` needs.
+"""Checked calls into the CUDA runtime of cuda-python, and the GPU probe that building and running engines need.
 
 cuda-python's runtime functions return ``(error, *values)``; :func:`call` raises
 :class:`CudaError` with the function, CUDA's error name and what it was doing, and
