@@ -2,7 +2,10 @@
 weights quantized at run time (Q → DQ, per channel), every graph output out of a DequantizeLinear, and the
 block-wise int4 weights of its W4 recipes (opset 21 ``block_size``; LPBQ's per-block scales are themselves a
 DequantizeLinear of uint8 codes). Each test checks the op types left, accuracy against onnxruntime running
-the source, the Q/DQ contract, and that TensorRT-RTX parses and builds the converted model."""
+the source, the Q/DQ contract, and that TensorRT-RTX parses and builds the converted model.
+
+The tests at the end call the rule directly (``apply_rule``: match, then rewrite, on a small graph; a
+decline that leaves graph and context as they were)."""
 
 from __future__ import annotations
 
@@ -15,9 +18,11 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from apply_rule import assert_same_outputs, build_model, declined, lifted, ops_left, tensor_info  # noqa: E402
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, save, snr_db  # noqa: E402
 
 from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
+from trt_bridge.lift.dequantize_constant import DequantizeConstant  # noqa: E402
 from trt_bridge.runtime.session import session  # noqa: E402
 
 RNG = np.random.default_rng(11)
@@ -154,3 +159,28 @@ def test_a_scalar_quantized_at_run_time_stays_a_scalar(tmp_path):
     assert snr_db([want], [got]) > 35.0
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)
+
+
+# --- the rule called directly ---------------------------------------------------------------------------------------
+
+#   W_q int8 [32, 24] ─ DQ(w_s [24], axis 1) ─ w ─ MatMul(x, ·) ─ y      (as_output: w also a graph output)
+def _dequantized_weight(as_output: bool = False):
+    w_s = (RNG.random(24) * 0.01 + 0.002).astype(np.float32)
+    nodes = [helper.make_node("DequantizeLinear", ["W_q", "w_s"], ["w"], "dq", axis=1),
+             helper.make_node("MatMul", ["x", "w"], ["y"], "matmul")]
+    outputs = [tensor_info("y", [1, 16, 24])] + ([tensor_info("w", [32, 24])] if as_output else [])
+    return build_model(nodes, [tensor_info("x", [1, 16, 32])], outputs,
+                       {"W_q": RNG.integers(-127, 128, (32, 24)).astype(np.int8), "w_s": w_s})
+
+
+def test_rule_lifts_the_weight_to_float_keeping_its_integers():
+    source = _dequantized_weight()
+    out, ctx = lifted(source, (DequantizeConstant(), "dq"))
+    assert ops_left(out) == ["MatMul"]
+    (spec,) = ctx.annotations.weights.values()
+    assert (spec.axis, spec.source.value) == (1, "exact-int8-weights")
+    assert_same_outputs(source, out, X[:3], rtol=0, atol=0)
+
+
+def test_rule_declines_a_weight_that_is_a_graph_output_untouched():
+    assert declined(_dequantized_weight(as_output=True), DequantizeConstant(), "dq") == "'w' is a graph output"

@@ -1,7 +1,10 @@
 """onnxruntime's fused com.microsoft ``EmbedLayerNormalization`` written back as standard ONNX
 (``lift/embed_layer_norm.py``) and its quantized form ``QEmbedLayerNormalization`` (``lift/qembed_layer_norm.py``):
 against onnxruntime running the fused node (output, mask index, embedding sum), with and without segment
-ids, mask and position ids, at opsets with and without LayerNormalization; TensorRT-RTX builds the result."""
+ids, mask and position ids, at opsets with and without LayerNormalization; TensorRT-RTX builds the result.
+
+The tests at the end call the rule directly (``apply_rule``: match, then rewrite, on a small graph; a
+decline that leaves graph and context as they were)."""
 
 from __future__ import annotations
 
@@ -13,11 +16,13 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from apply_rule import declined, lifted, ops_left  # noqa: E402
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, quantize_dynamic, save, snr_db  # noqa: E402
 
 from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
 from trt_bridge.ir.model import load_model  # noqa: E402
-from trt_bridge.lift.pipeline import lift_model
+from trt_bridge.lift.embed_layer_norm import OrtEmbedLayerNorm  # noqa: E402
+from trt_bridge.lift.pipeline import lift_model  # noqa: E402
 from trt_bridge.runtime.session import session  # noqa: E402
 
 B, S, D, V = 2, 6, 32, 40
@@ -129,3 +134,22 @@ def _without_head(path: Path, tmp_path: Path) -> Path:
     del model.graph.output[0]
     model.graph.output.insert(0, helper.make_tensor_value_info("y", TensorProto.FLOAT, None))
     return save(model, tmp_path / f"{path.stem}.embedding.onnx")
+
+
+# --- the rule called directly ---------------------------------------------------------------------------------------
+
+def test_rule_writes_the_standard_graph():
+    source = _embedding_model()
+    out, _ = lifted(source, (OrtEmbedLayerNorm(), "embed"))
+    # word and segment rows gathered, positions sliced (0 … S−1: Shape, Gather), summed, normalized; the mask's ones
+    # counted (Equal, Cast, ReduceSum)
+    assert ops_left(out) == ["Add", "Add", "Cast", "Equal", "Gather", "Gather", "Gather", "LayerNormalization",
+                             "ReduceSum", "Shape", "Slice"]
+    _assert_same_outputs(source, out, _feeds(source, 3))
+
+
+def test_rule_declines_a_missing_gamma_untouched():
+    source = _embedding_model()
+    source.graph.node[0].input[5] = ""
+    reason = declined(source, OrtEmbedLayerNorm(), "embed")
+    assert reason == "the word and position tables and gamma (inputs 2, 3, 5) must be given"

@@ -1,7 +1,10 @@
 """onnxruntime's fused com.microsoft ``Attention`` written back as standard ONNX (``lift/ort_attention.py``):
 every mask form its CPU kernel takes, ``unidirectional``, ``qkv_hidden_sizes``, ``attention_bias``, against
 onnxruntime running the fused node; TensorRT-RTX parses and builds the result; a key/value cache is declined
-with its reason."""
+with its reason.
+
+The tests at the end call the rule directly (``apply_rule``: match, then rewrite, on a small graph; a
+decline that leaves graph and context as they were)."""
 
 from __future__ import annotations
 
@@ -14,12 +17,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from apply_rule import assert_same_outputs, declined, lifted, ops_left  # noqa: E402
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save, snr_db  # noqa: E402
 
 from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
 from trt_bridge.errors import UnsupportedPatternError  # noqa: E402
 from trt_bridge.ir.model import load_model  # noqa: E402
-from trt_bridge.lift.pipeline import lift_model
+from trt_bridge.lift.ort_attention import OrtAttention  # noqa: E402
+from trt_bridge.lift.pipeline import lift_model  # noqa: E402
 
 B, S, D, N = 2, 6, 16, 2
 RNG = np.random.default_rng(0)
@@ -119,3 +124,22 @@ def test_a_mask_index_whose_form_cannot_be_told_is_declined_with_its_reason(tmp_
     src = save(model, tmp_path / "ambiguous.onnx")
     with pytest.raises(UnsupportedPatternError, match=r"Attention 'attention'.*cannot be told apart"):
         lift_model(onnx.load(str(src)), src)
+
+
+# --- the rule called directly ---------------------------------------------------------------------------------------
+
+def test_rule_writes_standard_onnx():
+    source = _attention_model("lengths")
+    out, _ = lifted(source, (OrtAttention(), "attention"))
+    # projection, split into heads, scores, the key lengths' mask (Cast, Range to the sequence length, Less, Where),
+    # softmax, context
+    assert ops_left(out) == ["Add", "Add", "Cast", "Gather", "Less", "MatMul", "MatMul", "MatMul", "Mul", "Range",
+                             "Reshape", "Reshape", "Reshape", "Reshape", "Shape", "Softmax", "Split", "Transpose",
+                             "Transpose", "Transpose", "Transpose", "Unsqueeze", "Unsqueeze", "Where"]
+    assert_same_outputs(source, out, _feeds("lengths", 3))
+
+
+def test_rule_declines_rotary_embedding_untouched():
+    source = _attention_model("lengths")
+    source.graph.node[0].attribute.append(helper.make_attribute("do_rotary", 1))
+    assert declined(source, OrtAttention(), "attention") == "attribute do_rotary=1 is not written back"

@@ -1,6 +1,9 @@
 """onnxruntime's fused com.microsoft ``MultiHeadAttention`` written back as standard ONNX
 (``lift/ort_multihead_attention.py``): self and cross attention, packed bias, every key padding mask form,
-``unidirectional``, against onnxruntime running the fused node; TensorRT-RTX builds the converted model."""
+``unidirectional``, against onnxruntime running the fused node; TensorRT-RTX builds the converted model.
+
+The tests at the end call the rule directly (``apply_rule``: match, then rewrite, on a small graph; a
+decline that leaves graph and context as they were)."""
 
 from __future__ import annotations
 
@@ -13,12 +16,14 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from apply_rule import assert_same_outputs, declined, lifted, ops_left  # noqa: E402
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save, snr_db  # noqa: E402
 
 from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
 from trt_bridge.errors import UnsupportedPatternError  # noqa: E402
 from trt_bridge.ir.model import load_model  # noqa: E402
-from trt_bridge.lift.pipeline import lift_model
+from trt_bridge.lift.ort_multihead_attention import OrtMultiHeadAttention  # noqa: E402
+from trt_bridge.lift.pipeline import lift_model  # noqa: E402
 
 B, S, D, N = 2, 6, 16, 2
 RNG = np.random.default_rng(7)
@@ -105,3 +110,24 @@ def test_a_key_value_cache_is_declined_with_its_reason(tmp_path):
     src = save(model, tmp_path / "cached.onnx")
     with pytest.raises(UnsupportedPatternError, match=r"MultiHeadAttention 'mha'.*past_key"):
         lift_model(onnx.load(str(src)), src)
+
+
+# --- the rule called directly ---------------------------------------------------------------------------------------
+
+def test_rule_writes_standard_onnx():
+    source = _mha_model("lengths", S)
+    out, _ = lifted(source, (OrtMultiHeadAttention(), "mha"))
+    # the three projections, the packed bias split and added, heads, scores, the key lengths' mask, softmax, context
+    assert ops_left(out) == ["Add", "Add", "Add", "Add", "Cast", "Gather", "Less", "MatMul", "MatMul", "MatMul",
+                             "MatMul", "MatMul", "Mul", "Range", "Reshape", "Reshape", "Reshape", "Reshape", "Shape",
+                             "Softmax", "Split", "Transpose", "Transpose", "Transpose", "Transpose", "Unsqueeze",
+                             "Unsqueeze", "Where"]
+    assert_same_outputs(source, out, _feeds("lengths", S, 3))
+
+
+def test_rule_declines_packed_inputs_untouched():
+    source = _mha_model(None, S)
+    mha = next(n for n in source.graph.node if n.name == "mha")
+    mha.input[1], mha.input[2] = "", ""
+    reason = declined(source, OrtMultiHeadAttention(), "mha")
+    assert reason == "query, key and value are packed into one input; only separate inputs are written back"

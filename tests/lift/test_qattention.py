@@ -1,6 +1,9 @@
 """com.microsoft ``QAttention`` (``lift/qattention.py``), as onnxruntime's own quantizers write it from a fused
 ``Attention``: the lifted float graph computes the source's projection on its own integer weights exactly,
-the conversion builds in TensorRT-RTX and keeps the source's accuracy."""
+the conversion builds in TensorRT-RTX and keeps the source's accuracy.
+
+The tests at the end call the rule directly (``apply_rule``: match, then rewrite, on a small graph; a
+decline that leaves graph and context as they were)."""
 
 from __future__ import annotations
 
@@ -13,11 +16,21 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from apply_rule import (  # noqa: E402
+    assert_same_outputs,
+    build_model,
+    declined,
+    dynamic_grid_feed,
+    lifted,
+    ops_left,
+    tensor_info,
+)
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, quantize_dynamic, run_ort, save, snr_db  # noqa: E402
 
 from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
 from trt_bridge.ir.model import load_model  # noqa: E402
-from trt_bridge.lift.pipeline import lift_model
+from trt_bridge.lift.pipeline import lift_model  # noqa: E402
+from trt_bridge.lift.qattention import QAttention  # noqa: E402
 
 B, S, D, N = 1, 8, 32, 4
 
@@ -135,3 +148,42 @@ def test_qattention_lifts_to_the_source_weights_and_builds(tmp_path, mode):
     assert converted >= measured[1] - 3.0, f"{mode}: converted {converted:.1f} dB, source {source:.1f} dB"
     if mode == "static-input":
         assert converted >= source - 1.0
+
+
+# --- the rule called directly ---------------------------------------------------------------------------------------
+
+#   x [1, 8, 32] ─ DynamicQuantizeLinear ─ x_q, x_s, x_zp
+#   QAttention(x_q, W_q int8 [32, 96], bias, x_s, w_s [96], lengths, x_zp, w_zp; 4 heads) ─ y [1, 8, 32]
+#   (codes_given: x_q uint8, an input, with constant x_s and x_zp)
+def _qattention(codes_given: bool = False):
+    rng = np.random.default_rng(83)
+    inits = {"W_q": rng.integers(-127, 128, (D, 3 * D)).astype(np.int8), "w_zp": np.zeros(3 * D, np.int8),
+             "w_s": (rng.random(3 * D) * 0.004 + 0.002).astype(np.float32),
+             "bias": (rng.normal(size=3 * D) / 10).astype(np.float32)}
+    nodes = [helper.make_node("QAttention", ["x_q", "W_q", "bias", "x_s", "w_s", "lengths", "x_zp", "w_zp"], ["y"],
+                              "qattention", domain="com.microsoft", num_heads=N)]
+    if codes_given:
+        inits |= {"x_s": np.float32(0.02), "x_zp": np.uint8(128)}
+        x = tensor_info("x_q", [B, S, D], TensorProto.UINT8)
+    else:
+        nodes.insert(0, helper.make_node("DynamicQuantizeLinear", ["x"], ["x_q", "x_s", "x_zp"], "dql"))
+        x = tensor_info("x", [B, S, D])
+    return build_model(nodes, [x, tensor_info("lengths", [B], TensorProto.INT32)], [tensor_info("y", [B, S, D])], inits,
+                       microsoft=True)
+
+
+def test_rule_lifts_the_projection_and_writes_the_attention():
+    source = _qattention()
+    out, ctx = lifted(source, (QAttention(), "qattention"))
+    assert "MatMul" in ops_left(out) and all(n.domain in ("", "ai.onnx") for n in out.graph.node)
+    assert ops_left(out).count("MatMul") == 3  # the projection, the scores, the context
+    assert ctx.annotations.activations["x"].scale is None  # calibrated later
+    rng = np.random.default_rng(89)
+    feeds = [{"x": dynamic_grid_feed(rng, (B, S, D)), "lengths": np.array([rng.integers(4, S + 1)], np.int32)}
+             for _ in range(3)]
+    assert_same_outputs(source, out, feeds, rtol=1e-4, atol=1e-4)
+
+
+def test_rule_declines_codes_from_elsewhere_untouched():
+    reason = declined(_qattention(codes_given=True), QAttention(), "qattention")
+    assert reason == "input 'x_q' is neither produced by DynamicQuantizeLinear nor by a QuantizeLinear"

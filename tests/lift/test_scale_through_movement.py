@@ -2,7 +2,10 @@
 (NNCF propagates its quantizers up through Transpose/Reshape/MaxPool/Pad) is carried to the Conv or MatMul
 they feed, so TensorRT quantizes that op's input with the source's own scale instead of leaving it in
 float. Checks the op types around the Conv, exact numerics against onnxruntime on the source, and
-TensorRT-RTX's parse and build."""
+TensorRT-RTX's parse and build.
+
+The tests at the end call the rule directly (``apply_rule``: match, then rewrite, on a small graph; a
+decline that leaves graph and context as they were)."""
 
 from __future__ import annotations
 
@@ -15,11 +18,15 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from apply_rule import build_model, declined, lifted, ops_left, tensor_info, with_activation_qdq  # noqa: E402
 from helpers import assert_qdq_contract, assert_tensorrt_ready, run_ort, save, snr_db  # noqa: E402
 
+from trt_bridge.annotations import Site  # noqa: E402
 from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
 from trt_bridge.ir.model import load_model  # noqa: E402
-from trt_bridge.lift.pipeline import lift_model
+from trt_bridge.lift.pipeline import lift_model  # noqa: E402
+from trt_bridge.lift.qdq_pair import QDQPair  # noqa: E402
+from trt_bridge.lift.scale_through_movement import ScaleThroughMovement  # noqa: E402
 
 HW, C = 8, 32
 
@@ -151,3 +158,35 @@ def test_a_pad_that_writes_another_constant_is_declined(tmp_path):
     assert "qdq-through-data-movement" not in ctx.fired
     assert [(d.node, d.reason) for d in ctx.declined if d.rule == "qdq-through-data-movement"] == [
         ("pad", "Pad writes a constant other than 0 (not exactly on the quantization grid)")]
+
+
+# --- the rule called directly ---------------------------------------------------------------------------------------
+
+def test_rule_carries_the_scale_to_the_conv():
+    source, inits = _segformer_mlp(own_scale_after=False)
+    out, ctx = lifted(source, (QDQPair(), "q_x"), (ScaleThroughMovement(), "transpose"),
+                      (ScaleThroughMovement(), "reshape"))
+    assert ops_left(out) == ["Conv", "DequantizeLinear", "Reshape", "Transpose"]  # (the weight's DQ: another rule's)
+    assert {name: (spec.scale, spec.sites) for name, spec in ctx.annotations.activations.items()} == {
+        "x": (inits["s"], [Site("transpose", 0)]), "t": (inits["s"], [Site("reshape", 0)]),
+        "r": (inits["s"], [Site("dwconv", 0)])}
+    # exact: the source's scale on the moved tensors changes nothing the source computed
+    for want, got in zip(run_ort(source, _feeds(3, 97)), run_ort(with_activation_qdq(out, ctx.annotations),
+                                                                 _feeds(3, 97))):
+        np.testing.assert_array_equal(got, want)
+
+
+#   x [1, 4, 6, 6] ─ Q(s) ─ DQ(s) ─ Pad(1, value 0.5) ─ p ─ Conv(W) ─ y
+def _padded_with_a_value():
+    nodes = [helper.make_node("QuantizeLinear", ["x", "s", "z"], ["x_q"], "q"),
+             helper.make_node("DequantizeLinear", ["x_q", "s", "z"], ["x_dq"], "dq"),
+             helper.make_node("Pad", ["x_dq", "pads", "value"], ["p"], "pad"),
+             helper.make_node("Conv", ["p", "W"], ["y"], "conv")]
+    inits = {"s": np.float32(0.03), "z": np.int8(0), "pads": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+             "value": np.float32(0.5), "W": np.ones((4, 4, 3, 3), np.float32)}
+    return build_model(nodes, [tensor_info("x", [1, 4, 6, 6])], [tensor_info("y", [1, 4, 6, 6])], inits)
+
+
+def test_rule_declines_a_pad_value_off_the_grid_untouched():
+    reason = declined(_padded_with_a_value(), ScaleThroughMovement(), "pad", after=((QDQPair(), "q"),))
+    assert reason == "Pad writes a constant other than 0 (not exactly on the quantization grid)"

@@ -1,5 +1,8 @@
 """onnxruntime-optimized dynamic models: DynamicQuantizeMatMul, MatMulIntegerToFloat, FusedMatMul
-(lift/fused_dynamic_matmul.py, lift/fused_matmul.py)."""
+(lift/fused_dynamic_matmul.py, lift/fused_matmul.py).
+
+The tests at the end call the rule directly (``apply_rule``: match, then rewrite, on a small graph; a
+decline that leaves graph and context as they were)."""
 
 from __future__ import annotations
 
@@ -9,6 +12,15 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from apply_rule import (
+    assert_same_outputs,
+    build_model,
+    declined,
+    dynamic_grid_feed,
+    lifted,
+    ops_left,
+    tensor_info,
+)
 from helpers import (
     assert_lift_is_exact,
     assert_qdq_contract,
@@ -24,6 +36,7 @@ from onnx import TensorProto, helper, numpy_helper
 from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.errors import UnsupportedPatternError
+from trt_bridge.lift.fused_dynamic_matmul import FusedDynamicMatMul
 
 OPSETS = [helper.make_opsetid("", 17), helper.make_opsetid("com.microsoft", 1)]
 
@@ -124,3 +137,37 @@ def test_matmul_integer_to_float_without_the_activation_zero_point_is_declined(t
     message = "MatMulIntegerToFloat 'mitf'.*zero point .missing. is not 'x_zp'"
     with pytest.raises(UnsupportedPatternError, match=message):
         convert(save(model, tmp_path / "m.onnx"), tmp_path / "out.onnx", ConvertOptions(calib_random=1, progress=False))
+
+
+# --- the rule called directly ---------------------------------------------------------------------------------------
+
+#   x [4, 16] ─ DynamicQuantizeMatMul(W_q int8 [16, 8], w_s [8], w_zp, b) ─ y
+#   (codes_given: a_q uint8 [4, 16], an input ─ MatMulIntegerToFloat(W_q, a_s, w_s, a_zp, w_zp, b) ─ y)
+def _fused_dynamic(codes_given: bool = False):
+    rng = np.random.default_rng(73)
+    inits = {"W_q": rng.integers(-127, 128, (16, 8)).astype(np.int8), "w_zp": np.zeros(8, np.int8),
+             "w_s": (rng.random(8) * 0.01 + 0.002).astype(np.float32), "b": rng.normal(size=8).astype(np.float32),
+             "a_s": np.float32(0.02), "a_zp": np.uint8(128)}
+    if codes_given:
+        node = helper.make_node("MatMulIntegerToFloat", ["a_q", "W_q", "a_s", "w_s", "a_zp", "w_zp", "b"], ["y"],
+                                "fused", domain="com.microsoft")
+        x = tensor_info("a_q", [4, 16], TensorProto.UINT8)
+    else:
+        node = helper.make_node("DynamicQuantizeMatMul", ["x", "W_q", "w_s", "w_zp", "b"], ["y"], "fused",
+                                domain="com.microsoft")
+        x = tensor_info("x", [4, 16])
+    return build_model([node], [x], [tensor_info("y", [4, 8])], inits, microsoft=True)
+
+
+def test_rule_lifts_dynamic_quantize_matmul_to_a_float_matmul():
+    source = _fused_dynamic()
+    out, ctx = lifted(source, (FusedDynamicMatMul(), "fused"))
+    assert ops_left(out) == ["Add", "MatMul"]
+    assert ctx.annotations.activations["x"].scale is None  # calibrated later
+    rng = np.random.default_rng(79)
+    assert_same_outputs(source, out, [{"x": dynamic_grid_feed(rng, (4, 16))} for _ in range(3)], rtol=1e-4)
+
+
+def test_rule_declines_codes_from_elsewhere_untouched():
+    reason = declined(_fused_dynamic(codes_given=True), FusedDynamicMatMul(), "fused")
+    assert reason == "input 'a_q' does not come from DynamicQuantizeLinear"

@@ -4,13 +4,24 @@ Every model here is quantized by onnxruntime's own ``quantize_dynamic`` (or buil
 hand for other exporters' epilogues), converted, then checked for: the op types
 left, the Q/DQ contract (int8, zero point 0, axes), numerical closeness to the float
 model in onnxruntime, and that TensorRT-RTX parses and builds it ahead of time.
-"""
+
+The tests at the end call the rule directly (``apply_rule``: match, then rewrite, on a small graph; a
+decline that leaves graph and context as they were)."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
 import pytest
+from apply_rule import (
+    assert_same_outputs,
+    build_model,
+    declined,
+    dynamic_grid_feed,
+    lifted,
+    ops_left,
+    tensor_info,
+)
 from helpers import (
     assert_lift_is_exact,
     assert_qdq_contract,
@@ -28,6 +39,7 @@ from onnxruntime.quantization import QuantType
 from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.errors import UnsupportedPatternError
+from trt_bridge.lift.dynamic_integer import DynamicIntegerOp
 
 # On Gaussian test feeds a static per-tensor scale (max over 512 calibration feeds) is up
 # to ~1.7x coarser than the range a dynamic model measures on each feed, which costs up
@@ -536,3 +548,46 @@ def test_dynamic_quantization_inside_a_subgraph_is_named(tmp_path):
     assert "If 'gate' then_branch / DynamicQuantizeLinear 'branch_dql'" in message
     assert "If 'gate' then_branch / MatMulInteger 'branch_mm'" in message and "subgraph" in message
     assert not (tmp_path / "out.onnx").exists()
+
+
+# --- the rule called directly ---------------------------------------------------------------------------------------
+
+#   x [4, 16] ─ DynamicQuantizeLinear ─┬ x_q ─ MatMulInteger(W_q int8 [16, 8], x_zp) ─ acc ─ Cast ─ Mul ─ Add(b) ─ y
+#                                      ├ x_s ─ Mul(w_s [8]) ──────────────────────────────────────┘
+#                                      └ x_zp
+#   (constant_left: MatMulInteger(A_q uint8 [3, 4], x_q) ─ acc [3, 16] ─ Cast ─ Mul(x_s) ─ y)
+def _matmul_integer(constant_left: bool = False):
+    rng = np.random.default_rng(67)
+    inits = {"W_q": rng.integers(-127, 128, (16, 8)).astype(np.int8), "w_zp": np.zeros(8, np.int8),
+             "w_s": (rng.random(8) * 0.01 + 0.002).astype(np.float32), "b": rng.normal(size=8).astype(np.float32),
+             "A_q": rng.integers(0, 256, (3, 4)).astype(np.uint8), "a_zp": np.uint8(128)}
+    nodes = [helper.make_node("DynamicQuantizeLinear", ["x"], ["x_q", "x_s", "x_zp"], "dql")]
+    if constant_left:
+        nodes += [helper.make_node("MatMulInteger", ["A_q", "x_q", "a_zp", "x_zp"], ["acc"], "mmi"),
+                  helper.make_node("Cast", ["acc"], ["acc_f"], "cast", to=TensorProto.FLOAT),
+                  helper.make_node("Mul", ["acc_f", "x_s"], ["y"], "rescale")]
+        y_shape = [3, 16]
+    else:
+        nodes += [helper.make_node("MatMulInteger", ["x_q", "W_q", "x_zp", "w_zp"], ["acc"], "mmi"),
+                  helper.make_node("Cast", ["acc"], ["acc_f"], "cast", to=TensorProto.FLOAT),
+                  helper.make_node("Mul", ["x_s", "w_s"], ["scales"], "scales"),
+                  helper.make_node("Mul", ["acc_f", "scales"], ["y0"], "rescale"),
+                  helper.make_node("Add", ["y0", "b"], ["y"], "bias")]
+        y_shape = [4, 8]
+    return build_model(nodes, [tensor_info("x", [4, 16])], [tensor_info("y", y_shape)], inits)
+
+
+def test_rule_lifts_matmul_integer_and_its_epilogue_to_a_float_matmul():
+    source = _matmul_integer()
+    out, ctx = lifted(source, (DynamicIntegerOp(), "mmi"))
+    assert ops_left(out) == ["Add", "MatMul"]
+    assert ctx.annotations.activations["x"].scale is None  # calibrated later
+    assert [w.source.value for w in ctx.annotations.weights.values()] == ["exact-int8-weights"]
+    # on values the run-time grid holds, the source computes the float MatMul on its dequantized weights
+    rng = np.random.default_rng(71)
+    assert_same_outputs(source, out, [{"x": dynamic_grid_feed(rng, (4, 16))} for _ in range(3)], rtol=1e-4)
+
+
+def test_rule_declines_a_constant_left_operand_untouched():
+    reason = declined(_matmul_integer(constant_left=True), DynamicIntegerOp(), "mmi")
+    assert reason == "the left operand is a constant; only activation × weight or activation × activation is lifted"

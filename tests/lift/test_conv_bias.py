@@ -1,10 +1,14 @@
 """The conv-bias lift rule: onnxruntime's quantize_dynamic adds a Conv's bias after the float epilogue; lifting
-folds it back into the Conv, exactly, so placement sees the Conv beside a residual Add."""
+folds it back into the Conv, exactly, so placement sees the Conv beside a residual Add.
+
+The tests at the end call the rule directly (``apply_rule``: match, then rewrite, on a small graph; a
+decline that leaves graph and context as they were)."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
+from apply_rule import assert_same_outputs, build_model, declined, lifted, ops_left, tensor_info
 from helpers import (
     assert_lift_is_exact,
     assert_qdq_contract,
@@ -19,6 +23,8 @@ from test_multi_output import _feeds, residual_net
 
 from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.ir.model import load_model
+from trt_bridge.lift.base import NOT_MINE
+from trt_bridge.lift.conv_bias import FoldConvBias
 from trt_bridge.lift.pipeline import lift_model
 
 
@@ -63,3 +69,28 @@ def test_bias_that_is_not_per_channel_stays_an_add(tmp_path):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     lifted, ctx = lift_model(load_model(save(model, tmp_path / "m.onnx")))
     assert "conv-bias" not in ctx.fired and [n.op_type for n in lifted.graph.node] == ["Conv", "Add"]
+
+
+# --- the rule called directly ---------------------------------------------------------------------------------------
+
+#   x [1, 3, 8, 8] ─ Conv(W [4, 3, 3, 3], b, pads 1) ─ y ─ Add(c) ─ z
+def _conv_add(c: np.ndarray):
+    rng = np.random.default_rng(59)
+    nodes = [onnx.helper.make_node("Conv", ["x", "W", "b"], ["y"], "conv", pads=[1, 1, 1, 1]),
+             onnx.helper.make_node("Add", ["y", "c"], ["z"], "add")]
+    inits = {"W": rng.normal(size=(4, 3, 3, 3)).astype(np.float32), "b": rng.normal(size=4).astype(np.float32), "c": c}
+    return build_model(nodes, [tensor_info("x", [1, 3, 8, 8])], [tensor_info("z", [1, 4, 8, 8])], inits,
+                       value_info=[tensor_info("y", [1, 4, 8, 8])])
+
+
+def test_rule_folds_a_per_channel_add_into_the_conv_bias():
+    source = _conv_add(np.arange(4, dtype=np.float32).reshape(1, 4, 1, 1) - 1.5)
+    out, _ = lifted(source, (FoldConvBias(), "add"))
+    assert ops_left(out) == ["Conv"]
+    feeds = [{"x": np.random.default_rng(i).normal(size=(1, 3, 8, 8)).astype(np.float32)} for i in range(3)]
+    assert_same_outputs(source, out, feeds)
+
+
+def test_rule_leaves_an_add_that_varies_along_more_than_the_channels_untouched():
+    c = np.random.default_rng(61).normal(size=(1, 4, 8, 8)).astype(np.float32)
+    assert declined(_conv_add(c), FoldConvBias(), "add") == NOT_MINE  # not its pattern: nothing to report
