@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     rng = np.random.default_rng(1)
     np.savez(args.out / "calib.npz", input_ids=rng.integers(0, args.vocab, (args.feeds, 1, args.seq), np.int64))
     out = args.out / "int8" / "model.int8.onnx"
-    prelude = ("import sys, trt_bridge.ir.model as m\n"
+    prelude = ("import sys, trt_bridge.ir.size as m\n"
                + (f"m.EXTERNAL_DATA_THRESHOLD = {args.threshold}\n" if args.threshold else "")
                + "from trt_bridge.cli import main\nsys.exit(main(sys.argv[1:]))\n")
     t0 = time.perf_counter()

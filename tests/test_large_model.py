@@ -39,10 +39,10 @@ def _keep_log_levels():
     logging.getLogger("trt_bridge").setLevel(level)
 
 def test_a_large_model_converts_through_external_data(tmp_path, monkeypatch):
-    import trt_bridge.ir.model
+    import trt_bridge.ir.size
 
     src = _script().build(tmp_path / "float", hidden=64, layers=2, vocab=1000, seq=16, heads=4)
-    monkeypatch.setattr(trt_bridge.ir.model, "EXTERNAL_DATA_THRESHOLD", 100_000)  # the encoder has 660 KB
+    monkeypatch.setattr(trt_bridge.ir.size, "EXTERNAL_DATA_THRESHOLD", 100_000)  # the encoder has 660 KB
     monkeypatch.setattr(WeightStore, "MIN_BYTES", 1024)  # its weights (16-256 KB) go through the weight store
     rng = np.random.default_rng(1)
     np.savez(tmp_path / "calib.npz", input_ids=rng.integers(0, 1000, (8, 1, 16), np.int64))
@@ -63,11 +63,12 @@ def test_a_large_model_converts_through_external_data(tmp_path, monkeypatch):
 
 
 def test_the_session_copy_leaves_the_model_whole(tmp_path, monkeypatch):
-    import trt_bridge.ir.model
-    from trt_bridge.ir.model import load_model, serialize_for_session
+    import trt_bridge.ir.size
+    from trt_bridge.ir.model import load_model
+    from trt_bridge.ir.save import serialize_for_session
 
     src = _script().build(tmp_path / "float", hidden=64, layers=1, vocab=500, seq=8, heads=4)
-    monkeypatch.setattr(trt_bridge.ir.model, "EXTERNAL_DATA_THRESHOLD", 100_000)
+    monkeypatch.setattr(trt_bridge.ir.size, "EXTERNAL_DATA_THRESHOLD", 100_000)
     model = load_model(src)
     before = {t.name: t.SerializeToString() for t in model.graph.initializer}
     path = serialize_for_session(model, str(tmp_path))
@@ -81,10 +82,10 @@ def test_the_weight_store_changes_no_output_byte_and_leaves_nothing_behind(tmp_p
     memory, and the private folder is gone afterwards."""
     import tempfile
 
-    import trt_bridge.ir.model
+    import trt_bridge.ir.size
 
     src = _script().build(tmp_path / "float", hidden=64, layers=2, vocab=1000, seq=16, heads=4)
-    monkeypatch.setattr(trt_bridge.ir.model, "EXTERNAL_DATA_THRESHOLD", 100_000)
+    monkeypatch.setattr(trt_bridge.ir.size, "EXTERNAL_DATA_THRESHOLD", 100_000)
     np.savez(tmp_path / "calib.npz", input_ids=np.random.default_rng(1).integers(0, 1000, (8, 1, 16), np.int64))
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -111,7 +112,7 @@ def test_a_weight_store_maps_what_it_holds_and_serves_onnxruntime(tmp_path):
     import onnx_graphsurgeon as gs
     from onnx import TensorProto, helper, numpy_helper
 
-    from trt_bridge.ir.model import serialize_for_session
+    from trt_bridge.ir.save import serialize_for_session
     from trt_bridge.ir.store import ALIGN, store_of
 
     rng = np.random.default_rng(0)

@@ -8,6 +8,8 @@ import pytest
 from helpers import assert_tensorrt_ready, quantize_dynamic, run_ort, save, snr_db
 
 import trt_bridge.ir.model as model_io
+import trt_bridge.ir.save as model_save
+import trt_bridge.ir.size as model_size
 from trt_bridge import samples
 from trt_bridge.convert import ConvertOptions, convert
 from trt_bridge.errors import ModelLoadError, TrtBridgeError
@@ -28,7 +30,7 @@ def test_large_model_path_uses_external_data_end_to_end(tmp_path, monkeypatch, d
     external.parent.mkdir()
     onnx.save(onnx.load(str(dpath)), str(external), save_as_external_data=True, all_tensors_to_one_file=True,
               location="dynamic.onnx.data", size_threshold=0)
-    monkeypatch.setattr(model_io, "EXTERNAL_DATA_THRESHOLD", 1024)
+    monkeypatch.setattr(model_size, "EXTERNAL_DATA_THRESHOLD", 1024)
     np.savez(tmp_path / "calib.npz", x=samples.image_feeds(8, seed=1))
     out = tmp_path / "out" / "converted.onnx"
     convert(external, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
@@ -55,9 +57,9 @@ def test_save_is_atomic_and_refuses_to_overwrite_the_input(tmp_path, dynamic_con
     _, dpath = dynamic_conv_net
     model = onnx.load(str(dpath))
     with pytest.raises(TrtBridgeError, match="refusing to overwrite the input model"):
-        model_io.save_model(model, dpath, protect=(dpath,))
+        model_save.save_model(model, dpath, protect=(dpath,))
     target = tmp_path / "copy.onnx"
-    model_io.save_model(model, target)
+    model_save.save_model(model, target)
     assert onnx.load(str(target)) == model
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".trt-bridge-")] == []
 
@@ -79,7 +81,7 @@ def test_output_never_overwrites_the_inputs_external_data(tmp_path, monkeypatch,
     onnx.save(onnx.load(str(dpath)), str(src), save_as_external_data=True, location="out.onnx.data",
               size_threshold=0)
     data_before = (tmp_path / "out.onnx.data").read_bytes()
-    monkeypatch.setattr(model_io, "EXTERNAL_DATA_THRESHOLD", 1024)
+    monkeypatch.setattr(model_size, "EXTERNAL_DATA_THRESHOLD", 1024)
     with pytest.raises(TrtBridgeError, match="would overwrite the input model's external data"):
         convert(src, tmp_path / "out.onnx", ConvertOptions(calib_random=2, progress=False))
     assert (tmp_path / "out.onnx.data").read_bytes() == data_before

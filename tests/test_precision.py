@@ -102,7 +102,7 @@ def test_check_reports_layer_precisions(block):
 
 def _casts_into_q(model: onnx.ModelProto) -> list[str]:
     """QuantizeLinear nodes that read a Cast to float32 of a lower-precision tensor (a Q left unfused)."""
-    from trt_bridge.ir.model import value_types
+    from trt_bridge.ir.types import value_types
 
     types = {n: t.tensor_type.elem_type for n, t in value_types(model).items()}
     producer = {o: n for n in model.graph.node for o in n.output}
@@ -283,7 +283,7 @@ def test_recentred_relu_zero_stays_on_the_rounded_grid(tmp_path, hp):
 
 
 def model_type(model: onnx.ModelProto, tensor: str) -> int:
-    from trt_bridge.ir.model import value_types
+    from trt_bridge.ir.types import value_types
 
     inits = {i.name: i.data_type for i in model.graph.initializer}
     return inits[tensor] if tensor in inits else value_types(model)[tensor].tensor_type.elem_type

@@ -10,6 +10,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from trt_bridge.ir.model import validate_model
+
 OPSET = 17
 
 
@@ -152,7 +154,6 @@ def _finish(graph: onnx.GraphProto) -> onnx.ModelProto:
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)], producer_name="trt-bridge")
     model.ir_version = 8
     # the checker and strict shape inference, on a weight-free skeleton (BERT-sized samples are 340 MB)
-    from trt_bridge.ir.model import validate_model
 
     return validate_model(model, "sample model", strict=True)
 

@@ -10,7 +10,7 @@ import onnx
 
 from trt_bridge.calibrate.observers import CalibMethod, RangeObserver
 from trt_bridge.calibrate.session import CalibrationSession
-from trt_bridge.ir.model import FLOAT_TYPES
+from trt_bridge.ir.types import FLOAT_TYPES
 
 
 def observed_ranges(lifted: onnx.ModelProto, feeds, progress: bool) -> dict[str, float]:

@@ -14,7 +14,7 @@ from trt_bridge.annotations import QMAX
 from trt_bridge.calibrate.feeds import FeedSource
 from trt_bridge.calibrate.observers import CalibMethod, RangeObserver
 from trt_bridge.errors import CalibrationDataError, MissingDependencyError
-from trt_bridge.ir.model import serialize_for_session
+from trt_bridge.ir.save import serialize_for_session
 from trt_bridge.ir.values import FLOAT32_TINY
 from trt_bridge.runtime.bf16 import emulate_bfloat16
 from trt_bridge.runtime.session import create_session

@@ -22,10 +22,21 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from trt_bridge.calibrate import model_inputs, open_feeds
 from trt_bridge.checks.findings import CheckReport, Finding, ParserRun, Severity, TensorInfo
 from trt_bridge.checks.rules import CHECK_RULES, is_int8, tensor_info
-from trt_bridge.errors import MissingDependencyError
+from trt_bridge.errors import CalibrationDataError, MissingDependencyError, UnsupportedPatternError
+from trt_bridge.ir.model import default_opset, load_model
+from trt_bridge.ir.names import name_nodes
+from trt_bridge.ir.save import save_model
+from trt_bridge.ir.shapes import BroadcastChecker
+from trt_bridge.ir.size import is_large
+from trt_bridge.ir.values import check_source_scales, check_source_weights
 from trt_bridge.lift import LIFT_RULES
+from trt_bridge.lift.pipeline import lift_graph, lift_model
+from trt_bridge.lower.layer_precisions import layer_precisions
+from trt_bridge.prepare.model import prepare
+from trt_bridge.prepare.types import Bf16Policy, feed_types
 from trt_bridge.tensorrt.parse import parse
 
 log = logging.getLogger("trt_bridge.checks")
@@ -50,8 +61,6 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
     """Check the model at ``path``; raise TrtBridgeError only when it cannot be read at all."""
     import onnx_graphsurgeon as gs
 
-    from trt_bridge.ir.model import default_opset, load_model
-    from trt_bridge.ir.names import name_nodes
 
     start = time.perf_counter()
     path = Path(path)
@@ -70,11 +79,8 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
             if found is not None:
                 findings.append(found)
     int8 = is_int8(graph)
-    from trt_bridge.ir.model import is_large
-    from trt_bridge.lower.layer_precisions import layer_precisions
 
     precisions = None if is_large(model) else layer_precisions(model)
-    from trt_bridge.ir.shapes import BroadcastChecker
 
     broadcasts = BroadcastChecker(model)  # one skeleton and cache for the model's own shapes and the feeds'
     findings += _broadcasts(broadcasts)
@@ -120,9 +126,6 @@ def _bf16(tensors: list, ready: bool) -> list[Finding]:
 
 def _feeds(model, data: str, broadcasts) -> list[Finding]:
     """Every feed of ``data`` against the model's inputs and what they imply for each broadcasting node."""
-    from trt_bridge.calibrate import model_inputs, open_feeds
-    from trt_bridge.errors import CalibrationDataError
-    from trt_bridge.prepare.types import Bf16Policy, feed_types
 
     try:  # the feeds convert would take: bfloat16 inputs become float32 (--bf16's default)
         for _ in open_feeds(data, None, feed_types(model_inputs(model), Bf16Policy.FP32), model=broadcasts):
@@ -149,9 +152,6 @@ def _broadcasts(broadcasts) -> list[Finding]:
 
 def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: dict[str, int]) -> list[Finding]:
     """Run convert's preparation and lifting on ``model`` (consumed); fill in each finding's fix."""
-    from trt_bridge.errors import UnsupportedPatternError
-    from trt_bridge.lift.pipeline import lift_graph
-    from trt_bridge.prepare.model import prepare
 
     try:
         prepared = prepare(model, path, declared=declared)
@@ -214,8 +214,6 @@ def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: di
 def _source_scales(model, path: Path, ops: dict) -> list[Finding]:
     """A quantization scale that is 0, negative, subnormal or not finite, or a weight holding NaN or Inf:
     convert refuses the model."""
-    from trt_bridge.errors import UnsupportedPatternError
-    from trt_bridge.ir.values import check_source_scales, check_source_weights
 
     try:
         check_source_scales(model, path)
@@ -276,8 +274,6 @@ def _lifted_model_parses(path: Path) -> bool:
     """Whether TensorRT's parser takes the float model convert lifts ``path`` to (its Q/DQ come after)."""
     import tempfile
 
-    from trt_bridge.ir.model import load_model, save_model
-    from trt_bridge.lift.pipeline import lift_model
 
     try:
         declared: dict[str, int] = {}

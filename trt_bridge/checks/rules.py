@@ -17,6 +17,7 @@ from trt_bridge.checks.findings import Finding, Severity, TensorInfo
 from trt_bridge.ir.tensorrt_ops import NO_IMPORTER
 from trt_bridge.lift import leftover_blockers
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
+from trt_bridge.prepare.types import type_name
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 #: integer code types TensorRT's Q/DQ take (besides the fp8/fp4 float formats)
@@ -24,7 +25,6 @@ TRT_CODE_TYPES = frozenset({np.dtype(np.int8)})
 
 
 def tensor_info(t: gs.Tensor) -> TensorInfo:
-    from trt_bridge.prepare.types import type_name
 
     if t.dtype is None:
         dtype = "?"

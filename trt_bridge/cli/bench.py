@@ -10,7 +10,7 @@ from trt_bridge.bench.inputs import parse_shapes
 from trt_bridge.calibrate.feed_sources import source_path
 from trt_bridge.cli import EXIT_OK
 from trt_bridge.cli.common import check_output_path, emit_report
-from trt_bridge.ir.model import write_text_atomic
+from trt_bridge.ir.files import write_text_atomic
 
 DESCRIPTION = """\
 Time TensorRT engines (.engine/.plan/.trt: TensorRT + cuda-python, CUDA events, a CUDA graph

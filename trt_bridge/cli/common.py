@@ -20,7 +20,7 @@ def check_output_path(path, protected, what: str) -> None:
     from pathlib import Path
 
     from trt_bridge.errors import TrtBridgeError
-    from trt_bridge.ir.model import check_writable, external_data_files, same_file
+    from trt_bridge.ir.files import check_writable, external_data_files, same_file
 
     if path is None or str(path) == "-":
         return
@@ -45,7 +45,7 @@ def emit_report(json_target: str | None, json_text: str, text: str | None) -> No
         print(json_text)
         return
     if json_target:
-        from trt_bridge.ir.model import write_text_atomic
+        from trt_bridge.ir.files import write_text_atomic
 
         write_text_atomic(json_target, json_text + "\n")
     if text is not None:

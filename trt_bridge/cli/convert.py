@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
     from trt_bridge.cli import EXIT_FAIL, EXIT_OK
     from trt_bridge.convert import ConvertOptions, ScalePolicy, convert
     from trt_bridge.errors import TrtBridgeError
-    from trt_bridge.ir.model import write_text_atomic
+    from trt_bridge.ir.files import write_text_atomic
     from trt_bridge.place.policies import PlacementPolicy
     from trt_bridge.prepare.types import Bf16Policy
 

@@ -66,7 +66,7 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     from trt_bridge.cli import EXIT_FAIL, EXIT_OK
     from trt_bridge.errors import TrtBridgeError
-    from trt_bridge.ir.model import write_text_atomic
+    from trt_bridge.ir.files import write_text_atomic
     from trt_bridge.verify import VerifyOptions, verify
     from trt_bridge.verify.gates import parse_gates
 

@@ -15,17 +15,11 @@ from trt_bridge.calibrate import CalibMethod, model_inputs, open_feeds
 from trt_bridge.convert.report import ConversionReport, FloatLeftover, RuleHits
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
 from trt_bridge.ir.export import export_model
+from trt_bridge.ir.files import check_name_lengths, check_writable, external_data_files
 from trt_bridge.ir.finalize import finalize
-from trt_bridge.ir.model import (
-    check_name_lengths,
-    check_writable,
-    default_opset,
-    external_data_files,
-    is_large,
-    load_model,
-    release_memory,
-    save_model,
-)
+from trt_bridge.ir.model import default_opset, load_model
+from trt_bridge.ir.save import save_model
+from trt_bridge.ir.size import is_large, release_memory
 from trt_bridge.ir.store import WeightStore
 from trt_bridge.lift.pipeline import lift_model
 from trt_bridge.place.policies import PlacementOptions, PlacementPolicy, place
@@ -265,7 +259,7 @@ def input_files(model_path: str | Path, options: ConvertOptions) -> list[Path]:
 
 def _check_not_an_input(output_path: Path, model_path: Path, options: ConvertOptions) -> None:
     """The output model (and its ``.data`` file) must not replace a file the conversion reads."""
-    from trt_bridge.ir.model import same_file
+    from trt_bridge.ir.files import same_file
 
     for target in (output_path, output_path.with_name(output_path.name + ".data")):
         for source in input_files(model_path, options):

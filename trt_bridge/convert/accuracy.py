@@ -28,6 +28,10 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from trt_bridge.convert import convert
+from trt_bridge.verify import DEFAULT_RANDOM_FEEDS, VerifyOptions, checked_feeds, quiet_polygraphy, verify
+from trt_bridge.verify.layers import isolated_errors
+
 log = logging.getLogger("trt_bridge.convert.accuracy")
 
 
@@ -74,8 +78,6 @@ def convert_to_target(model_path: str | Path, output_path: str | Path, options, 
     """``convert`` with the fewest quantized layers given back that reaches ``target_db`` (an SNR in dB, or a
     cosine similarity with ``metric="cosine"``; see the module doc). Returns ``(ConversionReport,
     TargetResult)``; the report is the written model's."""
-    from trt_bridge.convert import convert
-    from trt_bridge.verify import DEFAULT_RANDOM_FEEDS, VerifyOptions, verify
 
     model_path, output_path = Path(model_path), Path(output_path)
     measure = VerifyOptions(data=eval_data, random=None if eval_data else (eval_random or DEFAULT_RANDOM_FEEDS),
@@ -157,11 +159,9 @@ def search(rankings: dict[str, list[str]], probe, target_db: float) -> tuple[Pro
 
 def _rankings(model_path: Path, candidate: Path, checked, measure) -> dict[str, list[str]]:
     """The two rankings of the module doc, most harmful first."""
-    from trt_bridge.verify import _feeds, _polygraphy_logging
-    from trt_bridge.verify.layers import isolated_errors
 
-    with _polygraphy_logging():  # it would print "Loading input data" where --json goes
-        feeds = _feeds(model_path, candidate, measure)[:measure.layer_feeds]
+    with quiet_polygraphy():  # it would print "Loading input data" where --json goes
+        feeds = checked_feeds(model_path, candidate, measure)[:measure.layer_feeds]
     isolated = isolated_errors(candidate, feeds, measure.layer_batch)
     by_isolated = sorted((n for n, v in isolated.items() if v is not None), key=lambda n: (isolated[n], n))
     added = [layer.node for layer in sorted((la for la in checked.per_layer.layers if la.added_db is not None),

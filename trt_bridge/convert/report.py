@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+from trt_bridge.lower.layer_precisions import precision_line
+from trt_bridge.verify.metrics import json_safe  # strict JSON: inf/nan as strings
+
 
 @dataclass(frozen=True)
 class RuleHits:
@@ -52,7 +55,6 @@ class ConversionReport:
         return asdict(self)
 
     def to_json(self) -> str:
-        from trt_bridge.verify.metrics import json_safe  # strict JSON: inf/nan as strings
 
         return json.dumps(json_safe(self.to_dict()), indent=2, sort_keys=False, allow_nan=False)
 
@@ -98,7 +100,6 @@ class ConversionReport:
         if self.left_in_float:
             lines.append(f"  left in float: {len(self.left_in_float)} edge(s) (see the JSON report)")
         if self.precision is not None:
-            from trt_bridge.lower.layer_precisions import precision_line
 
             lines.append("  " + precision_line(self.precision))
             kept = self.precision.get("kept_in_float32")

@@ -7,7 +7,9 @@ import onnx
 from onnx import version_converter
 
 from trt_bridge.errors import InternalError, UnsupportedPatternError
-from trt_bridge.ir.model import MIN_QDQ_OPSET, infer_shapes, is_large
+from trt_bridge.ir.model import MIN_QDQ_OPSET
+from trt_bridge.ir.size import is_large
+from trt_bridge.ir.types import infer_shapes
 
 
 def finalize(model: onnx.ModelProto, opset: int, check: bool = False, min_opset: int = MIN_QDQ_OPSET

@@ -1,28 +1,21 @@
-"""Loading and saving ONNX models: external data, models over 2 GB, atomic writes.
-
-Only ``onnx`` is imported here; it is light enough to load eagerly.
-"""
+"""Loading ONNX models (with their external data) and validating them: checker, shape inference, node order,
+load-time repairs, per-axis Q/DQ below opset 13. Saving is :mod:`trt_bridge.ir.save`."""
 
 from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from pathlib import Path
 
 import onnx
 
-from trt_bridge.errors import ModelLoadError, TrtBridgeError
+from trt_bridge.errors import ModelLoadError
+from trt_bridge.ir.files import check_name_lengths, external_locations
 from trt_bridge.ir.repair import dedupe_initializers, import_used_domains
-from trt_bridge.ir.store import store_of
+from trt_bridge.ir.types import declared_types, infer_shapes, skeleton
 
 log = logging.getLogger("trt_bridge.ir.model")
 
-#: Protobuf cannot serialize a message of 2 GiB or more; above this size the
-#: weights go to an external-data file beside the model.
-PROTOBUF_LIMIT = 2**31 - 1
-#: Keep some headroom under the hard limit for the graph itself.
-EXTERNAL_DATA_THRESHOLD = int(1.8 * 2**30)
 
 MIN_QDQ_OPSET = 13  # per-channel QuantizeLinear/DequantizeLinear need `axis`
 
@@ -72,49 +65,8 @@ def _check_input_dims(model: onnx.ModelProto, path) -> None:
                                      "input shape.")
 
 
-def check_name_lengths(path: str | os.PathLike, what: str) -> None:
-    """Refuse a path with a component longer than the file system takes (``NAME_MAX``, 255 bytes on most), which
-    the operating system would only report as errno 36 deep inside a read or a write."""
-    path = Path(path)
-    for part in path.parts:
-        size = len(os.fsencode(part))
-        if size > 255:
-            raise TrtBridgeError(f"the {what} path {str(path)[:80]}... has a file name of {size} bytes: too long "
-                                 "(file systems take at most 255). Choose a shorter name.")
-
-
-def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
-    """Whether ``a`` and ``b`` name the same file (through links and ``..``; a file that does not exist yet
-    compares by its resolved path)."""
-    try:
-        if Path(a).exists() and Path(b).exists():
-            return os.path.samefile(a, b)
-        return Path(a).resolve() == Path(b).resolve()
-    except (OSError, RuntimeError):
-        return os.path.abspath(a) == os.path.abspath(b)
-
-
-def _external_locations(model: onnx.ModelProto) -> dict[str, list[str]]:
-    """External-data file name → the tensors stored in it."""
-    from onnx.external_data_helper import _get_all_tensors, uses_external_data
-
-    locations: dict[str, list[str]] = {}
-    for tensor in _get_all_tensors(model):
-        if uses_external_data(tensor):
-            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
-            locations.setdefault(location, []).append(tensor.name)
-    return locations
-
-
-def external_data_files(path: str | os.PathLike) -> list[Path]:
-    """The external-data files a model file refers to (read from its header only)."""
-    path = Path(path)
-    model = onnx.load(str(path), load_external_data=False)
-    return [path.parent / loc for loc in sorted(_external_locations(model))]
-
-
 def _check_external_data_present(model: onnx.ModelProto, path: Path) -> None:
-    missing = {loc: names for loc, names in _external_locations(model).items()
+    missing = {loc: names for loc, names in external_locations(model).items()
                if not (path.parent / loc).is_file()}
     if missing:
         lines = ", ".join(
@@ -125,73 +77,6 @@ def _check_external_data_present(model: onnx.ModelProto, path: Path) -> None:
             f"{path}: external data file(s) missing next to the model: {lines}. "
             f"Copy the data file(s) into {path.parent} alongside the .onnx file."
         )
-
-
-def is_large(model: onnx.ModelProto) -> bool:
-    """Too big for one protobuf message: weights must live in an external-data file.
-
-    Estimated from the tensor payloads (computing ``ByteSize`` of a large model costs
-    about a second each time); the threshold keeps headroom for the graph itself.
-    """
-    return _payload_bytes(model) > EXTERNAL_DATA_THRESHOLD
-
-
-def _payload_bytes(model: onnx.ModelProto) -> int:
-    total = 0
-    for tensor in model.graph.initializer:
-        total += len(tensor.raw_data) if tensor.raw_data else tensor.ByteSize()
-    for node in model.graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR:
-                total += len(attr.t.raw_data) if attr.t.raw_data else attr.t.ByteSize()
-    return total
-
-
-def infer_shapes(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelProto:
-    """``onnx.shape_inference.infer_shapes`` without shipping the weights to C++ and back.
-
-    ``strict``: any inconsistency (types that contradict an op, shapes that do not broadcast) raises;
-    otherwise inference is best effort. Shape inference needs the weights' shapes, not their values (except small ones,
-    such as Reshape targets, which data propagation reads): it runs on a skeleton
-    whose large initializers are graph inputs of the same type and shape, and the
-    inferred value_info is copied back.
-    """
-    inferred = onnx.shape_inference.infer_shapes(_skeleton(model), check_type=strict, strict_mode=strict,
-                                                 data_prop=True)
-    del model.graph.value_info[:]
-    model.graph.value_info.extend(inferred.graph.value_info)
-    for target, source in ((model.graph.output, inferred.graph.output),):
-        for mine, theirs in zip(target, source):
-            if not mine.type.tensor_type.HasField("shape") and theirs.type.tensor_type.HasField("shape"):
-                mine.CopyFrom(theirs)
-    return model
-
-
-def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """The types of the model's tensors: its own value_info when it has some (a loaded or finalized model
-    carries inferred ones), else best-effort shape inference on a weight-free skeleton."""
-    source = model.graph
-    if not source.value_info and source.node:
-        try:
-            source = onnx.shape_inference.infer_shapes(_skeleton(model), check_type=False, strict_mode=False).graph
-        except Exception:  # noqa: BLE001 - best effort: the declared inputs and outputs only
-            source = model.graph
-    return {v.name: v.type for v in (*source.value_info, *source.output, *source.input)}
-
-
-#: the floating-point element types
-FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
-
-
-def elem_types(model: onnx.ModelProto) -> dict[str, int]:
-    """:func:`value_types` as element types (``TensorProto`` enums)."""
-    return {name: t.tensor_type.elem_type for name, t in value_types(model).items()}
-
-
-def declared_types(values) -> dict[str, int]:
-    """The element types that ``values`` (value_info, graph outputs) declare; entries without one are left out."""
-    return {v.name: v.type.tensor_type.elem_type for v in values
-            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
 
 
 def constant_protos(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:
@@ -223,9 +108,9 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
     claim_ort_contrib_ops(model, path)  # onnxruntime's contrib ops written in the ONNX domain
     dedupe_initializers(model, path, repairs)  # what onnxruntime runs and onnx rejects, read as onnxruntime does
     import_used_domains(model, path, repairs)
-    skeleton = _skeleton(model)
+    weightless = skeleton(model)
     try:
-        _check_ignoring_missing_io_shapes(skeleton)
+        _check_ignoring_missing_io_shapes(weightless)
     except onnx.checker.ValidationError as exc:
         raise ModelLoadError(f"{path}: not a valid ONNX model: {_first_lines(exc)}. Fix the exporter's "
                              "output (onnx.checker.check_model reports the same).") from exc
@@ -381,201 +266,6 @@ def _first_lines(exc: Exception, limit: int = 3) -> str:
     return " ".join(lines[:limit]).rstrip(".")
 
 
-def _skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
-    """``model`` without its large weights: each becomes a graph input of the same type and shape."""
-    skeleton = onnx.ModelProto()
-    if _payload_bytes(model) < (1 << 20):
-        skeleton.CopyFrom(model)
-        return skeleton
-    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
-        setattr(skeleton, field, getattr(model, field))
-    skeleton.opset_import.extend(model.opset_import)
-    skeleton.functions.extend(model.functions)
-    graph = skeleton.graph
-    graph.name = model.graph.name
-    graph.node.extend(model.graph.node)
-    graph.input.extend(model.graph.input)
-    graph.output.extend(model.graph.output)
-    graph.value_info.extend(model.graph.value_info)
-    declared = {i.name for i in model.graph.input}
-    for tensor in model.graph.initializer:
-        if len(tensor.raw_data) > 1024 or tensor.data_location == onnx.TensorProto.EXTERNAL:
-            if tensor.name not in declared:
-                graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type,
-                                                                      list(tensor.dims)))
-        else:
-            graph.initializer.append(tensor)
-    return skeleton
-
-
-def release_memory() -> None:
-    """Free a dropped copy of a model now and hand the memory back to the operating system. An
-    onnx-graphsurgeon graph is a web of cycles (nodes and tensors refer to each other), so it, and the
-    TensorProtos its constants refer to, go only when the cycle collector runs; then glibc's ``malloc_trim``
-    returns the freed heap pages."""
-    import ctypes
-    import ctypes.util
-    import gc
-
-    gc.collect()
-    try:
-        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
-def is_special_file(path: str | os.PathLike) -> bool:
-    """``path`` (through links) exists and is neither a regular file nor a folder: a device (``/dev/null``), a
-    pipe, a socket. Such a target is written into, never replaced."""
-    import stat
-
-    try:
-        mode = os.stat(path).st_mode
-    except OSError:
-        return False
-    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
-
-
-def check_writable(path: str | os.PathLike, what: str) -> None:
-    """Fail before any work if ``path`` cannot be written (``what``: 'output model', 'report', ...)."""
-    path = Path(path)
-    check_name_lengths(path, what)
-    if is_special_file(path) and what == "output model":
-        raise TrtBridgeError(f"the {what} {path} is not a regular file (a device, a pipe or a socket): a model is "
-                             "written atomically, by replacing the file, which would replace that node. Give a regular "
-                             "file path.")
-    if is_special_file(path):
-        return  # a device or a pipe (a report to /dev/stdout): written into, never replaced
-    if path.is_dir():
-        raise TrtBridgeError(f"the {what} path {path} is a directory; give a file name (e.g. {path / 'model.onnx'}).")
-    parent = path.absolute().parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise TrtBridgeError(f"cannot write the {what} {path}: {parent} is a file, not a directory.")
-    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
-        raise TrtBridgeError(f"cannot write the {what} {path}: permission denied in {parent}. "
-                             "Choose a writable location.")
-    try:  # os.access trusts the mode bits: a read-only mount, /proc or root squash only show when writing
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=".trt-bridge-probe-"):
-            pass
-    except OSError as exc:
-        raise TrtBridgeError(f"cannot write the {what} {path}: {exc.strerror or exc} in {parent}. Choose a writable "
-                             "location.") from None
-
-
-def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple[Path, ...] = ()) -> Path:
-    """Write ``model`` to ``path`` atomically.
-
-    The model (and, over :data:`EXTERNAL_DATA_THRESHOLD`, its ``<name>.data`` file) is
-    first written into a temporary folder beside the target, then renamed into
-    place, so a crash never leaves a half-written model behind. ``protect`` lists
-    files that must never be overwritten (the input model).
-    """
-    path = Path(path).resolve()
-    for p in protect:
-        if path == Path(p).resolve():
-            raise TrtBridgeError(
-                f"refusing to overwrite the input model {p}; choose another output path with -o."
-            )
-    if is_special_file(path):
-        raise TrtBridgeError(f"the output model {path} is not a regular file (a device, a pipe or a socket); give a "
-                             "regular file path with -o.")
-    try:
-        return _save_model(model, path, protect)
-    except OSError as exc:
-        raise TrtBridgeError(f"cannot write the output model {path}: {exc.strerror or exc}. "
-                             "Check free disk space and permissions, or choose another path with -o.") from exc
-
-
-def _save_model(model: onnx.ModelProto, path: Path, protect: tuple[Path, ...]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    external = is_large(model)
-    data_name = path.name + ".data"
-    if external and any((path.parent / data_name).resolve() == Path(p).resolve() for p in protect):
-        raise TrtBridgeError(
-            f"writing {path} would overwrite the input model's external data {path.parent / data_name}; "
-            "choose another output name with -o."
-        )
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".trt-bridge-") as tmp:
-        tmp_model = Path(tmp) / path.name
-        if external:
-            log.info("model is over 2 GB: writing weights to %s", data_name)
-            onnx.save_model(write_external_data(model, Path(tmp), data_name), str(tmp_model))
-            umask = os.umask(0)
-            os.umask(umask)
-            for written in (Path(tmp) / data_name, tmp_model):
-                os.chmod(written, 0o666 & ~umask)
-            os.replace(Path(tmp) / data_name, path.parent / data_name)
-        else:
-            onnx.save_model(model, str(tmp_model))
-        os.replace(tmp_model, path)
-    return path
-
-
-def write_external_data(model: onnx.ModelProto, folder: Path, location: str, threshold: int = 1024,
-                        align: int = 4096) -> onnx.ModelProto:
-    """Write ``model``'s initializers of ``threshold`` bytes or more, one after the other, into
-    ``folder/location``; return a model that refers to them there. ``model`` is left as it is:
-    ``onnx.save_model(..., save_as_external_data=True)`` would empty its tensors, so a model saved for an
-    onnxruntime session lost its weights to the session's temporary folder. Nothing is copied beyond one
-    tensor at a time (a tensor stored in fields rather than raw bytes is converted alone)."""
-    from onnx import numpy_helper
-
-    skeleton = onnx.ModelProto()
-    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
-        setattr(skeleton, field, getattr(model, field))
-    skeleton.opset_import.extend(model.opset_import)
-    skeleton.metadata_props.extend(model.metadata_props)
-    skeleton.functions.extend(model.functions)
-    graph = skeleton.graph
-    for field in ("node", "input", "output", "value_info", "sparse_initializer", "quantization_annotation"):
-        getattr(graph, field).extend(getattr(model.graph, field))
-    graph.name, graph.doc_string = model.graph.name, model.graph.doc_string
-    with open(folder / location, "wb") as data:
-        for tensor in model.graph.initializer:
-            if tensor.data_location == onnx.TensorProto.EXTERNAL:
-                from trt_bridge.errors import InternalError
-
-                raise InternalError(f"tensor '{tensor.name}' has no data loaded (it refers to external data)")
-            payload = tensor.raw_data if tensor.HasField("raw_data") else None
-            if payload is None and tensor.ByteSize() >= threshold:
-                payload = numpy_helper.to_array(tensor).tobytes()
-            if payload is None or len(payload) < threshold:
-                graph.initializer.append(tensor)
-                continue
-            offset = data.tell()
-            if offset % align:
-                data.write(b"\0" * (align - offset % align))
-                offset = data.tell()
-            data.write(payload)
-            ref = graph.initializer.add()
-            ref.name, ref.data_type, ref.doc_string = tensor.name, tensor.data_type, tensor.doc_string
-            ref.dims.extend(tensor.dims)
-            ref.data_location = onnx.TensorProto.EXTERNAL
-            for key, value in (("location", location), ("offset", str(offset)), ("length", str(len(payload)))):
-                entry = ref.external_data.add()
-                entry.key, entry.value = key, value
-    return skeleton
-
-
-def serialize_for_session(model: onnx.ModelProto, workdir: str) -> str | bytes:
-    """What onnxruntime's InferenceSession should be given for ``model``.
-
-    Small models go as bytes; models over the protobuf limit are written with
-    external data into ``workdir`` and passed by path; a header whose weights live in a
-    :class:`~trt_bridge.ir.store.WeightStore` is written beside them, for onnxruntime to map.
-    """
-    store = store_of(model)
-    if store is not None:
-        return store.session_model(model)
-    if not is_large(model):
-        return model.SerializeToString()
-    target = Path(workdir) / "model.onnx"
-    onnx.save_model(write_external_data(model, Path(workdir), "model.onnx.data"), str(target))
-    return str(target)
-
-
 def default_opset(model: onnx.ModelProto) -> int:
     for imp in model.opset_import:
         if imp.domain in ("", "ai.onnx"):
@@ -583,37 +273,3 @@ def default_opset(model: onnx.ModelProto) -> int:
     raise ModelLoadError("the model imports no default ONNX opset; it is not a valid ONNX model.")
 
 
-def write_bytes_atomic(path: str | os.PathLike, data: bytes, what: str = "file") -> Path:
-    """Write ``data`` to ``path`` atomically: a temporary file beside it, then a rename. The file gets the
-    usual mode (0666 less the umask), not the temporary file's private 0600."""
-    path = Path(path)
-    if is_special_file(path):  # /dev/stdout, /dev/null, a pipe: written into, never replaced
-        try:
-            with open(path, "wb") as f:
-                f.write(data)
-        except OSError as exc:
-            raise TrtBridgeError(f"cannot write the {what} {path}: {exc.strerror or exc}.") from exc
-        return path
-    if path.is_symlink():  # replace what the link points to, and keep the link
-        path = path.resolve()
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=".trt-bridge-", delete=False) as f:
-            tmp = f.name
-            f.write(data)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    except OSError as exc:
-        if tmp is not None:
-            Path(tmp).unlink(missing_ok=True)
-        raise TrtBridgeError(f"cannot write the {what} {path}: {exc.strerror or exc}. Choose a writable "
-                             "location.") from exc
-    return path
-
-
-def write_text_atomic(path: str | os.PathLike, text: str, what: str = "file") -> Path:
-    """Write a text file (a report) atomically, UTF-8 with Unix newlines."""
-    return write_bytes_atomic(path, text.encode("utf-8"), what)

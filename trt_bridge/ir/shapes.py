@@ -2,7 +2,7 @@
 
 ONNX shape inference (non-strict, with data propagation so that Shape/Reshape arithmetic
 carries through) runs once per distinct set of input shapes on a skeleton of the model
-(:func:`trt_bridge.ir.model._skeleton`: large weights become graph inputs of the same shape, so
+(:func:`trt_bridge.ir.model.skeleton`: large weights become graph inputs of the same shape, so
 nothing big is copied). Then every broadcasting node whose input shapes are known is checked:
 
     a[2, 1] ──┐
@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.ir.types import skeleton
 
 log = logging.getLogger("trt_bridge.ir.shapes")
 
@@ -99,9 +100,8 @@ class BroadcastChecker:
     """
 
     def __init__(self, model: onnx.ModelProto):
-        from trt_bridge.ir.model import _skeleton
 
-        self._skeleton = _skeleton(model)
+        self._skeleton = skeleton(model)
         inits = {i.name for i in model.graph.initializer}
         real = [vi for vi in model.graph.input if vi.name not in inits]
         self._real_inputs = frozenset(vi.name for vi in real)

@@ -12,8 +12,9 @@ import onnx_graphsurgeon as gs
 from trt_bridge.errors import UnsupportedPatternError
 from trt_bridge.ir.export import export_model
 from trt_bridge.ir.finalize import finalize
-from trt_bridge.ir.model import default_opset, infer_shapes
+from trt_bridge.ir.model import default_opset
 from trt_bridge.ir.store import WeightStore
+from trt_bridge.ir.types import infer_shapes
 from trt_bridge.lift import leftover_blockers, lift
 from trt_bridge.lift.block_quantize_dequantize import QUARK_DOMAINS
 from trt_bridge.prepare import global_pool, sanitize

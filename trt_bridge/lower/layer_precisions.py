@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import onnx
 
-from trt_bridge.ir.model import elem_types
+from trt_bridge.ir.types import elem_types
 
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 SKIP = frozenset({"QuantizeLinear", "DequantizeLinear", "Cast", "Constant", "Identity", "Reshape", "Transpose",

@@ -40,7 +40,8 @@ import numpy as np
 import onnx
 
 from trt_bridge.errors import MissingDependencyError
-from trt_bridge.ir.model import declared_types, default_opset, value_types
+from trt_bridge.ir.model import default_opset
+from trt_bridge.ir.types import declared_types, value_types
 from trt_bridge.lower.bfloat16_retype import float_constants, retype_float16
 from trt_bridge.lower.float16_fixups import qdq_in_float16, restore_names, restore_output_types
 

@@ -99,7 +99,7 @@ class PipelineOptions:
 
 def run_pipeline(manifest_path: str | Path, options: PipelineOptions = PipelineOptions()) -> PipelineReport:
     """Run every step the manifest asks for that this machine can do; write the reports; return them."""
-    from trt_bridge.ir.model import write_text_atomic
+    from trt_bridge.ir.files import write_text_atomic
 
     start = time.perf_counter()
     manifest = load_manifest(manifest_path, options.output)
@@ -205,7 +205,7 @@ class _ModelRun:
 
     def _convert(self):
         from trt_bridge.convert import ConvertOptions, ScalePolicy, convert
-        from trt_bridge.ir.model import write_text_atomic
+        from trt_bridge.ir.files import write_text_atomic
         from trt_bridge.place.policies import PlacementPolicy
         from trt_bridge.prepare.types import Bf16Policy
 
@@ -230,7 +230,7 @@ class _ModelRun:
 
     def _check(self):
         from trt_bridge.checks import check_model
-        from trt_bridge.ir.model import write_text_atomic
+        from trt_bridge.ir.files import write_text_atomic
 
         report = check_model(self.converted)
         path = self.folder / "check.json"
@@ -256,7 +256,7 @@ class _ModelRun:
                              shapes=dict(self.model.shapes) or None, **extra)
 
     def _verify(self):
-        from trt_bridge.ir.model import write_text_atomic
+        from trt_bridge.ir.files import write_text_atomic
         from trt_bridge.verify import verify
 
         report = verify(self.model.reference, self.converted, self._eval_options(
@@ -287,7 +287,7 @@ class _ModelRun:
         return options
 
     def _bench_result(self, report, name: str):
-        from trt_bridge.ir.model import write_text_atomic
+        from trt_bridge.ir.files import write_text_atomic
 
         path, text = self.folder / f"{name}.json", report.to_json()
         write_text_atomic(path, text + "\n")
@@ -349,7 +349,7 @@ class _ModelRun:
                 [result.engine, result.sidecar])
 
     def _verify_engine(self, engine: Path):
-        from trt_bridge.ir.model import write_text_atomic
+        from trt_bridge.ir.files import write_text_atomic
         from trt_bridge.verify import verify
 
         report = verify(self.model.reference, self.converted, self._eval_options(engine=str(engine)))

@@ -19,7 +19,7 @@ import math
 
 import onnx_graphsurgeon as gs
 
-from trt_bridge.ir.model import infer_shapes
+from trt_bridge.ir.types import infer_shapes
 from trt_bridge.prepare.change import Change
 
 #: why a pool's window cannot be compared with its input yet (shapes unknown until constants are folded)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import onnx
 
-from trt_bridge.ir.model import elem_types
 from trt_bridge.ir.names import name_nodes
+from trt_bridge.ir.types import elem_types
 from trt_bridge.prepare.pad_code import retype_pad_codes
 from trt_bridge.prepare.types import Bf16Policy, agree_types, convert_bf16
 

@@ -47,7 +47,7 @@ import onnx
 from onnx import TensorProto
 
 from trt_bridge.errors import UnsupportedPatternError
-from trt_bridge.ir.model import declared_types, value_types
+from trt_bridge.ir.types import declared_types, value_types
 from trt_bridge.prepare.change import Change
 
 log = logging.getLogger("trt_bridge.prepare")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
-from trt_bridge.ir.model import elem_types
+from trt_bridge.ir.types import elem_types
 
 EMULATED = "trt-bridge:bfloat16-emulated"  # metadata key of an emulate_bfloat16 result
 

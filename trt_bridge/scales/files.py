@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 from trt_bridge.errors import TrtBridgeError
-from trt_bridge.ir.model import check_writable, write_text_atomic
+from trt_bridge.ir.files import check_writable, write_text_atomic
 
 
 def read_bytes(path: Path) -> bytes:

@@ -17,6 +17,8 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import QMAX
+from trt_bridge.ir.names import unique_node_names
+from trt_bridge.lift.pipeline import fold_constants
 from trt_bridge.lift.qdq_pair import covering_scale
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
 from trt_bridge.lift.weights import weight_axis
@@ -53,8 +55,6 @@ class WeightedOp:
 def folded(graph: gs.Graph) -> gs.Graph:
     """``graph`` with constant subgraphs (a Reshape/Transpose of a weight) folded, as convert folds them
     before lifting; Q/DQ stay. Node names are fixed first: generated names count the nodes as loaded."""
-    from trt_bridge.ir.names import unique_node_names
-    from trt_bridge.lift.pipeline import fold_constants
 
     for node, name in zip(graph.nodes, unique_node_names([(n.name, n.op) for n in graph.nodes])):
         node.name = name

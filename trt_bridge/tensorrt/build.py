@@ -26,7 +26,7 @@ from pathlib import Path
 
 from trt_bridge import __version__
 from trt_bridge.errors import TrtBridgeError
-from trt_bridge.ir.model import check_writable, external_data_files, write_bytes_atomic
+from trt_bridge.ir.files import check_writable, external_data_files, write_bytes_atomic
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
 from trt_bridge.tensorrt.config import check_typing, configure
 from trt_bridge.tensorrt.logger import BuildLogger

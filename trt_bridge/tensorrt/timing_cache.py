@@ -6,7 +6,7 @@ import logging
 import warnings
 from pathlib import Path
 
-from trt_bridge.ir.model import write_bytes_atomic
+from trt_bridge.ir.files import write_bytes_atomic
 from trt_bridge.tensorrt import is_rtx
 
 log = logging.getLogger("trt_bridge.tensorrt")

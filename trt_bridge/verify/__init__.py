@@ -21,11 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_bridge.errors import CalibrationDataError, TrtBridgeError
+from trt_bridge.calibrate import model_inputs, open_feeds
+from trt_bridge.calibrate.feed_sources import RandomFeeds
+from trt_bridge.calibrate.feeds import validate_feed
+from trt_bridge.errors import CalibrationDataError, ModelLoadError, TrtBridgeError
+from trt_bridge.ir.model import load_model
+from trt_bridge.runtime.session import session
 from trt_bridge.tensorrt import gpu_present, import_tensorrt, is_rtx
 from trt_bridge.verify.gates import Gate, apply_gates
 from trt_bridge.verify.layers import Localization, localize
-from trt_bridge.verify.metrics import Accumulator, OutputMetrics
+from trt_bridge.verify.metrics import Accumulator, OutputMetrics, json_safe, snr_text
 
 log = logging.getLogger("trt_bridge.verify")
 
@@ -77,7 +82,6 @@ class VerifyReport:
         return data
 
     def to_json(self) -> str:
-        from trt_bridge.verify.metrics import json_safe
 
         return json.dumps(json_safe(self.to_dict()), indent=2, default=str, allow_nan=False)
 
@@ -89,7 +93,6 @@ class VerifyReport:
                  + (f" and engine {self.engine}" if self.engine else "") + f" on {self.feeds} feed(s)"]
         lines += ["  " + m.line() for m in self.outputs]
         if self.per_layer is not None:
-            from trt_bridge.verify.metrics import snr_text
 
             loc = self.per_layer
             lines.append(f"  per layer: {len(loc.tensors)} tensors aligned, {len(loc.layers)} quantized layers, "
@@ -114,13 +117,13 @@ class VerifyReport:
 
 def verify(reference: str | Path, candidate: str | Path, options: VerifyOptions = VerifyOptions()) -> VerifyReport:
     """Compare ``candidate`` (and an engine) against ``reference`` on the same feeds."""
-    with _polygraphy_logging():
+    with quiet_polygraphy():
         return _verify(Path(reference), Path(candidate), options)
 
 
 def _verify(reference: Path, candidate: Path, options: VerifyOptions) -> VerifyReport:
     start = time.perf_counter()
-    feeds = _feeds(reference, candidate, options)
+    feeds = checked_feeds(reference, candidate, options)
     results = _run(reference, candidate, feeds, options)
     if options.save_outputs:
         try:
@@ -150,11 +153,8 @@ def _first_line(exc: Exception) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
-def _feeds(reference: Path, candidate: Path, options: VerifyOptions) -> list[dict[str, np.ndarray]]:
+def checked_feeds(reference: Path, candidate: Path, options: VerifyOptions) -> list[dict[str, np.ndarray]]:
     """The feeds, validated against both models' inputs (names, types, shapes, broadcasts)."""
-    from trt_bridge.calibrate import model_inputs, open_feeds
-    from trt_bridge.calibrate.feeds import validate_feed
-    from trt_bridge.ir.model import load_model
 
     for path in (reference, candidate):
         if not path.is_file():
@@ -184,7 +184,6 @@ def _feeds(reference: Path, candidate: Path, options: VerifyOptions) -> list[dic
     elif options.data is not None:
         feeds = list(open_feeds(options.data, None, inputs, model=cand))
     else:
-        from trt_bridge.calibrate.feed_sources import RandomFeeds
 
         count = options.random if options.random is not None else DEFAULT_RANDOM_FEEDS
         if count < 1:
@@ -221,7 +220,6 @@ def _header(path: Path):
     """The model's graph without its weights (inputs, outputs, nodes); a clear error when it is not ONNX."""
     import onnx
 
-    from trt_bridge.errors import ModelLoadError
 
     try:
         return onnx.load(str(path), load_external_data=False)
@@ -234,7 +232,6 @@ def _run(reference: Path, candidate: Path, feeds, options: VerifyOptions):
     from polygraphy.backend.onnxrt import OnnxrtRunner
     from polygraphy.comparator import Comparator, RunResults
 
-    from trt_bridge.runtime.session import session
 
     loaded = RunResults()
     if options.load_outputs:
@@ -267,7 +264,7 @@ def _run(reference: Path, candidate: Path, feeds, options: VerifyOptions):
     return results
 
 
-class _polygraphy_logging:
+class quiet_polygraphy:
     """Polygraphy logs each runner's progress on stdout, which would mix with `--json` output: keep it to
     errors unless trt-bridge runs with -vv, and without its colour probe."""
 

@@ -33,6 +33,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from trt_bridge.calibrate.session import CalibrationSession
+from trt_bridge.ir.model import validate_model
+from trt_bridge.ir.types import FLOAT_TYPES, elem_types, infer_shapes, value_types
+from trt_bridge.lift.pipeline import lift_model
+from trt_bridge.runtime.bf16 import emulate_bfloat16
 from trt_bridge.verify.metrics import Accumulator
 
 #: an SNR above this counts as exact in differences (identical tensors have an infinite SNR)
@@ -107,8 +112,6 @@ def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str,
     """Align, run in batches of ``batch`` exposed tensors, rank the quantized layers of ``candidate``."""
     ref_model, lifted = _float_reference(reference)
     cand_model = onnx.load(str(candidate))
-    from trt_bridge.ir.model import elem_types, infer_shapes
-    from trt_bridge.runtime.bf16 import emulate_bfloat16
 
     for model in (ref_model, cand_model):  # exposed tensors need types (models often carry no value_info)
         if not model.graph.value_info:
@@ -127,7 +130,6 @@ def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str,
     names = [name for name, _, _ in order] + sorted(inputs_needed & graph_inputs)
     accumulators = {name: Accumulator() for name in names}
     batches = [names[i:i + batch] for i in range(0, len(names), batch)]
-    from trt_bridge.calibrate.session import CalibrationSession
 
     run_cand = emulate_bfloat16(cand_model) or cand_model  # once, not per batch (the sessions find none left)
 
@@ -187,7 +189,6 @@ def _rank(layer: LayerError) -> tuple:
 
 def _float_typed(name: str, types: dict[str, int]) -> bool:
     """Only float tensors of known type are exposed (onnxruntime needs each output's type)."""
-    from trt_bridge.ir.model import FLOAT_TYPES
 
     return types.get(name) in FLOAT_TYPES
 
@@ -207,8 +208,6 @@ def _float_reference(path: str | Path) -> tuple[onnx.ModelProto, bool]:
     if not any(n.op_type in quantized or n.op_type.startswith("QLinear") or (n.domain or "") not in ("", "ai.onnx")
                for n in model.graph.node):
         return model, False
-    from trt_bridge.ir.model import validate_model
-    from trt_bridge.lift.pipeline import lift_model
 
     declared: dict[str, int] = {}
     lifted, _ = lift_model(validate_model(model, path, declared=declared), path, declared=declared)
@@ -274,8 +273,6 @@ def isolated_errors(candidate: str | Path | onnx.ModelProto, feeds: list[dict[st
     the added error of :func:`localize`, this does not depend on how the layer treats the error it inherits
     (a layer whose output is cleaner than its input still quantizes). None: no error (or no activation).
     One onnxruntime session per ``batch // 2`` layers, each with its copies added."""
-    from trt_bridge.calibrate.session import CalibrationSession
-    from trt_bridge.ir.model import value_types
 
     model = candidate if isinstance(candidate, onnx.ModelProto) else onnx.load(str(candidate))
     types = {n: t.tensor_type.elem_type for n, t in value_types(model).items()}

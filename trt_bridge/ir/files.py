@@ -1,0 +1,129 @@
+"""Paths and files: name lengths, the same file twice, external-data files, writable targets, atomic writes."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import onnx
+
+from trt_bridge.errors import TrtBridgeError
+
+
+def check_name_lengths(path: str | os.PathLike, what: str) -> None:
+    """Refuse a path with a component longer than the file system takes (``NAME_MAX``, 255 bytes on most), which
+    the operating system would only report as errno 36 deep inside a read or a write."""
+    path = Path(path)
+    for part in path.parts:
+        size = len(os.fsencode(part))
+        if size > 255:
+            raise TrtBridgeError(f"the {what} path {str(path)[:80]}... has a file name of {size} bytes: too long "
+                                 "(file systems take at most 255). Choose a shorter name.")
+
+
+def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Whether ``a`` and ``b`` name the same file (through links and ``..``; a file that does not exist yet
+    compares by its resolved path)."""
+    try:
+        if Path(a).exists() and Path(b).exists():
+            return os.path.samefile(a, b)
+        return Path(a).resolve() == Path(b).resolve()
+    except (OSError, RuntimeError):
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def external_locations(model: onnx.ModelProto) -> dict[str, list[str]]:
+    """External-data file name → the tensors stored in it."""
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    locations: dict[str, list[str]] = {}
+    for tensor in _get_all_tensors(model):
+        if uses_external_data(tensor):
+            location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+            locations.setdefault(location, []).append(tensor.name)
+    return locations
+
+
+def external_data_files(path: str | os.PathLike) -> list[Path]:
+    """The external-data files a model file refers to (read from its header only)."""
+    path = Path(path)
+    model = onnx.load(str(path), load_external_data=False)
+    return [path.parent / loc for loc in sorted(external_locations(model))]
+
+
+def is_special_file(path: str | os.PathLike) -> bool:
+    """``path`` (through links) exists and is neither a regular file nor a folder: a device (``/dev/null``), a
+    pipe, a socket. Such a target is written into, never replaced."""
+    import stat
+
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
+
+
+def check_writable(path: str | os.PathLike, what: str) -> None:
+    """Fail before any work if ``path`` cannot be written (``what``: 'output model', 'report', ...)."""
+    path = Path(path)
+    check_name_lengths(path, what)
+    if is_special_file(path) and what == "output model":
+        raise TrtBridgeError(f"the {what} {path} is not a regular file (a device, a pipe or a socket): a model is "
+                             "written atomically, by replacing the file, which would replace that node. Give a regular "
+                             "file path.")
+    if is_special_file(path):
+        return  # a device or a pipe (a report to /dev/stdout): written into, never replaced
+    if path.is_dir():
+        raise TrtBridgeError(f"the {what} path {path} is a directory; give a file name (e.g. {path / 'model.onnx'}).")
+    parent = path.absolute().parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise TrtBridgeError(f"cannot write the {what} {path}: {parent} is a file, not a directory.")
+    if not os.access(parent, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise TrtBridgeError(f"cannot write the {what} {path}: permission denied in {parent}. "
+                             "Choose a writable location.")
+    try:  # os.access trusts the mode bits: a read-only mount, /proc or root squash only show when writing
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=".trt-bridge-probe-"):
+            pass
+    except OSError as exc:
+        raise TrtBridgeError(f"cannot write the {what} {path}: {exc.strerror or exc} in {parent}. Choose a writable "
+                             "location.") from None
+
+
+def write_bytes_atomic(path: str | os.PathLike, data: bytes, what: str = "file") -> Path:
+    """Write ``data`` to ``path`` atomically: a temporary file beside it, then a rename. The file gets the
+    usual mode (0666 less the umask), not the temporary file's private 0600."""
+    path = Path(path)
+    if is_special_file(path):  # /dev/stdout, /dev/null, a pipe: written into, never replaced
+        try:
+            with open(path, "wb") as f:
+                f.write(data)
+        except OSError as exc:
+            raise TrtBridgeError(f"cannot write the {what} {path}: {exc.strerror or exc}.") from exc
+        return path
+    if path.is_symlink():  # replace what the link points to, and keep the link
+        path = path.resolve()
+    tmp = None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("wb", dir=path.parent, prefix=".trt-bridge-", delete=False) as f:
+            tmp = f.name
+            f.write(data)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise TrtBridgeError(f"cannot write the {what} {path}: {exc.strerror or exc}. Choose a writable "
+                             "location.") from exc
+    return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, what: str = "file") -> Path:
+    """Write a text file (a report) atomically, UTF-8 with Unix newlines."""
+    return write_bytes_atomic(path, text.encode("utf-8"), what)
+

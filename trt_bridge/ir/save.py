@@ -1,0 +1,129 @@
+"""Saving models (atomically, with external data over 2 GB, never over an input) and handing them to onnxruntime."""
+
+from __future__ import annotations
+
+import logging
+import os
+import tempfile
+from pathlib import Path
+
+import onnx
+
+from trt_bridge.errors import InternalError, TrtBridgeError
+from trt_bridge.ir.files import is_special_file
+from trt_bridge.ir.size import is_large
+from trt_bridge.ir.store import store_of
+
+log = logging.getLogger("trt_bridge.ir.model")
+
+
+def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tuple[Path, ...] = ()) -> Path:
+    """Write ``model`` to ``path`` atomically.
+
+    The model (and, over :data:`EXTERNAL_DATA_THRESHOLD`, its ``<name>.data`` file) is
+    first written into a temporary folder beside the target, then renamed into
+    place, so a crash never leaves a half-written model behind. ``protect`` lists
+    files that must never be overwritten (the input model).
+    """
+    path = Path(path).resolve()
+    for p in protect:
+        if path == Path(p).resolve():
+            raise TrtBridgeError(
+                f"refusing to overwrite the input model {p}; choose another output path with -o."
+            )
+    if is_special_file(path):
+        raise TrtBridgeError(f"the output model {path} is not a regular file (a device, a pipe or a socket); give a "
+                             "regular file path with -o.")
+    try:
+        return _save_model(model, path, protect)
+    except OSError as exc:
+        raise TrtBridgeError(f"cannot write the output model {path}: {exc.strerror or exc}. "
+                             "Check free disk space and permissions, or choose another path with -o.") from exc
+
+
+def _save_model(model: onnx.ModelProto, path: Path, protect: tuple[Path, ...]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    external = is_large(model)
+    data_name = path.name + ".data"
+    if external and any((path.parent / data_name).resolve() == Path(p).resolve() for p in protect):
+        raise TrtBridgeError(
+            f"writing {path} would overwrite the input model's external data {path.parent / data_name}; "
+            "choose another output name with -o."
+        )
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".trt-bridge-") as tmp:
+        tmp_model = Path(tmp) / path.name
+        if external:
+            log.info("model is over 2 GB: writing weights to %s", data_name)
+            onnx.save_model(write_external_data(model, Path(tmp), data_name), str(tmp_model))
+            umask = os.umask(0)
+            os.umask(umask)
+            for written in (Path(tmp) / data_name, tmp_model):
+                os.chmod(written, 0o666 & ~umask)
+            os.replace(Path(tmp) / data_name, path.parent / data_name)
+        else:
+            onnx.save_model(model, str(tmp_model))
+        os.replace(tmp_model, path)
+    return path
+
+
+def write_external_data(model: onnx.ModelProto, folder: Path, location: str, threshold: int = 1024,
+                        align: int = 4096) -> onnx.ModelProto:
+    """Write ``model``'s initializers of ``threshold`` bytes or more, one after the other, into
+    ``folder/location``; return a model that refers to them there. ``model`` is left as it is:
+    ``onnx.save_model(..., save_as_external_data=True)`` would empty its tensors, so a model saved for an
+    onnxruntime session lost its weights to the session's temporary folder. Nothing is copied beyond one
+    tensor at a time (a tensor stored in fields rather than raw bytes is converted alone)."""
+    from onnx import numpy_helper
+
+    skeleton = onnx.ModelProto()
+    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        setattr(skeleton, field, getattr(model, field))
+    skeleton.opset_import.extend(model.opset_import)
+    skeleton.metadata_props.extend(model.metadata_props)
+    skeleton.functions.extend(model.functions)
+    graph = skeleton.graph
+    for field in ("node", "input", "output", "value_info", "sparse_initializer", "quantization_annotation"):
+        getattr(graph, field).extend(getattr(model.graph, field))
+    graph.name, graph.doc_string = model.graph.name, model.graph.doc_string
+    with open(folder / location, "wb") as data:
+        for tensor in model.graph.initializer:
+            if tensor.data_location == onnx.TensorProto.EXTERNAL:
+
+                raise InternalError(f"tensor '{tensor.name}' has no data loaded (it refers to external data)")
+            payload = tensor.raw_data if tensor.HasField("raw_data") else None
+            if payload is None and tensor.ByteSize() >= threshold:
+                payload = numpy_helper.to_array(tensor).tobytes()
+            if payload is None or len(payload) < threshold:
+                graph.initializer.append(tensor)
+                continue
+            offset = data.tell()
+            if offset % align:
+                data.write(b"\0" * (align - offset % align))
+                offset = data.tell()
+            data.write(payload)
+            ref = graph.initializer.add()
+            ref.name, ref.data_type, ref.doc_string = tensor.name, tensor.data_type, tensor.doc_string
+            ref.dims.extend(tensor.dims)
+            ref.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", location), ("offset", str(offset)), ("length", str(len(payload)))):
+                entry = ref.external_data.add()
+                entry.key, entry.value = key, value
+    return skeleton
+
+
+def serialize_for_session(model: onnx.ModelProto, workdir: str) -> str | bytes:
+    """What onnxruntime's InferenceSession should be given for ``model``.
+
+    Small models go as bytes; models over the protobuf limit are written with
+    external data into ``workdir`` and passed by path; a header whose weights live in a
+    :class:`~trt_bridge.ir.store.WeightStore` is written beside them, for onnxruntime to map.
+    """
+    store = store_of(model)
+    if store is not None:
+        return store.session_model(model)
+    if not is_large(model):
+        return model.SerializeToString()
+    target = Path(workdir) / "model.onnx"
+    onnx.save_model(write_external_data(model, Path(workdir), "model.onnx.data"), str(target))
+    return str(target)
+

@@ -1,0 +1,51 @@
+"""How big a model is (protobuf cannot hold 2 GiB: the weights then go to external data), and letting a dropped
+copy go."""
+
+from __future__ import annotations
+
+import onnx
+
+#: Protobuf cannot serialize a message of 2 GiB or more; above this size the
+#: weights go to an external-data file beside the model.
+PROTOBUF_LIMIT = 2**31 - 1
+
+
+#: Keep some headroom under the hard limit for the graph itself.
+EXTERNAL_DATA_THRESHOLD = int(1.8 * 2**30)
+
+
+def is_large(model: onnx.ModelProto) -> bool:
+    """Too big for one protobuf message: weights must live in an external-data file.
+
+    Estimated from the tensor payloads (computing ``ByteSize`` of a large model costs
+    about a second each time); the threshold keeps headroom for the graph itself.
+    """
+    return payload_bytes(model) > EXTERNAL_DATA_THRESHOLD
+
+
+def payload_bytes(model: onnx.ModelProto) -> int:
+    total = 0
+    for tensor in model.graph.initializer:
+        total += len(tensor.raw_data) if tensor.raw_data else tensor.ByteSize()
+    for node in model.graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                total += len(attr.t.raw_data) if attr.t.raw_data else attr.t.ByteSize()
+    return total
+
+
+def release_memory() -> None:
+    """Free a dropped copy of a model now and hand the memory back to the operating system. An
+    onnx-graphsurgeon graph is a web of cycles (nodes and tensors refer to each other), so it, and the
+    TensorProtos its constants refer to, go only when the cycle collector runs; then glibc's ``malloc_trim``
+    returns the freed heap pages."""
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    try:
+        ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+

@@ -1,0 +1,82 @@
+"""Types and shapes of a model's tensors: shape inference on a weight-free skeleton, element types, declared types."""
+
+from __future__ import annotations
+
+import onnx
+
+from trt_bridge.ir.size import payload_bytes
+
+
+def infer_shapes(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelProto:
+    """``onnx.shape_inference.infer_shapes`` without shipping the weights to C++ and back.
+
+    ``strict``: any inconsistency (types that contradict an op, shapes that do not broadcast) raises;
+    otherwise inference is best effort. Shape inference needs the weights' shapes, not their values (except small ones,
+    such as Reshape targets, which data propagation reads): it runs on a skeleton
+    whose large initializers are graph inputs of the same type and shape, and the
+    inferred value_info is copied back.
+    """
+    inferred = onnx.shape_inference.infer_shapes(skeleton(model), check_type=strict, strict_mode=strict,
+                                                 data_prop=True)
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(inferred.graph.value_info)
+    for target, source in ((model.graph.output, inferred.graph.output),):
+        for mine, theirs in zip(target, source):
+            if not mine.type.tensor_type.HasField("shape") and theirs.type.tensor_type.HasField("shape"):
+                mine.CopyFrom(theirs)
+    return model
+
+
+def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """The types of the model's tensors: its own value_info when it has some (a loaded or finalized model
+    carries inferred ones), else best-effort shape inference on a weight-free skeleton."""
+    source = model.graph
+    if not source.value_info and source.node:
+        try:
+            source = onnx.shape_inference.infer_shapes(skeleton(model), check_type=False, strict_mode=False).graph
+        except Exception:  # noqa: BLE001 - best effort: the declared inputs and outputs only
+            source = model.graph
+    return {v.name: v.type for v in (*source.value_info, *source.output, *source.input)}
+
+
+#: the floating-point element types
+FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16, onnx.TensorProto.DOUBLE)
+
+
+def elem_types(model: onnx.ModelProto) -> dict[str, int]:
+    """:func:`value_types` as element types (``TensorProto`` enums)."""
+    return {name: t.tensor_type.elem_type for name, t in value_types(model).items()}
+
+
+def declared_types(values) -> dict[str, int]:
+    """The element types that ``values`` (value_info, graph outputs) declare; entries without one are left out."""
+    return {v.name: v.type.tensor_type.elem_type for v in values
+            if v.type.HasField("tensor_type") and v.type.tensor_type.elem_type}
+
+
+def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` without its large weights: each becomes a graph input of the same type and shape."""
+    skeleton = onnx.ModelProto()
+    if payload_bytes(model) < (1 << 20):
+        skeleton.CopyFrom(model)
+        return skeleton
+    for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):
+        setattr(skeleton, field, getattr(model, field))
+    skeleton.opset_import.extend(model.opset_import)
+    skeleton.functions.extend(model.functions)
+    graph = skeleton.graph
+    graph.name = model.graph.name
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    graph.output.extend(model.graph.output)
+    graph.value_info.extend(model.graph.value_info)
+    declared = {i.name for i in model.graph.input}
+    for tensor in model.graph.initializer:
+        if len(tensor.raw_data) > 1024 or tensor.data_location == onnx.TensorProto.EXTERNAL:
+            if tensor.name not in declared:
+                graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type,
+                                                                      list(tensor.dims)))
+        else:
+            graph.initializer.append(tensor)
+    return skeleton
+
