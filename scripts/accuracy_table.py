@@ -19,7 +19,8 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 
 from trt_bridge import samples
 from trt_bridge.calibrate.observers import CalibMethod
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.runtime.session import session
 from trt_bridge.verify.metrics import snr_db
 
@@ -38,8 +39,8 @@ def _row(label: str, float_path: Path, dynamic_path: Path, calib: np.ndarray, he
     cells = [f"{snr_db(reference, _run(dynamic_path, held_out)):.1f}"]
     for method in CalibMethod:
         out = workdir / f"converted-{method.value}.onnx"
-        convert(dynamic_path, out, ConvertOptions(calib_data=str(workdir / "calib.npz"), calib_method=method,
-                                                  progress=False))
+        convert(dynamic_path, out, ConvertOptions(calibration=CalibrationOptions(data=str(workdir / "calib.npz"),
+                                                                                 method=method), progress=False))
         cells.append(f"{snr_db(reference, _run(out, held_out)):.1f}")
     return f"| {label} | " + " | ".join(cells) + " |"
 

@@ -110,7 +110,8 @@ def main() -> int:
     if args.model is not None and not args.model.is_file():
         parser.error(f"--model {args.model}: no such file")
 
-    from trt_bridge.convert import ConvertOptions, convert
+    from trt_bridge.convert import convert
+    from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
     from trt_bridge.errors import TrtBridgeError
 
     with tempfile.TemporaryDirectory(prefix="trt-bridge-bench-") as tmp:
@@ -121,11 +122,12 @@ def main() -> int:
                       "with quantize_dynamic (child process) ...", flush=True)
             setup = prepare(work, args)
             source = work / "dynamic.onnx"
-            options = ConvertOptions(calib_data=str(work / "calib.npz"), progress=False)
+            options = ConvertOptions(calibration=CalibrationOptions(data=str(work / "calib.npz")), progress=False)
             name = f"encoder L{args.layers} H{args.hidden} A{args.heads} S{args.seq}"
         else:
             setup, source, name = {}, args.model, str(args.model)
-            options = ConvertOptions(calib_data=args.calib_data, calib_random=None if args.calib_data else args.feeds,
+            options = ConvertOptions(calibration=CalibrationOptions(data=args.calib_data,
+                                                                    random=None if args.calib_data else args.feeds),
                                      progress=False)
         logging.getLogger().setLevel(logging.ERROR)  # --calib-random's warning; convert's own errors still raise
         if not args.json:

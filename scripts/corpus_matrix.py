@@ -31,7 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, ScaleOptions
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.verify.metrics import snr_db
 
@@ -97,8 +98,8 @@ def measure(arch: str, column: str, source: Path, float_dir: Path, work: Path, r
             cell.source_snr = _measured_by_quantizer(column, source)
     calib = str(float_dir / f"{arch}.calib.npz")
     scales = tuple(str(p) for p in (source.with_suffix(".encodings"),) if p.is_file())
-    options = ConvertOptions(calib_data=calib if _is_dynamic(column) or scales else None, scale_files=scales,
-                             progress=False, check=False)
+    options = ConvertOptions(calibration=CalibrationOptions(data=calib if _is_dynamic(column) or scales else None),
+                             scales=ScaleOptions(files=scales), progress=False, check=False)
     out = work / f"{column}-{arch}.onnx"
     t0 = time.perf_counter()
     try:
@@ -108,8 +109,8 @@ def measure(arch: str, column: str, source: Path, float_dir: Path, work: Path, r
             if options.calib_data is not None or "no static scale" not in str(exc):
                 raise
             # a static source with some tensors left to calibrate: give it the data
-            report = convert(source, out, ConvertOptions(calib_data=calib, scales=None, progress=False,
-                                                         check=False))
+            report = convert(source, out, ConvertOptions(calibration=CalibrationOptions(data=calib),
+                                                         scales=ScaleOptions(policy=None), progress=False, check=False))
     except Exception as exc:
         cell.error = f"{type(exc).__name__}: {exc}"
         return cell

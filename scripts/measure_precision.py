@@ -16,6 +16,7 @@ import argparse
 import logging
 import sys
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -25,8 +26,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from measure_real_models import outputs, pages  # noqa: E402
 
-from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
+from trt_bridge.convert import convert  # noqa: E402
 from trt_bridge.convert.accuracy import convert_to_target  # noqa: E402
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, PrecisionOptions  # noqa: E402
 from trt_bridge.verify.metrics import snr_db  # noqa: E402
 
 
@@ -52,7 +54,8 @@ def main() -> int:
             np.savez(work / "calib.npz", **{name: calib})
             np.savez(work / "eval.npz", **{name: held})
             reference = outputs(Path(path), held, simulate=False)
-            base = ConvertOptions(calib_data=str(work / "calib.npz"), progress=False, check=False)
+            base = ConvertOptions(calibration=CalibrationOptions(data=str(work / "calib.npz")), progress=False,
+                                  check=False)
             convert(path, work / "int8.onnx", base)
             plain = snr_db(reference, outputs(work / "int8.onnx", held))
             target, reached, given, ranked, left = plain + args.target_gain, "-", "-", "-", "-"
@@ -64,7 +67,8 @@ def main() -> int:
 
             snrs, builds = {}, []
             for hp in ("fp16", "bf16"):
-                report = convert(path, work / f"{hp}.onnx", ConvertOptions(**{**base.__dict__, "high_precision": hp}))
+                options = replace(base, precision=PrecisionOptions(high_precision=hp))
+                report = convert(path, work / f"{hp}.onnx", options)
                 snrs[hp] = snr_db(reference, outputs(work / f"{hp}.onnx", held))
                 try:
                     build_engine(work / f"{hp}.onnx", compute_capability="SM89", shapes={name: shape})

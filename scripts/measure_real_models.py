@@ -32,7 +32,8 @@ import onnx_graphsurgeon as gs
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.runtime.session import session
 from trt_bridge.tensorrt.build import build_engine
 from trt_bridge.tensorrt.parse import parse
@@ -99,7 +100,8 @@ def measure(model_path: Path, shape: tuple[int, ...], work: Path) -> None:
         else:
             make(source)
         dynamic = label.startswith("dynamic") or make is None
-        options = ConvertOptions(calib_data=str(work / "calib.npz") if dynamic else None, progress=False)
+        options = ConvertOptions(calibration=CalibrationOptions(data=str(work / "calib.npz") if dynamic else None),
+                                 progress=False)
         report = convert(source, converted, options)
         try:
             engine = f"builds ({len(build_engine(converted, shapes={input_name: shape})) // 1024} KiB)"

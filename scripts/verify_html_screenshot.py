@@ -44,7 +44,8 @@ def main() -> int:
     from test_verify import _break_one_scale
 
     from trt_bridge import samples
-    from trt_bridge.convert import ConvertOptions, convert
+    from trt_bridge.convert import convert
+    from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -53,7 +54,8 @@ def main() -> int:
         dyn = quantize_dynamic(fpath, tmp / "dynamic.onnx")
         np.savez(tmp / "calib.npz", x=samples.image_feeds(16, 1))
         np.savez(tmp / "eval.npz", x=samples.image_feeds(12, 2))
-        convert(dyn, tmp / "int8.onnx", ConvertOptions(calib_data=str(tmp / "calib.npz"), progress=False))
+        convert(dyn, tmp / "int8.onnx", ConvertOptions(calibration=CalibrationOptions(data=str(tmp / "calib.npz")),
+                                                       progress=False))
         _break_one_scale(tmp / "int8.onnx", tmp / "broken.onnx", "conv2_quant/float", 25.0)
         page = args.out / "report.html"
         subprocess.run([sys.executable, "-m", "trt_bridge", "verify", str(fpath), str(tmp / "broken.onnx"),

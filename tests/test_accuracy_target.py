@@ -11,8 +11,8 @@ from onnx import numpy_helper
 from test_cli import cli
 
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions
 from trt_bridge.convert.accuracy import convert_to_target
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, PrecisionOptions
 
 
 def _hostile() -> onnx.ModelProto:
@@ -48,8 +48,9 @@ def test_the_hostile_layer_and_only_it_is_given_back(tmp_path):
     np.savez(tmp_path / "calib.npz", x=samples.image_feeds(16, 1))
     np.savez(tmp_path / "eval.npz", x=samples.image_feeds(16, 2))
     out = tmp_path / "out.onnx"
-    report, result = convert_to_target(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"),
-                                                                progress=False), 30.0, str(tmp_path / "eval.npz"))
+    report, result = convert_to_target(src, out, ConvertOptions(
+        calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), progress=False), 30.0,
+        str(tmp_path / "eval.npz"))
     assert result.ranking[0] == "conv2"
     # both rankings find it first; the isolated one ranks every quantized layer
     assert set(result.rankings) == {"added", "isolated"} and result.rankings["isolated"][0] == "conv2"
@@ -106,7 +107,8 @@ def test_isolated_errors_rank_a_broken_scale_first_and_cover_every_layer(tmp_pat
     src = save(samples.conv_net(), tmp_path / "net.onnx")
     np.savez(tmp_path / "calib.npz", x=samples.image_feeds(8, 1))
     out = tmp_path / "net.int8.onnx"
-    convert_opts = ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False, check=False)
+    convert_opts = ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), progress=False,
+                                  check=False)
     from trt_bridge.convert import convert
 
     convert(src, out, convert_opts)
@@ -156,8 +158,9 @@ def test_target_under_bf16_high_precision(tmp_path):
     np.savez(tmp_path / "calib.npz", x=samples.image_feeds(16, 1))
     np.savez(tmp_path / "eval.npz", x=samples.image_feeds(16, 2))
     out = tmp_path / "out.onnx"
-    report, result = convert_to_target(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"),
-                                                                high_precision="bf16", progress=False),
+    report, result = convert_to_target(src, out, ConvertOptions(
+        calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+        precision=PrecisionOptions(high_precision="bf16"), progress=False),
                                        28.0, str(tmp_path / "eval.npz"))
     assert result.met and result.chosen.excluded == ("conv2",), result.summary()
     assert report.precision["high_precision"] == "bf16" and report.precision["counts"]["int8"] == 2

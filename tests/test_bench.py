@@ -17,7 +17,8 @@ from trt_bridge import samples
 from trt_bridge.bench import BenchOptions, LatencyStats, bench
 from trt_bridge.bench.inputs import parse_shapes
 from trt_bridge.bench.ort_runner import OrtRunner
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.errors import TrtBridgeError
 
 FAST = BenchOptions(iterations=20, warmup=2)
@@ -29,7 +30,7 @@ def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("bench")
     fpath = save(samples.conv_net(channels=(8, 16)), root / "float.onnx")
     int8 = root / "int8.onnx"
-    convert(fpath, int8, ConvertOptions(calib_random=2, progress=False, check=False))
+    convert(fpath, int8, ConvertOptions(calibration=CalibrationOptions(random=2), progress=False, check=False))
     held_out = [{"x": f} for f in samples.image_feeds(8, 2)]
     assert snr_db(run_ort(fpath, held_out), run_ort(int8, held_out)) > 40  # measured 44.8 dB
     assert_tensorrt_ready(int8)

@@ -20,7 +20,8 @@ from test_cli import cli
 
 from trt_bridge import __version__, samples
 from trt_bridge.checks.findings import parser_findings
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
 from trt_bridge.tensorrt.build import EngineBuildError, ModelRejectedError, build
 from trt_bridge.tensorrt.options import BuildOptions
@@ -40,7 +41,8 @@ def models(tmp_path_factory) -> dict:
     dynamic = quantize_dynamic(fpath, root / "dynamic.onnx")
     np.savez(root / "calib.npz", x=samples.image_feeds(4, 0))
     converted = root / "converted.onnx"
-    convert(dynamic, converted, ConvertOptions(calib_data=str(root / "calib.npz"), progress=False, check=False))
+    convert(dynamic, converted, ConvertOptions(calibration=CalibrationOptions(data=str(root / "calib.npz")),
+                                               progress=False, check=False))
     held_out = [{"x": f} for f in samples.image_feeds(8, 2)]
     # measured 19.8 dB (38.4 on the 4 calibration inputs; the source itself: 36.3): the held-out inputs reach
     # past the calibrated range of fc's 16-wide input, which static INT8 then clips

@@ -24,7 +24,8 @@ from test_types import _mixed_add
 
 from trt_bridge import samples
 from trt_bridge.checks import CheckOptions, Severity, TrtProbe, check_model
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.runtime.session import session
 
 STATIC = CheckOptions(TrtProbe.OFF)
@@ -89,7 +90,8 @@ def test_training_dropout_finding_and_fix(tmp_path):
     feeds = samples.image_feeds(8, 1, shape=(1, 16, 8, 8))
     np.savez(tmp_path / "calib.npz", x=feeds)
     out = tmp_path / "dropout.int8.onnx"
-    result = convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    result = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                              progress=False))
     assert "Dropout" not in {n.op_type for n in assert_qdq_contract(out).graph.node}
     assert result.check["ready"]
     inference = _training_dropout()

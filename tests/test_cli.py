@@ -23,7 +23,8 @@ ENTRY_POINTS = {
     "module": [sys.executable, "-m", "trt_bridge"],
     "script": [str(SCRIPT)],
 }
-HEAVY = ("onnxruntime", "tensorrt", "tensorrt_rtx", "polygraphy", "onnx_graphsurgeon")
+#: imported on use only (onnx, numpy and onnx-graphsurgeon, which the rules use throughout, load with the package)
+HEAVY = ("onnxruntime", "tensorrt", "tensorrt_rtx", "polygraphy", "cuda")
 CALIB_FEEDS = 4
 
 

@@ -12,7 +12,8 @@ import pytest
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_exact, run_ort, save, snr_db
 from onnx import TensorProto, helper, numpy_helper
 
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 
 REJECTED = {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}
 
@@ -33,8 +34,9 @@ def _convert(tmp_path, model, feeds, calib=None):
     out = tmp_path / "out.onnx"
     if calib is not None:
         np.savez(tmp_path / "calib.npz", **calib)
-    options = ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False) if calib is not None \
-        else ConvertOptions(calib_random=4, progress=False)
+    options = ConvertOptions(
+        calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), progress=False) if calib is not None \
+        else ConvertOptions(calibration=CalibrationOptions(random=4), progress=False)
     report = convert(src, out, options)
     converted = assert_qdq_contract(out)
     assert not op_types(converted) & REJECTED

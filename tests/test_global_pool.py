@@ -11,7 +11,8 @@ from onnx import TensorProto, helper
 
 from trt_bridge.calibrate.observers import RangeObserver
 from trt_bridge.calibrate.session import CalibrationResult
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.ir.values import FLOAT32_TINY
 from trt_bridge.prepare.global_pool import GlobalAveragePool, after_folding
 
@@ -63,7 +64,8 @@ def test_transformers_efficientnet_pooler_converts_and_builds(tmp_path):
     fpath = save(_pooled_net(), tmp_path / "float.onnx")
     np.savez(tmp_path / "calib.npz", x=np.stack([f["x"] for f in _feeds(16, 1)]))
     out = tmp_path / "int8.onnx"
-    report = convert(fpath, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    report = convert(fpath, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                                progress=False))
     assert [c["pass_name"] for c in report.sanitized].count("global-average-pool") == 1
     assert "AveragePool" not in op_types(out) and {"GlobalAveragePool", "QuantizeLinear"} <= op_types(out)
     held_out = _feeds(8, 2)
@@ -82,7 +84,8 @@ def test_a_range_too_small_for_a_normal_scale_gets_the_smallest_normal_one(tmp_p
     fpath = save(_pooled_net(gain=1e-36), tmp_path / "float.onnx")
     np.savez(tmp_path / "calib.npz", x=np.stack([f["x"] * np.float32(1e-30) for f in _feeds(16, 1)]))
     out = tmp_path / "int8.onnx"
-    convert(fpath, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    convert(fpath, out, ConvertOptions(
+        calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), progress=False))
     scales = [onnx.numpy_helper.to_array(i) for i in onnx.load(str(out)).graph.initializer if i.name.endswith("scale")]
     assert len(scales) >= 4 and all((s >= FLOAT32_TINY).all() for s in scales)
     assert_tensorrt_ready(out)

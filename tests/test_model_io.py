@@ -11,7 +11,8 @@ import trt_bridge.ir.model as model_io
 import trt_bridge.ir.save as model_save
 import trt_bridge.ir.size as model_size
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.errors import ModelLoadError, TrtBridgeError
 
 
@@ -33,7 +34,8 @@ def test_large_model_path_uses_external_data_end_to_end(tmp_path, monkeypatch, d
     monkeypatch.setattr(model_size, "EXTERNAL_DATA_THRESHOLD", 1024)
     np.savez(tmp_path / "calib.npz", x=samples.image_feeds(8, seed=1))
     out = tmp_path / "out" / "converted.onnx"
-    convert(external, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    convert(external, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                          progress=False))
     assert (out.parent / "converted.onnx.data").is_file()
     assert out.stat().st_size < (out.parent / "converted.onnx.data").stat().st_size
     assert sorted(p.name for p in out.parent.iterdir()) == ["converted.onnx", "converted.onnx.data"]
@@ -83,7 +85,7 @@ def test_output_never_overwrites_the_inputs_external_data(tmp_path, monkeypatch,
     data_before = (tmp_path / "out.onnx.data").read_bytes()
     monkeypatch.setattr(model_size, "EXTERNAL_DATA_THRESHOLD", 1024)
     with pytest.raises(TrtBridgeError, match="would overwrite the input model's external data"):
-        convert(src, tmp_path / "out.onnx", ConvertOptions(calib_random=2, progress=False))
+        convert(src, tmp_path / "out.onnx", ConvertOptions(calibration=CalibrationOptions(random=2), progress=False))
     assert (tmp_path / "out.onnx.data").read_bytes() == data_before
     assert not (tmp_path / "out.onnx").exists()
 
@@ -103,7 +105,8 @@ def test_calibration_feeds_are_checked_before_any_work(tmp_path, monkeypatch, dy
 
     monkeypatch.setattr(convert_module, "lift_model", must_not_run)
     with pytest.raises(CalibrationDataError, match=r"input 'x' expects shape \[N, 3, 32, 32\].*\[1, 3, 16, 16\]"):
-        convert(dpath, tmp_path / "out.onnx", ConvertOptions(calib_data=str(tmp_path / "feeds"), progress=False))
+        convert(dpath, tmp_path / "out.onnx", ConvertOptions(
+            calibration=CalibrationOptions(data=str(tmp_path / "feeds")), progress=False))
 
 
 def test_a_tensor_no_node_produces_is_named_with_its_reader(tmp_path):

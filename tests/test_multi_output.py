@@ -27,7 +27,9 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantFormat, QuantType
 
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.place.policies import PlacementOptions
 from trt_bridge.runtime.session import session
 
 #: converted outputs against the float model; measured 36-44 dB (encoder), 35-40 dB (convs)
@@ -65,19 +67,20 @@ def _source(kind: str, fpath: Path, tmp_path: Path, calib: list[dict[str, np.nda
                            activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
 
 
-def _convert(src: Path, tmp_path: Path, calib: list[dict[str, np.ndarray]], **options):
+def _convert(src: Path, tmp_path: Path, calib: list[dict[str, np.ndarray]], **placement):
     np.savez(tmp_path / "calib.npz", **{k: np.stack([feed[k] for feed in calib]) for k in calib[0]})
     out = tmp_path / "converted.onnx"
-    report = convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False, **options))
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                              placement=PlacementOptions(**placement), progress=False))
     return out, report
 
 
-def _converted(model: onnx.ModelProto, kind: str, tmp_path: Path, calib: list[dict[str, np.ndarray]], **options):
+def _converted(model: onnx.ModelProto, kind: str, tmp_path: Path, calib: list[dict[str, np.ndarray]], **placement):
     """``model`` saved as float.onnx, quantized as ``kind`` and converted; the output passes the Q/DQ contract
     and keeps the source's outputs. Returns (float path, source path, output path, output model, report)."""
     fpath = save(model, tmp_path / "float.onnx")
     src = _source(kind, fpath, tmp_path, calib)
-    out, report = _convert(src, tmp_path, calib, **options)
+    out, report = _convert(src, tmp_path, calib, **placement)
     converted = assert_qdq_contract(out)
     _assert_same_outputs(src, converted)
     return fpath, src, out, converted, report

@@ -15,7 +15,8 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save, snr_db  # noqa: E402
 
-from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
+from trt_bridge.convert import convert  # noqa: E402
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.ir.model import load_model  # noqa: E402
 from trt_bridge.lift.pipeline import lift_model
 
@@ -52,7 +53,8 @@ def test_ort_contrib_ops_in_the_onnx_domain_are_written_back(tmp_path, op, opset
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     np.savez(tmp_path / "calib.npz", x=np.stack([f["x"] for f in feeds]))
     out = tmp_path / "converted.onnx"
-    report = convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                              progress=False))
     assert not report.remaining_blockers
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)

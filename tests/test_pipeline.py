@@ -132,7 +132,7 @@ def test_the_example_manifest_is_valid():
 
 def test_junit_xml_holds_any_message():
     """Tool output can carry control characters, which XML 1.0 cannot: the report stays well-formed."""
-    from trt_bridge.manifest import PipelineReport, Status, StepResult
+    from trt_bridge.manifest.report import PipelineReport, Status, StepResult
 
     step = StepResult("a", "t", "build", Status.ERROR, 1.0, "bad \x1b[31mred\x00 <&>", {"error": "trace \x01"})
     report = PipelineReport("m.yaml", "out", [step])

@@ -14,8 +14,9 @@ from helpers import assert_qdq_contract, assert_tensorrt_ready, run_ort, save, s
 from onnx import TensorProto, helper, numpy_helper
 
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions, convert
-from trt_bridge.place.policies import PlacementPolicy
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, RangeOptions, ScaleOptions, ScalePolicy
+from trt_bridge.place.policies import PlacementOptions, PlacementPolicy
 
 
 #  x[1,16,8,8] ─ Conv1 ─ Relu ─ r1 ─┬─ Conv2 ─ c2 ─ Add ─ Relu ─ r2 ─┬─ Conv3 ─ c3 ─┐
@@ -45,13 +46,14 @@ def residual_concat_net(seed: int = 0, c: int = 16) -> onnx.ModelProto:
     return model
 
 
-def _convert(tmp_path, model, feeds, **options):
+def _convert(tmp_path, model, feeds, **placement):
     src = save(model, tmp_path / "float.onnx")
     name = model.graph.input[0].name
     np.savez(tmp_path / "calib.npz", **{name: feeds})
     out = tmp_path / "int8.onnx"
-    report = convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False,
-                                              recenter=False, **options))
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                              placement=PlacementOptions(**placement),
+                                              ranges=RangeOptions(recenter=False), progress=False))
     return src, out, report
 
 
@@ -146,7 +148,7 @@ def test_preserve_keeps_every_quantized_edge_of_a_static_source(tmp_path):
     reports = {}
     for policy in PlacementPolicy:
         out = tmp_path / f"{policy.value}.onnx"
-        reports[policy] = convert(qpath, out, ConvertOptions(placement=policy, progress=False))
+        reports[policy] = convert(qpath, out, ConvertOptions(placement=PlacementOptions(policy=policy), progress=False))
         assert_qdq_contract(out)
         assert_tensorrt_ready(out)
     kept = {p: {q["tensor"] for q in r.quantized if q["kind"] == "activation"} for p, r in reports.items()}
@@ -162,15 +164,13 @@ def test_scales_from_the_model_or_from_data(tmp_path, scales):
     from onnxruntime.quantization import QuantFormat
     from test_static_quantized import zoo_net
 
-    from trt_bridge.convert import ScalePolicy
-
     fpath = save(zoo_net(), tmp_path / "float.onnx")
     calib = samples.image_feeds(32, 1, (1, 3, 16, 16))
     qpath = quantize_static(fpath, tmp_path / "qop.onnx", [{"x": f} for f in calib], quant_format=QuantFormat.QOperator)
     np.savez(tmp_path / "calib.npz", x=calib)
     out = tmp_path / "out.onnx"
-    report = convert(qpath, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), scales=ScalePolicy(scales),
-                                                progress=False))
+    report = convert(qpath, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                                scales=ScaleOptions(policy=ScalePolicy(scales)), progress=False))
     sources = {q["source"] for q in report.quantized if q["kind"] == "activation"}
     assert sources == {"model" if scales == "model" else "calibration"} and report.scales == scales
     held_out = [{"x": f} for f in samples.image_feeds(16, 2, (1, 3, 16, 16))]

@@ -10,7 +10,9 @@ import pytest
 from helpers import assert_qdq_contract, assert_tensorrt_ready, save, snr_db
 
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, PrecisionOptions
+from trt_bridge.place.policies import PlacementOptions
 from trt_bridge.runtime.session import session
 
 LOUD = 30000.0  # this block's residual stream then reaches ~1e5: float16 overflows without the range check
@@ -38,8 +40,8 @@ def _convert_each(root, src, kinds):
     outs = {}
     for hp in kinds:
         outs[hp] = root / f"{src.stem}.{hp}.onnx"
-        report = convert(src, outs[hp], ConvertOptions(calib_data=str(root / "calib.npz"), high_precision=hp,
-                                                       progress=False))
+        report = convert(src, outs[hp], ConvertOptions(calibration=CalibrationOptions(data=str(root / "calib.npz")),
+                                                       precision=PrecisionOptions(high_precision=hp), progress=False))
         assert_qdq_contract(outs[hp])
         assert report.check["ready"]
     return outs, report
@@ -77,8 +79,8 @@ def test_loud_activations_stay_fp32(loud):
     write them in float32, and the model stays finite and accurate."""
     root, src, feeds = loud
     out = root / "tb.fp16.onnx"
-    report = convert(src, out, ConvertOptions(calib_data=str(root / "calib.npz"), high_precision="fp16",
-                                              progress=False))
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(root / "calib.npz")),
+                                              precision=PrecisionOptions(high_precision="fp16"), progress=False))
     reasons = [k["reason"] for k in report.precision["kept_in_float32"]]
     assert any("beyond float16's safe range" in r for r in reasons)
     good = [session(out).run(None, f)[0] for f in feeds]
@@ -117,9 +119,9 @@ def test_bf16_writes_the_float_part_in_bfloat16(block):
     function within bfloat16's precision, and TensorRT-RTX builds it."""
     root, src, feeds = block
     out32, out = root / "tb.bf16-ref.onnx", root / "tb.bf16.onnx"
-    convert(src, out32, ConvertOptions(calib_data=str(root / "calib.npz"), progress=False))
-    report = convert(src, out, ConvertOptions(calib_data=str(root / "calib.npz"), high_precision="bf16",
-                                              progress=False))
+    convert(src, out32, ConvertOptions(calibration=CalibrationOptions(data=str(root / "calib.npz")), progress=False))
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(root / "calib.npz")),
+                                              precision=PrecisionOptions(high_precision="bf16"), progress=False))
     assert_qdq_contract(out)
     assert report.check["ready"]
     assert [f["rule"] for f in report.check["findings"]] == ["bf16"]  # a warning: compute capability 8.0+
@@ -146,8 +148,8 @@ def test_bf16_needs_no_float32_for_loud_activations(loud):
     """bfloat16 has float32's range: the ~1e5 activations that keep float16 layers in float32 stay bfloat16."""
     root, src, feeds = loud
     out = root / "tb.bf16.onnx"
-    report = convert(src, out, ConvertOptions(calib_data=str(root / "calib.npz"), high_precision="bf16",
-                                              progress=False))
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(root / "calib.npz")),
+                                              precision=PrecisionOptions(high_precision="bf16"), progress=False))
     assert not any("range" in k["reason"] for k in report.precision["kept_in_float32"])
     reference = [session(src).run(None, f)[0] for f in feeds]
     got = [session(out).run(None, f)[0] for f in feeds]
@@ -163,7 +165,8 @@ def test_fp16_and_bf16_keep_tensor_names_for_per_layer(block):
     root, src, feeds = block
     for hp in ("fp16", "bf16"):
         out = root / f"tb.names.{hp}.onnx"
-        convert(src, out, ConvertOptions(calib_data=str(root / "calib.npz"), high_precision=hp, progress=False))
+        convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(root / "calib.npz")),
+                                         precision=PrecisionOptions(high_precision=hp), progress=False))
         outputs = {o for n in onnx.load(str(out)).graph.node for o in n.output}
         assert {"layer0.ln1.out", "layer1.ln2.out"} <= outputs and not any("_output_cast_" in o for o in outputs)
         found = localize(src, out, feeds, progress=False)
@@ -178,8 +181,9 @@ def test_bf16_io_types_and_option_errors(block, tmp_path):
 
     root, src, feeds = block
     out = tmp_path / "tb.bf16io.onnx"
-    convert(src, out, ConvertOptions(calib_data=str(root / "calib.npz"), high_precision="bf16", io_types="bf16",
-                                     progress=False))
+    convert(src, out, ConvertOptions(
+        calibration=CalibrationOptions(data=str(root / "calib.npz")),
+        precision=PrecisionOptions(high_precision="bf16", io_types="bf16"), progress=False))
     model = onnx.load(str(out))
     assert model.graph.input[0].type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16
     assert model.graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.BFLOAT16
@@ -187,8 +191,9 @@ def test_bf16_io_types_and_option_errors(block, tmp_path):
     assert snr_db(reference, [session(out).run(None, f)[0] for f in feeds]) > 30  # float32 feeds, rounded in
     assert_tensorrt_ready(out)
     with pytest.raises(TrtBridgeError, match="--high-precision bf16"):
-        convert(src, tmp_path / "x.onnx", ConvertOptions(calib_data=str(root / "calib.npz"), high_precision="fp16",
-                                                         io_types="bf16", progress=False))
+        convert(src, tmp_path / "x.onnx", ConvertOptions(calibration=CalibrationOptions(data=str(root / "calib.npz")),
+                                                         precision=PrecisionOptions(high_precision="fp16",
+                                                                                    io_types="bf16"), progress=False))
     assert not (tmp_path / "x.onnx").exists()
 
 
@@ -257,8 +262,8 @@ def test_recentred_relu_zero_stays_on_the_rounded_grid(tmp_path, hp):
     src = save(samples.conv_net(), tmp_path / "cn.onnx")
     np.savez(tmp_path / "calib.npz", x=samples.image_feeds(8, seed=1))
     out = tmp_path / f"cn.{hp}.onnx"
-    report = convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), high_precision=hp,
-                                              progress=False))
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                              precision=PrecisionOptions(high_precision=hp), progress=False))
     assert report.recentered
     model = onnx.load(str(out))
     inits = {i.name: onnx.numpy_helper.to_array(i).astype(np.float64) for i in model.graph.initializer}
@@ -309,8 +314,9 @@ def test_bf16_keeps_conv_transpose_in_float32(tmp_path):
     src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "deconv.onnx")
     np.savez(tmp_path / "calib.npz", x=rng.standard_normal((8, 1, 8, 16, 16)).astype(np.float32))
     out = tmp_path / "deconv.bf16.onnx"
-    report = convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), high_precision="bf16",
-                                              include_ops="ConvTranspose", progress=False))
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                              placement=PlacementOptions(include_ops="ConvTranspose"),
+                                              precision=PrecisionOptions(high_precision="bf16"), progress=False))
     assert_qdq_contract(out)
     kept = {k["node"]: k["reason"] for k in report.precision["kept_in_float32"]}
     assert "up" in kept and "deconvolution" in kept["up"]

@@ -12,7 +12,8 @@ import pytest
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save, snr_db
 from onnx import TensorProto, helper, numpy_helper
 
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, RangeOptions
 
 
 def _gemm_model(trans_b: int, with_c: bool, alpha: float, beta: float):
@@ -42,8 +43,10 @@ def test_one_sided_input_of_a_gemm_is_recentred_into_c(tmp_path, trans_b, with_c
     source = save(_gemm_model(trans_b, with_c, alpha, beta), tmp_path / "gemm.onnx")
     np.savez(tmp_path / "calib.npz", x=np.stack([f["x"] for f in _one_sided(16, 1)]))
     out, plain = tmp_path / "centred.onnx", tmp_path / "plain.onnx"
-    report = convert(source, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
-    convert(source, plain, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False, recenter=False))
+    report = convert(source, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                                 progress=False))
+    convert(source, plain, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                          ranges=RangeOptions(recenter=False), progress=False))
     assert [r["tensor"] for r in report.recentered] == ["x"]
     assert op_types(out) == {"Sub", "QuantizeLinear", "DequantizeLinear", "Gemm"}  # no Add: the shift is in C
     assert_qdq_contract(out)

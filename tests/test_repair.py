@@ -17,7 +17,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, quantize_static, run_ort, save, snr_db  # noqa: E402
 
 from trt_bridge.checks import CheckOptions, TrtProbe, check_model  # noqa: E402
-from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
+from trt_bridge.convert import convert  # noqa: E402
+from trt_bridge.convert.options import ConvertOptions  # noqa: E402
 from trt_bridge.ir.repair import dedupe_initializers, import_used_domains  # noqa: E402
 
 RNG = np.random.default_rng(3)

@@ -15,7 +15,8 @@ from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, save, 
 from onnx import TensorProto, helper, numpy_helper
 from test_cli import cli
 
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, ScaleOptions
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.runtime.session import session
 from trt_bridge.scales.formats import read_scales
@@ -172,8 +173,8 @@ def test_what_tensorrt_lacks_is_brought_to_int8_and_noted(setup, tmp_path, caplo
     assert "y" not in table and "Wg" not in table
     assert len(table.notes) == 3 and caplog.text.count("AIMET encodings") == 3
     out = tmp_path / "out.onnx"
-    report = convert(setup["path"], out, ConvertOptions(scale_files=(str(path),), calib_data=None,
-                                                        calib_random=4, progress=False))
+    report = convert(setup["path"], out, ConvertOptions(calibration=CalibrationOptions(data=None, random=4),
+                                                        scales=ScaleOptions(files=(str(path),)), progress=False))
     assert report.imported_scales["notes"] == table.notes
     assert report.summary().count("brought to the nearest form TensorRT builds: mixed.encodings: ") == 3
     sources = {q["tensor"]: q["source"] for q in report.quantized}
@@ -245,8 +246,8 @@ def test_a_tied_asymmetric_range_is_narrowed_to_the_data(setup, tmp_path):
     snrs = {}
     for calib in (None, str(tmp_path / "calib.npz")):
         out = tmp_path / f"{'data' if calib else 'file'}.onnx"
-        report = convert(setup["path"], out, ConvertOptions(scale_files=(str(path),), calib_data=calib,
-                                                            progress=False))
+        report = convert(setup["path"], out, ConvertOptions(calibration=CalibrationOptions(data=calib),
+                                                            scales=ScaleOptions(files=(str(path),)), progress=False))
         scale = {q["tensor"]: q["scale"] for q in report.quantized}["g"]
         snrs[calib is not None] = snr_db(reference, [session(out, simulate_qdq=True).run(None, {"x": f})[0]
                                                      for f in held_out])

@@ -4,6 +4,7 @@ model over calibration, imported ranges flagged against data, and `trt-bridge sc
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import onnx
@@ -14,7 +15,8 @@ from test_cli import cli
 from test_scales_qat import make_qat, renamed
 
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, RangeOptions, ScaleOptions
 from trt_bridge.runtime.session import session
 from trt_bridge.scales.json_table import read_json
 from trt_bridge.scales.model_scales import scales_of_model
@@ -61,11 +63,12 @@ def _snr(setup, path) -> float:
 
 def test_qat_scales_beat_scarce_calibration(qat_setup, tmp_path):
     scarce = tmp_path / "scarce.onnx"
-    convert(qat_setup["dynamic"], scarce, ConvertOptions(calib_data=str(qat_setup["root"] / "scarce.npz"),
-                                                         progress=False))
+    convert(qat_setup["dynamic"], scarce, ConvertOptions(
+        calibration=CalibrationOptions(data=str(qat_setup["root"] / "scarce.npz")), progress=False))
     imported = tmp_path / "qat.onnx"
     report = convert(qat_setup["dynamic"], imported, ConvertOptions(
-        qat=str(qat_setup["qat"]), calib_data=str(qat_setup["root"] / "scarce.npz"), progress=False))
+        calibration=CalibrationOptions(data=str(qat_setup["root"] / "scarce.npz")),
+        scales=ScaleOptions(qat=str(qat_setup["qat"])), progress=False))
     assert_qdq_contract(imported)
     sources = {q["tensor"]: q["source"] for q in report.quantized}
     activations = {t: s for t, s in sources.items() if not t.endswith(("weight", "_quantized"))}
@@ -85,7 +88,8 @@ def test_explicit_scales_win_over_qat_and_disagreement_is_flagged(qat_setup, tmp
     """An explicit table (a TensorRT calibration cache) wins over the QAT scales for its tensors; an amax that
     clips most calibration values is flagged."""
     first = tmp_path / "first.onnx"
-    convert(qat_setup["dynamic"], first, ConvertOptions(qat=str(qat_setup["qat"]), progress=False, recenter=False))
+    convert(qat_setup["dynamic"], first, ConvertOptions(scales=ScaleOptions(qat=str(qat_setup["qat"])),
+                                                        ranges=RangeOptions(recenter=False), progress=False))
     snr_first = _snr(qat_setup, first)
     assert snr_first > 31  # measured 34.7 dB
     assert_tensorrt_ready(first)
@@ -97,8 +101,9 @@ def test_explicit_scales_win_over_qat_and_disagreement_is_flagged(qat_setup, tmp
     np.savez(tmp_path / "calib.npz", **{"exported/x": samples.image_feeds(8, 3)})
     out = tmp_path / "override.onnx"
     report = convert(qat_setup["dynamic"], out, ConvertOptions(
-        scale_files=(str(cache),), qat=str(qat_setup["qat"]), calib_data=str(tmp_path / "calib.npz"),
-        progress=False, recenter=False))
+        calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+        scales=ScaleOptions(files=(str(cache),), qat=str(qat_setup["qat"])), ranges=RangeOptions(recenter=False),
+        progress=False))
     sources = {q["tensor"]: (q["source"], q["scale"]) for q in report.quantized}
     assert sources[name][0] == "file"
     assert sources[name][1] == pytest.approx(qat_scales[name].amax / 50 / 127, rel=1e-6)
@@ -115,8 +120,9 @@ def test_scales_export_round_trip(qat_setup, tmp_path):
     JSON table writes the same scales again."""
     np.savez(tmp_path / "calib.npz", **{"exported/x": samples.image_feeds(8, 3)})
     first = tmp_path / "first.onnx"
-    options = dict(calib_data=str(tmp_path / "calib.npz"), progress=False, recenter=False)
-    convert(qat_setup["dynamic"], first, ConvertOptions(**options))
+    options = ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                             ranges=RangeOptions(recenter=False), progress=False)
+    convert(qat_setup["dynamic"], first, options)
     for fmt, name in (("trt-cache", "scales.cache"), ("json", "scales.json"), ("fixed-point", "fixed.json")):
         result = cli("scales", "export", first, "--format", fmt, "-o", tmp_path / name)
         assert result.returncode == 0, result.stderr
@@ -125,8 +131,8 @@ def test_scales_export_round_trip(qat_setup, tmp_path):
     for tensor in cache:
         assert np.float32(cache[tensor].scale) == np.float32(original[tensor].scale)
     again = tmp_path / "again.onnx"
-    report = convert(qat_setup["dynamic"], again, ConvertOptions(scale_files=(str(tmp_path / "scales.json"),),
-                                                                 **options))
+    report = convert(qat_setup["dynamic"], again, replace(options, scales=ScaleOptions(
+        files=(str(tmp_path / "scales.json"),))))
     assert {q["source"] for q in report.quantized if q["kind"] == "activation"} == {"file"}
     assert scales_of_model(onnx.load(str(again))).entries.keys() == original.entries.keys()
     for tensor, entry in scales_of_model(onnx.load(str(again))).entries.items():
@@ -152,7 +158,8 @@ def test_imported_scales_survive_the_later_passes(qat_setup, tmp_path):
     """A float source with --qat and no calibration data is quantized from the QAT scales alone; smoothing
     leaves weights with imported scales alone; an explicit file's weight keyed by the float name wins over QAT."""
     out = tmp_path / "float_qat.onnx"
-    report = convert(qat_setup["float"], out, ConvertOptions(qat=str(qat_setup["qat"]), progress=False))
+    report = convert(qat_setup["float"], out, ConvertOptions(scales=ScaleOptions(qat=str(qat_setup["qat"])),
+                                                             progress=False))
     # the 32→10 classifier stays float on a float source (too small for int8 kernels): its entries are unused
     assert report.imported_scales["applied"] == 6 and report.imported_scales["unused"] == ["fc:weight", "flat"]
     assert {q["source"] for q in report.quantized} == {"qat"}
@@ -165,8 +172,8 @@ def test_imported_scales_survive_the_later_passes(qat_setup, tmp_path):
         "exported/conv2.weight": {"amax": 1.5, "axis": None, "kind": "weight"}}}))
     np.savez(tmp_path / "calib.npz", **{"exported/x": samples.image_feeds(4, 3)})
     report = convert(qat_setup["dynamic"], tmp_path / "w.onnx", ConvertOptions(
-        scale_files=(str(table),), qat=str(qat_setup["qat"]), calib_data=str(tmp_path / "calib.npz"),
-        progress=False))
+        calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+        scales=ScaleOptions(files=(str(table),), qat=str(qat_setup["qat"])), progress=False))
     weights = {q["tensor"]: q for q in report.quantized if q["kind"] == "weight"}
     [conv2] = [q for t, q in weights.items() if "conv2" in t]
     assert conv2["source"] == "file" and conv2["scale"] == pytest.approx(1.5 / 127, rel=1e-6)
@@ -185,9 +192,9 @@ def test_smoothing_keeps_an_imported_weight_scale(tmp_path):
     table.write_text(json.dumps({"format": "trt-bridge-scales", "version": 1, "tensors": {
         weight: {"amax": amax, "axis": None, "kind": "weight"}}}))
     np.savez(tmp_path / "calib.npz", x=samples.sequence_feeds(16, 1, 16, 64))
-    report = convert(src, tmp_path / "tb.int8.onnx", ConvertOptions(scale_files=(str(table),),
-                                                                   calib_data=str(tmp_path / "calib.npz"),
-                                                                   progress=False))
+    report = convert(src, tmp_path / "tb.int8.onnx", ConvertOptions(
+        calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), scales=ScaleOptions(files=(str(table),)),
+        progress=False))
     [q] = [q for q in report.quantized if q["tensor"] == weight]
     assert q["source"] == "file" and q["scale"] == pytest.approx(amax / 127, rel=1e-6)
     assert report.smoothed  # the other LayerNorm outputs are still smoothed
@@ -206,7 +213,8 @@ def test_qat_wins_over_a_uint8_qdq_sources_own_scales(qat_setup, tmp_path):
 
     src = quantize_static(qat_setup["float"], tmp_path / "qdq.onnx", [{"x": f} for f in samples.image_feeds(8, 1)],
                           quant_format=QuantFormat.QDQ, activation_type=QuantType.QUInt8, per_channel=True)
-    report = convert(src, tmp_path / "out.onnx", ConvertOptions(qat=str(qat_setup["qat"]), progress=False))
+    report = convert(src, tmp_path / "out.onnx", ConvertOptions(scales=ScaleOptions(qat=str(qat_setup["qat"])),
+                                                                progress=False))
     sources = {q["tensor"]: q["source"] for q in report.quantized if q["kind"] == "activation"}
     assert sources and set(sources.values()) == {"qat"}, sources
     assert not [u for u in report.imported_scales["unused"] if not u.startswith("fc") and u != "flat"]
@@ -228,7 +236,8 @@ def test_modelopt_state_dict_onto_a_dynamic_model(tmp_path):
             state[f"{module}.weight_quantizer._amax"] = np.array(0.5, np.float32)
     assert len(state) >= 6
     np.savez(tmp_path / "modelopt.npz", **state)
-    report = convert(dyn, tmp_path / "out.onnx", ConvertOptions(qat=str(tmp_path / "modelopt.npz"), calib_random=4,
+    report = convert(dyn, tmp_path / "out.onnx", ConvertOptions(calibration=CalibrationOptions(random=4),
+                                                                scales=ScaleOptions(qat=str(tmp_path / "modelopt.npz")),
                                                                 progress=False))
     qat = {q["tensor"]: q for q in report.quantized if q["source"] == "qat"}
     assert any(q["kind"] == "activation" and q["scale"] == pytest.approx(4.0 / 127) for q in qat.values())

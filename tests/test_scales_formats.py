@@ -21,7 +21,8 @@ from helpers import assert_tensorrt_ready, run_ort, save, snr_db
 from onnx import numpy_helper
 
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
 from trt_bridge.scales import (
     ScaleEntry,
@@ -54,7 +55,8 @@ def converted(tmp_path_factory):
     """(converted conv_net ModelProto, its ConversionReport)."""
     tmp = tmp_path_factory.mktemp("converted")
     src = save(samples.conv_net(), tmp / "float.onnx")
-    report = convert(src, tmp / "int8.onnx", ConvertOptions(calib_random=4, progress=False, check=False))
+    report = convert(src, tmp / "int8.onnx", ConvertOptions(calibration=CalibrationOptions(random=4), progress=False,
+                                                            check=False))
     held_out = [{"x": f} for f in samples.image_feeds(8, 2)]
     assert snr_db(run_ort(src, held_out), run_ort(tmp / "int8.onnx", held_out)) > 33  # measured 37.5 dB
     assert_tensorrt_ready(tmp / "int8.onnx")

@@ -137,12 +137,14 @@ def test_one_shape_inference_per_distinct_feed_shapes(tmp_path, monkeypatch):
 
 
 def test_convert_reports_the_bad_feed(tmp_path):
-    from trt_bridge.convert import ConvertOptions, convert
+    from trt_bridge.convert import convert
+    from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 
     onnx.save(timestep_model(), tmp_path / "unet.onnx")
     path = timestep_npz(tmp_path / "c.npz", 3)
     with pytest.raises(CalibrationDataError) as info:
-        convert(tmp_path / "unet.onnx", tmp_path / "out.onnx", ConvertOptions(calib_data=str(path), progress=False))
+        convert(tmp_path / "unet.onnx", tmp_path / "out.onnx", ConvertOptions(
+            calibration=CalibrationOptions(data=str(path)), progress=False))
     assert str(info.value) == timestep_error(f"{path} (feed 0)")
     assert not (tmp_path / "out.onnx").exists()
 

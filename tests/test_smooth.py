@@ -18,7 +18,8 @@ from helpers import (
 from trt_bridge import samples
 from trt_bridge.annotations import Annotations, Site, WeightSpec
 from trt_bridge.calibrate.smooth import candidates, smooth
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, RangeOptions
 from trt_bridge.lift.weights import effective_weight
 
 
@@ -79,8 +80,8 @@ def test_smoothing_wins_accuracy_on_an_encoder_with_outlier_channels(tmp_path):
     results = {}
     for alpha in (None, 0.65):
         out = tmp_path / f"converted-{alpha}.onnx"
-        report = convert(dpath, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), smooth=alpha,
-                                                    progress=False))
+        report = convert(dpath, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                                    ranges=RangeOptions(smooth=alpha), progress=False))
         results[alpha] = (snr_db(reference, run_ort(out, held_out)), report, out)
     plain, smoothed = results[None][0], results[0.65][0]
     report, out = results[0.65][1], results[0.65][2]
@@ -104,7 +105,8 @@ def test_too_few_calibration_rows_leave_the_tensor_unsmoothed_and_calibrated(tmp
     for feeds in (4, 16):  # 64 and 256 rows of 16 tokens
         np.savez(tmp_path / "calib.npz", x=samples.sequence_feeds(feeds, 1, 16, 64)[:, 0])
         out = tmp_path / f"converted-{feeds}.onnx"
-        reports[feeds] = convert(dpath, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+        reports[feeds] = convert(dpath, out, ConvertOptions(
+            calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), progress=False))
         # the unsmoothed candidates are still calibrated (pass 2 observes them as they are)
         assert not reports[feeds].remaining_blockers
         assert snr_db(reference, run_ort(out, held_out)) > 34.0  # measured 37.0 (64 rows) and 38.7 (256 rows)

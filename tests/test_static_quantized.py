@@ -26,9 +26,10 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantFormat, QuantType
 
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import ConvertOptions, RangeOptions
 from trt_bridge.lift.qdq_pair import covering_scale
-from trt_bridge.place.policies import PlacementPolicy
+from trt_bridge.place.policies import PlacementOptions, PlacementPolicy
 from trt_bridge.runtime.session import session
 
 FLOAT_OPS = {"Conv", "Clip", "MaxPool", "Add", "LeakyRelu", "Concat", "Sigmoid", "Mul", "AveragePool",
@@ -164,7 +165,7 @@ def test_asymmetric_model_scales_are_recentred_to_full_resolution(tmp_path):
                             per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
     centred, plain = tmp_path / "centred.onnx", tmp_path / "plain.onnx"
     report = convert(qpath, centred, ConvertOptions(progress=False))
-    convert(qpath, plain, ConvertOptions(progress=False, recenter=False))
+    convert(qpath, plain, ConvertOptions(ranges=RangeOptions(recenter=False), progress=False))
     assert len(report.recentered) >= 2
     assert all(r["amax_centered"] < 0.75 * r["amax_symmetric"] for r in report.recentered)
     assert "Sub" in op_types(centred) and "Sub" not in op_types(plain)
@@ -260,7 +261,8 @@ def test_qlinear_unary_ops_are_exact(tmp_path, op, attrs, out_shape):
     computes what onnxruntime's integer kernel computes, up to its rounding (within one output step)."""
     src = save(_qlinear_unary_model(op, attrs, out_shape), tmp_path / "src.onnx")
     out = tmp_path / "out.onnx"
-    report = convert(src, out, ConvertOptions(progress=False, placement=PlacementPolicy.PRESERVE))
+    report = convert(src, out, ConvertOptions(placement=PlacementOptions(policy=PlacementPolicy.PRESERVE),
+                                              progress=False))
     assert [r.rule for r in report.rules][:1] == ["qoperator"]
     assert_qdq_contract(out)
     rng = np.random.default_rng(0)
@@ -289,7 +291,8 @@ def test_qlinear_where(tmp_path):
     model.ir_version = 8
     src = save(model, tmp_path / "where.onnx")
     out = tmp_path / "out.onnx"
-    report = convert(src, out, ConvertOptions(progress=False, placement=PlacementPolicy.PRESERVE))
+    report = convert(src, out, ConvertOptions(placement=PlacementOptions(policy=PlacementPolicy.PRESERVE),
+                                              progress=False))
     assert report.rules[0].rule == "qoperator" and "Where" in op_types(out)
     assert_qdq_contract(out)
     rng = np.random.default_rng(0)

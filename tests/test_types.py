@@ -8,7 +8,8 @@ import pytest
 from helpers import assert_qdq_contract, assert_tensorrt_ready, save, snr_db
 from onnx import TensorProto, helper, numpy_helper
 
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, PrecisionOptions
 from trt_bridge.errors import UnsupportedPatternError
 from trt_bridge.prepare.model import prepare
 from trt_bridge.prepare.types import Bf16Policy, agree_types, promote
@@ -149,7 +150,8 @@ def test_convert_fixes_the_mixed_model_end_to_end(tmp_path):
     src = save(_mixed_add(working=False), tmp_path / "mixed.onnx")
     np.savez(tmp_path / "calib.npz", x=np.stack([f["x"] for f in _feeds(16, 2)]))
     out = tmp_path / "mixed.int8.onnx"
-    report = convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                              progress=False))
     model = assert_qdq_contract(out)
     assert report.output_opset == 19
     dtypes = {q["tensor"]: q["dtype"] for q in report.quantized}
@@ -226,7 +228,8 @@ def test_bf16_model_is_rewritten_to_a_type_onnxruntime_runs(tmp_path, policy):
     src = save(bf16, tmp_path / "bf16.onnx")
     np.savez(tmp_path / "calib.npz", x=np.stack([f["x"].astype(dtype) for f in feeds]))
     out = tmp_path / "bf16.int8.onnx"
-    report = convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), bf16=policy, progress=False))
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                              precision=PrecisionOptions(bf16=policy), progress=False))
     assert_qdq_contract(out)
     assert {q["dtype"] for q in report.quantized} == {want}
     converted = [session(out).run(None, {"x": f["x"].astype(dtype)})[0] for f in feeds]
@@ -293,7 +296,7 @@ def test_float16_weight_scales_never_round_to_zero(tmp_path):
                               [numpy_helper.from_array(w, "W")])
     src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "tiny.onnx")
     out = tmp_path / "tiny.int8.onnx"
-    report = convert(src, out, ConvertOptions(calib_random=4, progress=False))
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(random=4), progress=False))
     model = assert_qdq_contract(out)
     scales = [numpy_helper.to_array(i) for i in model.graph.initializer if i.name.startswith("W_scale")]
     assert scales and all(np.all(s > 0) for s in scales)
@@ -311,7 +314,9 @@ def test_bf16_keep_is_a_clear_error(tmp_path):
     src = save(bf16, tmp_path / "bf16.onnx")
     with pytest.raises(UnsupportedPatternError, match=r"activation 'r1' is bfloat16, which trt-bridge does not "
                                                       r"quantize: convert with --bf16 fp32"):
-        convert(src, tmp_path / "out.onnx", ConvertOptions(calib_random=2, bf16=Bf16Policy.KEEP, progress=False))
+        convert(src, tmp_path / "out.onnx", ConvertOptions(calibration=CalibrationOptions(random=2),
+                                                           precision=PrecisionOptions(bf16=Bf16Policy.KEEP),
+                                                           progress=False))
 
 
 def test_bf16_inside_if_branches_is_rewritten(tmp_path):
@@ -342,7 +347,7 @@ def test_bf16_inside_if_branches_is_rewritten(tmp_path):
         [bf16(np.ones(16, np.float32), "b"), bf16(rng.standard_normal((16, 16)).astype(np.float32), "W")])
     src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "if.onnx")
     out = tmp_path / "if.int8.onnx"
-    convert(src, out, ConvertOptions(calib_random=4, progress=False))
+    convert(src, out, ConvertOptions(calibration=CalibrationOptions(random=4), progress=False))
     model = assert_qdq_contract(out)
     assert not any(v.type.tensor_type.elem_type == TensorProto.BFLOAT16 for v in (*model.graph.output,))
     x = rng.standard_normal((2, 16)).astype(np.float32)

@@ -13,7 +13,8 @@ from onnx import numpy_helper
 from test_cli import cli
 
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.runtime.session import session
 from trt_bridge.verify import VerifyOptions, verify
 from trt_bridge.verify.gates import Gate
@@ -30,7 +31,8 @@ def pair(tmp_path_factory):
     np.savez(root / "calib.npz", x=samples.image_feeds(16, 1))
     np.savez(root / "eval.npz", x=samples.image_feeds(FEEDS, 2))
     out = root / "int8.onnx"
-    convert(dyn, out, ConvertOptions(calib_data=str(root / "calib.npz"), progress=False, check=False))
+    convert(dyn, out, ConvertOptions(calibration=CalibrationOptions(data=str(root / "calib.npz")), progress=False,
+                                     check=False))
     assert_tensorrt_ready(out)
     return {"root": root, "float": fpath, "dynamic": dyn, "int8": out, "eval": root / "eval.npz"}
 
@@ -264,7 +266,7 @@ def test_per_layer_without_value_info_and_with_odd_names(tmp_path):
          numpy_helper.from_array(rng.standard_normal((32, 16)).astype(np.float32), "W2")])
     src = save(model, tmp_path / "mlp.onnx")
     out = tmp_path / "mlp.int8.onnx"
-    convert(src, out, ConvertOptions(calib_random=8, progress=False, check=False))
+    convert(src, out, ConvertOptions(calibration=CalibrationOptions(random=8), progress=False, check=False))
     assert_tensorrt_ready(out)
     held_out = [{"x": f} for f in np.random.default_rng(1).standard_normal((8, 4, 32)).astype(np.float32)]
     assert snr_db(run_ort(src, held_out), run_ort(out, held_out)) > 34  # measured 37.9 dB
@@ -312,8 +314,8 @@ def test_per_layer_names_the_broken_point_before_the_layers_that_amplify_it(tmp_
     first, far ahead of the head convolutions downstream that only carry (and amplify) its error."""
     src = save(_detector(), tmp_path / "det.onnx")
     np.savez(tmp_path / "calib.npz", x=np.random.default_rng(1).standard_normal((8, 1, 3, 32, 32)).astype(np.float32))
-    convert(src, tmp_path / "det.int8.onnx", ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False,
-                                                             check=False))
+    convert(src, tmp_path / "det.int8.onnx", ConvertOptions(
+        calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), progress=False, check=False))
     model = onnx.load(str(tmp_path / "det.int8.onnx"))
     inits = {i.name: i for i in model.graph.initializer}
     q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == "a")

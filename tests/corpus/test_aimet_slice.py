@@ -27,7 +27,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs, op_types  # noqa: E402
 
-from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
+from trt_bridge.convert import convert  # noqa: E402
+from trt_bridge.convert.options import ConvertOptions, ScaleOptions  # noqa: E402
 from trt_bridge.verify.metrics import snr_db
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "corpus"
@@ -68,7 +69,7 @@ def test_float_export_with_its_encodings(tmp_path, layout, arch):
     model = DATA / layout / f"{arch}.onnx"
     out = tmp_path / "converted.onnx"
     report = convert(model if model.is_file() else FLOAT / f"{arch}.onnx", out,
-                     ConvertOptions(scale_files=(str(encodings),), progress=False))
+                     ConvertOptions(scales=ScaleOptions(files=(str(encodings),)), progress=False))
     # every quantized tensor's scale is AIMET's (no calibration data was given), weights per channel
     sources = {q["tensor"]: q["source"] for q in report.quantized}
     assert set(sources.values()) == {"file"}

@@ -34,7 +34,8 @@ from helpers import SHARED_MODELS, quantize_dynamic, quantize_static, run_ort, s
 
 from trt_bridge import samples
 from trt_bridge.checks import CheckOptions, Severity, TrtProbe, check_model
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.ir.names import name_nodes
 from trt_bridge.tensorrt.build import build_engine
 from trt_bridge.tensorrt.parse import ParserError, ParseResult, parse
@@ -119,8 +120,9 @@ class Corpus:
         if name.endswith(CONVERTED):
             source = name[: -len(CONVERTED)]
             out = self._file(name)
-            convert(self.path(source), out, ConvertOptions(calib_random=8 if self.calibrate(source) else None,
-                                                           progress=False, check=False))
+            convert(self.path(source), out, ConvertOptions(
+                calibration=CalibrationOptions(random=8 if self.calibrate(source) else None), progress=False,
+                check=False))
             return out
         if name.startswith("zoo/"):
             return self.shared() / name[4:]

@@ -17,7 +17,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs, quantize_static  # noqa: E402
 
-from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
+from trt_bridge.convert import convert  # noqa: E402
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.verify.metrics import snr_db
 
 SLICE = Path(__file__).resolve().parents[1] / "data" / "corpus" / "float"
@@ -55,7 +56,7 @@ def test_real_export_converts_builds_and_keeps_its_accuracy(tmp_path, arch, mode
     dynamic = mode.startswith("dynamic")
     out = tmp_path / "converted.onnx"
     report = convert(quantized, out, ConvertOptions(
-        calib_data=str(SLICE / f"{arch}.calib.npz") if dynamic else None, progress=False))
+        calibration=CalibrationOptions(data=str(SLICE / f"{arch}.calib.npz") if dynamic else None), progress=False))
     assert not report.remaining_blockers
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)

@@ -29,7 +29,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs  # noqa: E402
 
-from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
+from trt_bridge.convert import convert  # noqa: E402
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.verify.metrics import snr_db
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "corpus"
@@ -47,8 +48,8 @@ def test_inc_model_converts_builds_and_keeps_its_accuracy(tmp_path, mode, arch):
     source = DATA / f"inc-{mode}" / f"{arch}.onnx"
     calib = DATA / "float" / f"{arch}.calib.npz"
     out = tmp_path / "converted.onnx"
-    report = convert(source, out, ConvertOptions(calib_data=str(calib) if mode == "dynamic" else None,
-                                                 progress=False))
+    report = convert(source, out, ConvertOptions(
+        calibration=CalibrationOptions(data=str(calib) if mode == "dynamic" else None), progress=False))
     assert not report.remaining_blockers
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)

@@ -29,7 +29,8 @@ from onnx import numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs  # noqa: E402
 
-from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
+from trt_bridge.convert import convert  # noqa: E402
+from trt_bridge.convert.options import ConvertOptions  # noqa: E402
 from trt_bridge.verify.metrics import snr_db
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "corpus"

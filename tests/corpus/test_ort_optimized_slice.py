@@ -26,7 +26,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs  # noqa: E402
 
-from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
+from trt_bridge.convert import convert  # noqa: E402
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.verify.metrics import snr_db
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"
@@ -55,9 +56,8 @@ def test_optimized_transformer_quantized_by_onnxruntime_converts_builds_and_keep
               if n.domain == "com.microsoft" or n.op_type == "SimplifiedLayerNormalization"}
     assert ms_ops == fused
     out = tmp_path / "converted.onnx"
-    report = convert(source, out, ConvertOptions(
-        calib_data=str(CORPUS / "float" / f"{arch}.calib.npz") if mode.startswith("dynamic") else None,
-        progress=False))
+    calib = str(CORPUS / "float" / f"{arch}.calib.npz") if mode.startswith("dynamic") else None
+    report = convert(source, out, ConvertOptions(calibration=CalibrationOptions(data=calib), progress=False))
     assert not report.remaining_blockers
     assert rules <= {hit.rule for hit in report.rules}
     assert_qdq_contract(out)

@@ -24,7 +24,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs  # noqa: E402
 
-from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
+from trt_bridge.convert import convert  # noqa: E402
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.verify.metrics import snr_db
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "corpus"
@@ -51,7 +52,7 @@ def test_quark_output_converts_builds_and_keeps_its_accuracy(tmp_path, arch, mod
     source = DATA / f"quark-{mode}" / f"{arch}.onnx"
     out = tmp_path / "converted.onnx"
     calib = str(FLOAT / f"{arch}.calib.npz") if mode in BLOCK_FORMATS else None  # no scales to keep
-    report = convert(source, out, ConvertOptions(calib_data=calib, progress=False))
+    report = convert(source, out, ConvertOptions(calibration=CalibrationOptions(data=calib), progress=False))
     assert not report.remaining_blockers
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)

@@ -7,7 +7,8 @@ import pytest
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_exact, run_ort, snr_db
 
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.tensorrt.parse import parse
 
 
@@ -20,7 +21,8 @@ def test_mnist_dynamic_uint8_converts_builds_and_keeps_accuracy(shared_models, t
 
     np.savez(tmp_path / "calib.npz", Input3=samples.digit_feeds(32, seed=1)[:, 0])
     out = tmp_path / "mnist-int8.onnx"
-    report = convert(source, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    report = convert(source, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                                 progress=False))
     assert source.read_bytes() == before  # the input is never modified
 
     assert report.rules[0].rule == "dynamic-integer-op" and len(report.rules[0].nodes) == 3

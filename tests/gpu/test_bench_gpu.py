@@ -20,7 +20,8 @@ from onnx import TensorProto, helper
 from trt_bridge import samples
 from trt_bridge.bench import BenchOptions, bench
 from trt_bridge.bench.engine_runner import EngineRunner
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
 from trt_bridge.tensorrt.build import build_engine
@@ -49,7 +50,7 @@ def built(tmp_path_factory):
     fpath = save(samples.conv_net(), root / "float.onnx")
     np.savez(root / "calib.npz", x=samples.image_feeds(16, 1))
     int8 = root / "int8.onnx"
-    convert(fpath, int8, ConvertOptions(calib_data=str(root / "calib.npz"), progress=False))
+    convert(fpath, int8, ConvertOptions(calibration=CalibrationOptions(data=str(root / "calib.npz")), progress=False))
     relu = save(relu_model(), root / "relu.onnx")
     paths = {"root": root, "float.onnx": fpath, "int8.onnx": int8, "relu.onnx": relu}
     builds = (("float", fpath, None), ("int8", int8, None), ("batch4", fpath, {"x": (4, 3, 32, 32)}),

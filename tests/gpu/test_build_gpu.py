@@ -11,7 +11,8 @@ import pytest
 from helpers import quantize_dynamic, run_ort, save, snr_db
 
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
 from trt_bridge.tensorrt.build import build
@@ -32,7 +33,8 @@ def converted(tmp_path_factory):
     dpath = quantize_dynamic(fpath, root / "dynamic.onnx")
     np.savez(root / "calib.npz", x=samples.image_feeds(16, 1))
     out = root / "converted.onnx"
-    convert(dpath, out, ConvertOptions(calib_data=str(root / "calib.npz"), progress=False, check=False))
+    convert(dpath, out, ConvertOptions(calibration=CalibrationOptions(data=str(root / "calib.npz")), progress=False,
+                                       check=False))
     return fpath, out
 
 

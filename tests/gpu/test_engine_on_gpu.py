@@ -13,7 +13,8 @@ import pytest
 from helpers import quantize_dynamic, run_ort, save, snr_db
 
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
 from trt_bridge.tensorrt.build import build_engine
 
@@ -36,7 +37,8 @@ def test_int8_engine_matches_onnxruntime(tmp_path, sample):
         calib, held_out = samples.sequence_feeds(16, 1, 16, 64), samples.sequence_feeds(8, 2, 16, 64)
     np.savez(tmp_path / "calib.npz", x=calib)
     out = tmp_path / "converted.onnx"
-    convert(dpath, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    convert(dpath, out, ConvertOptions(
+        calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), progress=False))
 
     engine = build_engine(out, compute_capability=None)
     feeds = [{"x": f} for f in held_out]
@@ -60,7 +62,8 @@ def test_verify_with_engine_and_loaded_reference(tmp_path):
     np.savez(tmp_path / "calib.npz", x=samples.image_feeds(16, 1))
     np.savez(tmp_path / "eval.npz", x=samples.image_feeds(8, 2))
     out = tmp_path / "converted.onnx"
-    convert(dpath, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    convert(dpath, out, ConvertOptions(
+        calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), progress=False))
     (tmp_path / "model.engine").write_bytes(build_engine(out, compute_capability=None))
 
     def cli(*args):

@@ -21,7 +21,8 @@ from helpers import (
 )
 from test_multi_output import _feeds, residual_net
 
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.ir.model import load_model
 from trt_bridge.lift.base import NOT_MINE
 from trt_bridge.lift.conv_bias import FoldConvBias
@@ -45,7 +46,8 @@ def test_bias_add_folds_into_the_lifted_conv(tmp_path):
 
     np.savez(tmp_path / "calib.npz", x=np.stack([f["x"] for f in _feeds(8, 1)]))
     out = tmp_path / "converted.onnx"
-    report = convert(dyn, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    report = convert(dyn, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                              progress=False))
     assert_qdq_contract(out)
     # the residual Add now sits right after conv2, so its skip input is quantized for the epilogue fusion
     assert any("residual" in q["consumers"] for q in report.quantized if q["kind"] == "activation")

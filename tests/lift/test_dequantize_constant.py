@@ -21,7 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from apply_rule import assert_same_outputs, build_model, declined, lifted, ops_left, tensor_info  # noqa: E402
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, save, snr_db  # noqa: E402
 
-from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
+from trt_bridge.convert import convert  # noqa: E402
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.lift.dequantize_constant import DequantizeConstant  # noqa: E402
 from trt_bridge.runtime.session import session  # noqa: E402
 
@@ -152,7 +153,7 @@ def test_a_scalar_quantized_at_run_time_stays_a_scalar(tmp_path):
     src = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "src.onnx")
     np.savez(tmp_path / "calib.npz", x=np.stack([f["x"] for f in X]))
     out = tmp_path / "out.onnx"
-    convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), progress=False))
     assert {"Reshape", "MatMul", "QuantizeLinear"} <= op_types(out)
     want = np.concatenate([session(src).run(None, f)[0].ravel() for f in X])
     got = np.concatenate([session(out).run(None, f)[0].ravel() for f in X])

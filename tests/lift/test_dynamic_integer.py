@@ -37,7 +37,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType
 
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, RangeOptions
 from trt_bridge.errors import UnsupportedPatternError
 from trt_bridge.lift.dynamic_integer import DynamicIntegerOp
 
@@ -80,7 +81,8 @@ def _roundtrip(tmp_path, float_model, feeds_name, shape, per_channel=False, weig
     calib = _feeds(feeds_name, shape, 512, 1, one_sided)
     np.savez(tmp_path / "calib.npz", **{feeds_name: calib})
     out = tmp_path / "converted.onnx"
-    report = convert(dpath, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False, **options))
+    report = convert(dpath, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                                progress=False, **options))
     held_out = [{feeds_name: f} for f in _feeds(feeds_name, shape, 16, 2, one_sided)]
     ref = run_ort(fpath, held_out)
     assert_lift_is_exact(float_model, dpath, held_out)
@@ -183,7 +185,8 @@ def test_one_sided_input_is_recentred_exactly(tmp_path):
     assert snr_out >= snr_dyn - 1.0, (snr_dyn, snr_out)
     # without re-centring, symmetric int8 loses a bit on this input
     plain = tmp_path / "plain.onnx"
-    convert(dpath, plain, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False, recenter=False))
+    convert(dpath, plain, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                         ranges=RangeOptions(recenter=False), progress=False))
     held_out = [{"x": f} for f in _feeds("x", [1, 3, 8, 8], 16, 2, True)]
     ref = run_ort(tmp_path / "float.onnx", held_out)
     assert snr_out > snr_db(ref, run_ort(plain, held_out)) + 1.0
@@ -298,7 +301,8 @@ def test_integer_epilogue_of_other_exporters(tmp_path, conv):
     src = save(model, tmp_path / "dyn.onnx")
     np.savez(tmp_path / "calib.npz", x=_feeds("x", shape, 16, 1))
     out = tmp_path / "out.onnx"
-    report = convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                              progress=False))
     converted = assert_qdq_contract(out)
     ops = op_types(converted)
     assert not ops & (REJECTED | {"Floor", "Div"})
@@ -334,7 +338,7 @@ def test_unsupported_pattern_names_the_node(tmp_path):
                    [numpy_helper.from_array(rng.integers(0, 255, (4, 3)).astype(np.uint8), "W")])
     src = save(model, tmp_path / "odd.onnx")
     with pytest.raises(UnsupportedPatternError, match="MatMulInteger 'odd_matmul'.*neither a constant"):
-        convert(src, tmp_path / "out.onnx", ConvertOptions(calib_random=2, progress=False))
+        convert(src, tmp_path / "out.onnx", ConvertOptions(calibration=CalibrationOptions(random=2), progress=False))
     assert not (tmp_path / "out.onnx").exists()
 
 
@@ -373,7 +377,8 @@ def test_weights_quantized_at_run_time_and_unnamed_dims(tmp_path):
 
     np.savez(tmp_path / "calib.npz", x=_feeds("x", [1, 3, 8, 8], 32, 1))
     out = tmp_path / "converted.onnx"
-    report = convert(dpath, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    report = convert(dpath, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                                progress=False))
     converted = assert_qdq_contract(out)
     assert not op_types(converted) & REJECTED
     assert len(report.rules[0].nodes) == 2
@@ -418,7 +423,7 @@ def test_static_quantize_linear_operand_keeps_its_range(tmp_path, q_zp, covering
     model, s = _static_ql_model(q_zp, int(q_zp))
     src = save(model, tmp_path / "src.onnx")
     out = tmp_path / "out.onnx"
-    report = convert(src, out, ConvertOptions(calib_random=2, progress=False))
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(random=2), progress=False))
     converted = assert_qdq_contract(out)
     assert not op_types(converted) & REJECTED
     act = next(q for q in report.quantized if q["kind"] == "activation")
@@ -434,8 +439,8 @@ def test_static_quantize_linear_operand_keeps_its_range(tmp_path, q_zp, covering
 def test_static_quantize_linear_with_another_zero_point_is_declined(tmp_path, a_zp, message):
     model, _ = _static_ql_model(np.array(128, np.uint8), a_zp)
     with pytest.raises(UnsupportedPatternError, match=f"MatMulInteger 'mm_int'.*{message}"):
-        convert(save(model, tmp_path / "src.onnx"), tmp_path / "out.onnx", ConvertOptions(calib_random=1,
-                                                                                           progress=False))
+        convert(save(model, tmp_path / "src.onnx"), tmp_path / "out.onnx", ConvertOptions(
+            calibration=CalibrationOptions(random=1), progress=False))
 
 
 def test_dynamic_operand_without_its_zero_point_is_declined(tmp_path):
@@ -448,8 +453,8 @@ def test_dynamic_operand_without_its_zero_point_is_declined(tmp_path):
                    [_vi("x", [2, 4])], [_vi("y", [2, 3])],
                    [numpy_helper.from_array(rng.integers(0, 255, (4, 3)).astype(np.uint8), "W_q")])
     with pytest.raises(UnsupportedPatternError, match="does not subtract its zero point 'x_zp' .input 2 is missing"):
-        convert(save(model, tmp_path / "src.onnx"), tmp_path / "out.onnx", ConvertOptions(calib_random=1,
-                                                                                           progress=False))
+        convert(save(model, tmp_path / "src.onnx"), tmp_path / "out.onnx", ConvertOptions(
+            calibration=CalibrationOptions(random=1), progress=False))
 
 
 # x[2,4,16] ≥ 0 ─ DynamicQuantizeLinear ─ MatMulInteger(W_q[2,16,8]) ─ Cast ─ Mul(s_x) ─ Mul(s_w) ─ y
@@ -469,7 +474,8 @@ def test_one_sided_input_of_a_batched_matmul_is_recentred_per_batch(tmp_path):
     src = save(model, tmp_path / "src.onnx")
     np.savez(tmp_path / "calib.npz", x=_feeds("x", [2, 4, 16], 256, 1, one_sided=True))
     out = tmp_path / "out.onnx"
-    report = convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                              progress=False))
     assert [r["tensor"] for r in report.recentered] == ["x"]
     converted = assert_qdq_contract(out)
     assert {"Sub", "Add", "MatMul"} <= op_types(converted) and not op_types(converted) & REJECTED
@@ -512,7 +518,7 @@ def test_scale_that_is_not_per_output_channel_stays_a_float_multiply(tmp_path, c
     src = save(model, tmp_path / "src.onnx")
     np.savez(tmp_path / "calib.npz", x=_feeds("x", shape_in, 64, 1))
     out = tmp_path / "out.onnx"
-    convert(src, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), progress=False))
     converted = assert_qdq_contract(out)
     assert not op_types(converted) & REJECTED
     mul = [n for n in converted.graph.node if n.op_type == "Mul"]
@@ -543,7 +549,7 @@ def test_dynamic_quantization_inside_a_subgraph_is_named(tmp_path):
                     numpy_helper.from_array(np.zeros((2, 3), np.float32), "z")])
     src = save(model, tmp_path / "if.onnx")
     with pytest.raises(UnsupportedPatternError) as err:
-        convert(src, tmp_path / "out.onnx", ConvertOptions(calib_random=1, progress=False))
+        convert(src, tmp_path / "out.onnx", ConvertOptions(calibration=CalibrationOptions(random=1), progress=False))
     message = str(err.value)
     assert "If 'gate' then_branch / DynamicQuantizeLinear 'branch_dql'" in message
     assert "If 'gate' then_branch / MatMulInteger 'branch_mm'" in message and "subgraph" in message

@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from apply_rule import declined, lifted, ops_left  # noqa: E402
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, quantize_dynamic, save, snr_db  # noqa: E402
 
-from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
+from trt_bridge.convert import convert  # noqa: E402
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.ir.model import load_model  # noqa: E402
 from trt_bridge.lift.embed_layer_norm import OrtEmbedLayerNorm  # noqa: E402
 from trt_bridge.lift.pipeline import lift_model  # noqa: E402
@@ -115,7 +116,8 @@ def test_qembed_layer_norm_lifts_to_its_dequantized_tables_and_builds(tmp_path, 
     calib = _feeds(model, 16)
     np.savez(tmp_path / "calib.npz", **{k: np.stack([f[k] for f in calib]) for k in calib[0]})
     out = tmp_path / "converted.onnx"
-    report = convert(qpath, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    report = convert(qpath, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                                progress=False))
     assert not report.remaining_blockers
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)

@@ -34,7 +34,8 @@ from helpers import (
 from onnx import TensorProto, helper, numpy_helper
 
 from trt_bridge import samples
-from trt_bridge.convert import ConvertOptions, convert
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.errors import UnsupportedPatternError
 from trt_bridge.lift.fused_dynamic_matmul import FusedDynamicMatMul
 
@@ -65,7 +66,8 @@ def test_optimized_transformer_block(tmp_path, per_channel):
 
     np.savez(tmp_path / "calib.npz", x=samples.sequence_feeds(32, 1, 16, 64)[:, 0])
     out = tmp_path / "converted.onnx"
-    report = convert(opath, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    report = convert(opath, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                                progress=False))
     fired = {hit.rule: len(hit.nodes) for hit in report.rules}
     assert fired == {"fused-dynamic-matmul": 6, "fused-matmul": 1}
     converted = assert_qdq_contract(out)
@@ -119,7 +121,8 @@ def test_matmul_integer_to_float_needs_dynamic_quantize_linear(tmp_path):
          numpy_helper.from_array(np.array(0.02, np.float32), "w_scale")])
     model = helper.make_model(graph, opset_imports=OPSETS)
     with pytest.raises(UnsupportedPatternError, match="MatMulIntegerToFloat 'mitf'.*not come from DynamicQuantize"):
-        convert(save(model, tmp_path / "m.onnx"), tmp_path / "out.onnx", ConvertOptions(calib_random=1, progress=False))
+        convert(save(model, tmp_path / "m.onnx"), tmp_path / "out.onnx", ConvertOptions(
+            calibration=CalibrationOptions(random=1), progress=False))
 
 
 def test_matmul_integer_to_float_without_the_activation_zero_point_is_declined(tmp_path):
@@ -136,7 +139,8 @@ def test_matmul_integer_to_float_without_the_activation_zero_point_is_declined(t
     model = helper.make_model(graph, opset_imports=OPSETS)
     message = "MatMulIntegerToFloat 'mitf'.*zero point .missing. is not 'x_zp'"
     with pytest.raises(UnsupportedPatternError, match=message):
-        convert(save(model, tmp_path / "m.onnx"), tmp_path / "out.onnx", ConvertOptions(calib_random=1, progress=False))
+        convert(save(model, tmp_path / "m.onnx"), tmp_path / "out.onnx", ConvertOptions(
+            calibration=CalibrationOptions(random=1), progress=False))
 
 
 # --- the rule called directly ---------------------------------------------------------------------------------------

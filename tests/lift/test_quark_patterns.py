@@ -20,7 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save, snr_db  # noqa: E402
 
-from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
+from trt_bridge.convert import convert  # noqa: E402
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError  # noqa: E402
 from trt_bridge.prepare import sanitize  # noqa: E402
 
@@ -41,10 +42,10 @@ def _feeds(count, seed):
     return [{"x": rng.normal(size=(1, 16, 32)).astype(np.float32)} for _ in range(count)]
 
 
-def _convert(source: Path, tmp_path: Path, **options):
+def _convert(source: Path, tmp_path: Path, **calibration):
     np.savez(tmp_path / "calib.npz", x=np.stack([f["x"] for f in _feeds(8, 1)]))
     out = tmp_path / "converted.onnx"
-    report = convert(source, out, ConvertOptions(progress=False, **options))
+    report = convert(source, out, ConvertOptions(calibration=CalibrationOptions(**calibration), progress=False))
     assert not report.remaining_blockers
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)
@@ -85,7 +86,7 @@ def test_block_floating_point_becomes_int8_with_calibration(tmp_path, caplog):
     model = _bfp_model()
     source = save(model, tmp_path / "bfp.onnx")
     with caplog.at_level(logging.WARNING, logger="trt_bridge.lift"):
-        out, report = _convert(source, tmp_path, calib_data=str(tmp_path / "calib.npz"))
+        out, report = _convert(source, tmp_path, data=str(tmp_path / "calib.npz"))
     assert op_types(out) == {"QuantizeLinear", "DequantizeLinear", "MatMul", "Add", "Relu"}
     assert {a["node"] for a in report.approximated} == {"x_bfp", "W_bfp", "a_bfp"}
     assert any("block-quantize-dequantize: 3 node(s)" in r.getMessage() for r in caplog.records)
@@ -106,7 +107,7 @@ def test_block_floating_point_without_calibration_data_asks_for_it(tmp_path):
 def test_block_floating_point_of_another_domain_is_refused_by_name(tmp_path):
     source = save(_bfp_model(domain="org.example"), tmp_path / "bfp.onnx")
     with pytest.raises(TrtBridgeError, match="BFPQuantizeDequantize 'x_bfp'.*not AMD Quark's"):
-        convert(source, tmp_path / "out.onnx", ConvertOptions(calib_data=None, progress=False))
+        convert(source, tmp_path / "out.onnx", ConvertOptions(progress=False))
 
 
 # --- 16-bit activations through com.microsoft Q/DQ (quark-a16w8) -------------------------------------------------

@@ -17,7 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, quantize_dynamic, run_ort, save, snr_db  # noqa: E402
 
-from trt_bridge.convert import ConvertOptions, convert  # noqa: E402
+from trt_bridge.convert import convert  # noqa: E402
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.ir.model import load_model  # noqa: E402
 from trt_bridge.lift.pipeline import lift_model
 
@@ -33,7 +34,8 @@ def _model(nodes, inputs, outputs, inits, opset=17, ms=False):
 def _convert(source: Path, tmp_path: Path, calib: dict, name="converted.onnx"):
     np.savez(tmp_path / "calib.npz", **calib)
     out = tmp_path / name
-    report = convert(source, out, ConvertOptions(calib_data=str(tmp_path / "calib.npz"), progress=False))
+    report = convert(source, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                                 progress=False))
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)
     return out, report

@@ -4,17 +4,18 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
+import threading
+import warnings
 
 from trt_bridge import __version__
+from trt_bridge.cli import bench, build, check, convert, pipeline, scales, verify
+from trt_bridge.cli.common import EXIT_ERROR
 from trt_bridge.errors import TrtBridgeError
-
-EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from trt_bridge.cli import bench, build, check, convert, pipeline, scales, verify
-
     parser = argparse.ArgumentParser(
         prog="trt-bridge",
         description="Get quantized ONNX models onto NVIDIA TensorRT as real INT8 engines.",
@@ -82,10 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     """The CLI. Whatever happens, it ends with an exit status and at most one line on stderr: 0/1 as each command
     documents, 2 for an error in the input (or an unexpected one, whose traceback ``-vv`` shows), 130 on Ctrl-C,
     141 when stdout's reader went away, 143 on SIGTERM (temporary files removed, nothing half-written)."""
-    import signal
-    import threading
-    import warnings
-
     parser = build_parser()
     args = parser.parse_args(argv)
     _return_freed_memory()

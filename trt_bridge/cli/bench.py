@@ -8,8 +8,7 @@ from pathlib import Path
 from trt_bridge.bench import BenchOptions, bench
 from trt_bridge.bench.inputs import parse_shapes
 from trt_bridge.calibrate.feed_sources import source_path
-from trt_bridge.cli import EXIT_OK
-from trt_bridge.cli.common import check_output_path, emit_report
+from trt_bridge.cli.common import EXIT_OK, check_output_path, emit_report
 from trt_bridge.ir.files import write_text_atomic
 
 DESCRIPTION = """\

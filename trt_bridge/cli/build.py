@@ -8,8 +8,8 @@ import re
 import sys
 from pathlib import Path
 
-from trt_bridge.cli import EXIT_FAIL, EXIT_OK
-from trt_bridge.cli.common import add_output_flags, check_output_path, emit_report
+from trt_bridge.checks.findings import findings_json, parser_findings
+from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, add_output_flags, check_output_path, emit_report
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.tensorrt.build import EngineBuildError, ModelRejectedError, build
 from trt_bridge.tensorrt.options import BuildOptions
@@ -132,10 +132,6 @@ def run(args: argparse.Namespace) -> int:
     except EngineBuildError as exc:
         print(f"trt-bridge build: error: {exc}", file=sys.stderr)
         if args.json:
-            # not at module level: the checks package imports onnx_graphsurgeon (checks.rules, lift), which
-            # `trt-bridge --help` must not load (tests/test_cli.py); hoist it once that import is lazy there
-            from trt_bridge.checks.findings import findings_json, parser_findings
-
             findings = findings_json(parser_findings(exc.errors)) if isinstance(exc, ModelRejectedError) else []
             emit_report(args.json, json.dumps({"engine": None, "error": str(exc), "findings": findings}, indent=2),
                         None)

@@ -5,6 +5,10 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from trt_bridge.calibrate.feed_sources import source_path
+from trt_bridge.checks import CheckOptions, TrtProbe, check_model
+from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, check_output_path, emit_report
+
 DESCRIPTION = """\
 Report everything that stops TensorRT from building MODEL as an INT8 engine, one finding per
 node: the rule, the node and its tensors (types, shapes), why TensorRT rejects it (with its own
@@ -36,11 +40,6 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trt_bridge.calibrate.feed_sources import source_path
-    from trt_bridge.checks import CheckOptions, TrtProbe, check_model
-    from trt_bridge.cli import EXIT_FAIL, EXIT_OK
-    from trt_bridge.cli.common import check_output_path, emit_report
-
     check_output_path(args.json, [args.model, source_path(args.data)], "report")
     report = check_model(args.model, CheckOptions(TrtProbe(args.trt), args.data))
     emit_report(args.json, report.to_json(), report.headline() if args.quiet else report.summary())

@@ -1,8 +1,14 @@
-"""Argument groups shared between subcommands."""
+"""What every subcommand shares: exit statuses, the output flags, the output-path check and ``--json``."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+
+from trt_bridge.errors import TrtBridgeError
+from trt_bridge.ir.files import check_writable, external_data_files, same_file, write_text_atomic
+
+EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 
 
 def add_output_flags(parser: argparse.ArgumentParser) -> None:
@@ -17,11 +23,6 @@ def check_output_path(path, protected, what: str) -> None:
     """Fail before any work if the file ``path`` (a report, an export, a model) would overwrite one of
     ``protected`` (every file the command reads: models, their external data, feeds, scale files, loader
     scripts, and its other outputs), or cannot be written."""
-    from pathlib import Path
-
-    from trt_bridge.errors import TrtBridgeError
-    from trt_bridge.ir.files import check_writable, external_data_files, same_file
-
     if path is None or str(path) == "-":
         return
     protected = [p for p in protected if p is not None and str(p) != "-"]
@@ -45,8 +46,6 @@ def emit_report(json_target: str | None, json_text: str, text: str | None) -> No
         print(json_text)
         return
     if json_target:
-        from trt_bridge.ir.files import write_text_atomic
-
         write_text_atomic(json_target, json_text + "\n")
     if text is not None:
         print(text)

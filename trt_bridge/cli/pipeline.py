@@ -6,6 +6,10 @@ import argparse
 import sys
 from pathlib import Path
 
+from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, check_output_path, emit_report
+from trt_bridge.manifest import PipelineOptions, run_pipeline
+from trt_bridge.manifest.schema import load_manifest
+
 DESCRIPTION = """\
 Run the engine-build stage of a GPU CI runner from a YAML manifest (models, how to convert them,
 gates, and targets: compute capabilities built ahead of time with TensorRT-RTX, or this
@@ -36,14 +40,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trt_bridge.cli import EXIT_FAIL, EXIT_OK
-    from trt_bridge.manifest import PipelineOptions, run_pipeline
-
     def progress(step) -> None:
         print(f"[{step.status.value:>7}] {step.model} {step.label}: {step.message}", file=sys.stderr, flush=True)
-
-    from trt_bridge.cli.common import check_output_path, emit_report
-    from trt_bridge.manifest.schema import load_manifest
 
     manifest = load_manifest(args.manifest, args.output)  # checked before anything is written
     reads = [args.manifest] + [p for m in manifest.models for p in (m.source, m.reference, m.calib_data, m.eval_data)]

@@ -5,6 +5,15 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from trt_bridge.cli.common import EXIT_OK, check_output_path
+from trt_bridge.errors import TrtBridgeError
+from trt_bridge.ir.model import load_model
+from trt_bridge.scales.fixed_point import requantization_table, write_fixed_point
+from trt_bridge.scales.json_table import write_json
+from trt_bridge.scales.model_scales import scales_of_model, uncentered
+from trt_bridge.scales.table import ScaleTable
+from trt_bridge.scales.trt_cache import write_trt_cache
+
 DESCRIPTION = """\
 Export the scales of a converted (TensorRT-ready Q/DQ) model:
   trt-cache    TensorRT's calibration cache text (TRT-<version>-<algorithm>, then one line per activation:
@@ -38,16 +47,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trt_bridge.cli import EXIT_OK
-    from trt_bridge.cli.common import check_output_path
-    from trt_bridge.errors import TrtBridgeError
-    from trt_bridge.ir.model import load_model
-
     check_output_path(args.output, [args.model], "output")
     model = load_model(args.model)
     if args.format == "fixed-point":
-        from trt_bridge.scales.fixed_point import requantization_table, write_fixed_point
-
         rows = requantization_table(model)
         if not rows:
             raise TrtBridgeError(f"{args.model}: no quantized layer whose output is requantized (a weighted op with "
@@ -55,10 +57,6 @@ def run(args: argparse.Namespace) -> int:
         write_fixed_point(rows, args.output)
         what = f"{len(rows)} requantization(s)"
     else:
-        from trt_bridge.scales.json_table import write_json
-        from trt_bridge.scales.model_scales import scales_of_model, uncentered
-        from trt_bridge.scales.trt_cache import write_trt_cache
-
         table = scales_of_model(model, source=f"model:{args.model.name}")
         if not len(table):
             raise TrtBridgeError(f"{args.model}: no QuantizeLinear/DequantizeLinear scales; is it a converted model?")
@@ -83,8 +81,6 @@ def _portable(table, model):
     """The entries `convert --scales` can take back: activations convert re-centred ('<x>_centered',
     '<x>_padded') or smoothed (a LayerNormalization output whose gamma convert divided) hold the range of
     the transformed tensor, not of the network's own, and smoothed weights likewise."""
-    from trt_bridge.scales.table import ScaleTable
-
     producers = {o: n for n in model.graph.node for o in n.output}
     keep, left_out = {}, []
     for name, entry in table.entries.items():

@@ -5,6 +5,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from trt_bridge.calibrate.feed_sources import source_path
+from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, check_output_path, emit_report
+from trt_bridge.errors import TrtBridgeError
+from trt_bridge.ir.files import write_text_atomic
+from trt_bridge.verify import VerifyOptions, verify
+from trt_bridge.verify.gates import parse_gates
+from trt_bridge.verify.html import render
+
 DESCRIPTION = """\
 Run REFERENCE (the float model, or the original quantized one) and CANDIDATE (the converted
 model) in onnxruntime, and ENGINE in TensorRT when given and a GPU is present, on the same
@@ -64,17 +72,9 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from trt_bridge.cli import EXIT_FAIL, EXIT_OK
-    from trt_bridge.errors import TrtBridgeError
-    from trt_bridge.ir.files import write_text_atomic
-    from trt_bridge.verify import VerifyOptions, verify
-    from trt_bridge.verify.gates import parse_gates
-
     for flag in ("top_k", "layer_batch", "layer_feeds"):
         if getattr(args, flag) < 1:
             raise TrtBridgeError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    from trt_bridge.calibrate.feed_sources import source_path
-    from trt_bridge.cli.common import check_output_path, emit_report
 
     targets = ((args.json, "report"), (args.html, "HTML report"), (args.save_outputs, "outputs file"),
                (args.save_inputs, "inputs file"))
@@ -92,7 +92,5 @@ def run(args: argparse.Namespace) -> int:
     report = verify(args.reference, args.candidate, options)
     emit_report(args.json, report.to_json(), report.quiet() if args.quiet else report.summary())
     if args.html:
-        from trt_bridge.verify.html import render
-
         write_text_atomic(args.html, render(report))
     return EXIT_OK if report.passed else EXIT_FAIL

@@ -2,16 +2,16 @@
 
 from __future__ import annotations
 
-import enum
 import logging
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import onnx
 
 from trt_bridge.annotations import ScaleSource
 from trt_bridge.calibrate import CalibMethod, model_inputs, open_feeds
+from trt_bridge.convert.options import ConvertOptions, ScalePolicy
 from trt_bridge.convert.report import ConversionReport, FloatLeftover, RuleHits
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
 from trt_bridge.ir.export import export_model
@@ -22,41 +22,10 @@ from trt_bridge.ir.save import save_model
 from trt_bridge.ir.size import is_large, release_memory
 from trt_bridge.ir.store import WeightStore
 from trt_bridge.lift.pipeline import lift_model
-from trt_bridge.place.policies import PlacementOptions, PlacementPolicy, place
-from trt_bridge.prepare.types import Bf16Policy, feed_types
+from trt_bridge.place.policies import place
+from trt_bridge.prepare.types import feed_types
 
 log = logging.getLogger("trt_bridge.convert")
-
-
-class ScalePolicy(str, enum.Enum):
-    """Where activation scales that the source model carries come from."""
-
-    MODEL = "model"  # the symmetric int8 scale covering each source (scale, zero point) range
-    DATA = "data"  # re-derived from calibration data (recovers the bit lost on one-sided ranges)
-
-
-@dataclass(frozen=True)
-class ConvertOptions:
-    """Every option of ``trt-bridge convert`` (one field per CLI flag)."""
-
-    calib_data: str | None = None
-    calib_random: int | None = None
-    calib_method: CalibMethod = CalibMethod.MAX
-    percentile: float = 99.99
-    placement: PlacementPolicy = PlacementPolicy.TENSORRT
-    include_ops: str | None = None  # regex: op types whose float inputs are quantized too
-    exclude_ops: str | None = None  # regex: op types never quantized
-    exclude_nodes: str | None = None  # regex (searched in node names): nodes never quantized
-    scales: ScalePolicy | None = None  # None: data when calibration data is given, else model
-    recenter: bool = True
-    smooth: float | None = 0.65  # SmoothQuant alpha for MatMul inputs; None: off
-    bf16: Bf16Policy = Bf16Policy.FP32  # what bfloat16 tensors become (onnxruntime's CPU runs no bfloat16)
-    scale_files: tuple[str, ...] = ()  # explicit scale tables (--scales FILE): they win over everything else
-    high_precision: str = "fp32"  # the non-quantized part of the graph: fp32, fp16 or bf16 (sensitive ops stay fp32)
-    io_types: str = "keep"  # with --high-precision fp16/bf16: keep the inputs/outputs' types, or that type too
-    qat: str | None = None  # a QAT ONNX export or ModelOpt state dict (--qat): wins over the model and calibration
-    check: bool = True  # run `trt-bridge check` on the output (with TensorRT's parser when installed)
-    progress: bool = True
 
 
 def convert(model_path: str | Path, output_path: str | Path, options: ConvertOptions = ConvertOptions()
@@ -72,7 +41,6 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     if output_path.resolve() == model_path.resolve():
         raise TrtBridgeError(f"the output path {output_path} is the input model; choose another with -o.")
     _check_not_an_input(output_path, model_path, options)
-    _check_precision_options(options)
     check_writable(output_path, "output model")
     seconds: dict[str, float] = {}
     t0 = time.perf_counter()
@@ -84,36 +52,36 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     check_source_weights(model, model_path)
     source_nonfinite = nonfinite_count(model)  # -inf attention masks are fine; new ones are overflows
     source_opset = default_opset(model)
-    inputs = feed_types(model_inputs(model), options.bf16)
+    inputs = feed_types(model_inputs(model), options.precision.bf16)
     # Open (and check) the calibration source before any work, so a bad path fails fast.
     feeds = None
-    if options.calib_data is not None or options.calib_random is not None:
-        feeds = open_feeds(options.calib_data, options.calib_random, inputs, model=model)
+    if options.calibration.data is not None or options.calibration.random is not None:
+        feeds = open_feeds(options.calibration.data, options.calibration.random, inputs, model=model)
         feeds.check()
     from trt_bridge.scales.apply import load_sources
 
-    imported = load_sources(options.scale_files, options.qat, model)  # matched against the source as loaded
+    imported = load_sources(options.scales.files, options.scales.qat, model)  # matched against the source as loaded
     seconds["load"] = time.perf_counter() - t0
 
     t0 = time.perf_counter()
     # A model over 2 GB is held once: its lifted weights go to a private file the graph and onnxruntime map.
     store = WeightStore() if is_large(model) else None
-    lifted, ctx = lift_model(model, model_path, options.bf16, declared, store)
+    lifted, ctx = lift_model(model, model_path, options.precision.bf16, declared, store)
     del model
     release_memory()
     graph = gs.import_onnx(lifted)  # keeps referring to lifted's weights: no copy
     if store is not None:
         store.attach(graph)
-    scales = options.scales or (ScalePolicy.DATA if options.calib_data is not None else ScalePolicy.MODEL)
+    scales = options.scales.policy or (ScalePolicy.DATA if options.calibration.data is not None
+                                       else ScalePolicy.MODEL)
     if scales is ScalePolicy.DATA:
         if feeds is None:
             raise CalibrationDataError("--scales data re-derives activation scales from calibration data: "
                                        "pass --calib-data (or use --scales model).")
         for spec in ctx.annotations.activations.values():
             spec.scale, spec.source = None, None
-    placement = place(graph, ctx.annotations, PlacementOptions(
-        options.placement, options.include_ops, options.exclude_ops, options.exclude_nodes),
-        feeds is not None or imported is not None)  # imported scales stand in for calibration
+    placement = place(graph, ctx.annotations, options.placement,
+                      feeds is not None or imported is not None)  # imported scales stand in for calibration
     left = placement.left_in_float
     if imported is not None:
         from trt_bridge.scales.apply import apply
@@ -139,14 +107,16 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
             spec.scale, spec.source = result.scale(name), ScaleSource.CALIBRATION
         calibration = {"feeds": result.feeds, "skipped_feeds": result.skipped, "method": result.method.value,
                        "seconds": result.seconds,
-                       "percentile": options.percentile if result.method is CalibMethod.PERCENTILE else None,
+                       "percentile": options.calibration.percentile if result.method is CalibMethod.PERCENTILE
+                       else None,
                        "ranges": {k: {"min": o.lo, "max": o.hi, "amax": result.amax(k)}
                                   for k, o in sorted(result.observers.items())}}
         seconds["calibrate"] = time.perf_counter() - t0
-    if options.recenter:
+    if options.ranges.recenter:
         shared = {t for group in placement.shared_scales for t in group}
         recentered = recenter(graph, ctx.annotations, result if needed else None, skip=shared,
-                              center_type=None if options.high_precision == "fp32" else options.high_precision)
+                              center_type=None if options.precision.high_precision == "fp32"
+                              else options.precision.high_precision)
     _share_scales(ctx.annotations, placement.shared_scales)
     if imported is not None and feeds is not None:  # after sharing: the scales the output will have
         from trt_bridge.scales.apply import check_against_data
@@ -157,7 +127,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         seconds["calibrate"] = seconds.get("calibrate", 0.0) + time.perf_counter() - t0
 
     ranges = None
-    if options.high_precision == "fp16" and feeds is not None:
+    if options.precision.high_precision == "fp16" and feeds is not None:
         from trt_bridge.calibrate.ranges import observed_ranges
 
         t0 = time.perf_counter()
@@ -175,12 +145,12 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
     out_model = finalize(exported, lifted_opset, check=True, min_opset=needs_opset(quantized))
     del exported
     kept_fp32 = None
-    if options.high_precision != "fp32":
+    if options.precision.high_precision != "fp32":
         from trt_bridge.lower.precision import to_low_precision
 
         exact = {layer: r.tensor for r in recentered for layer in r.compensated}
-        out_model, kept_fp32 = to_low_precision(out_model, options.high_precision, ranges,
-                                                keep_io_types=options.io_types == "keep", exact=exact)
+        out_model, kept_fp32 = to_low_precision(out_model, options.precision.high_precision, ranges,
+                                                keep_io_types=options.precision.io_types == "keep", exact=exact)
         out_model = finalize(out_model, default_opset(out_model), check=True, min_opset=19)
     seconds["lower"] = time.perf_counter() - t0
 
@@ -199,7 +169,7 @@ def convert(model_path: str | Path, output_path: str | Path, options: ConvertOpt
         left_in_float=[FloatLeftover(x.node, "", f"'{x.tensor}': {x.reason}") for x in left]
         + [FloatLeftover(d.node, d.op, d.reason) for d in ctx.declined],
         calibration=calibration, seconds=seconds, recentered=[asdict(r) for r in recentered],
-        smoothed=[asdict(x) for x in smoothed], placement=options.placement.value, scales=scales.value,
+        smoothed=[asdict(x) for x in smoothed], placement=options.placement.policy.value, scales=scales.value,
         sanitized=[asdict(c) for c in ctx.prepared], approximated=[asdict(a) for a in ctx.approximated],
         imported_scales=None if imported is None else imported.to_dict(),
         precision=_precision_report(out_model, options, kept_fp32),
@@ -228,8 +198,9 @@ def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, op
     from trt_bridge.calibrate.smooth import MIN_ROWS, ChannelMaxObserver, Rescaled, candidates, smooth
 
     start = time.perf_counter()
-    observers = {t: RangeObserver(options.calib_method, options.percentile) for t in needed}
-    todo = [] if options.smooth is None else [t for t in candidates(graph, ctx.annotations) if t in observers]
+    calibration = options.calibration
+    observers = {t: RangeObserver(calibration.method, calibration.percentile) for t in needed}
+    todo = [] if options.ranges.smooth is None else [t for t in candidates(graph, ctx.annotations) if t in observers]
     smoothed = []
     with CalibrationSession(lifted, needed) as session:
         if not todo:
@@ -242,19 +213,20 @@ def _calibrate(graph, ctx, lifted: onnx.ModelProto, needed: list[str], feeds, op
             for t in sorted(set(maxima) - set(enough)):
                 log.info("not smoothing %r: calibration saw %d row(s) per channel, fewer than %d", t,
                          maxima[t].rows, MIN_ROWS)
-            smoothed, factors = smooth(graph, ctx.annotations, enough, options.smooth)
+            smoothed, factors = smooth(graph, ctx.annotations, enough, options.ranges.smooth)
             # the candidates left unsmoothed are observed as they are
             session.run({t: Rescaled(observers[t], 1.0 / factors[t]) if t in factors else observers[t]
                          for t in todo}, feeds, options.progress, desc="calibrating (2/2)")
         skipped = len(session.skipped)
-    return finish(observers, count, time.perf_counter() - start, options.calib_method, skipped), smoothed
+    return finish(observers, count, time.perf_counter() - start, calibration.method, skipped), smoothed
 
 
 def input_files(model_path: str | Path, options: ConvertOptions) -> list[Path]:
     """Every file a conversion reads besides the model itself: feeds, a loader script, scale files, a QAT file."""
     from trt_bridge.calibrate.feed_sources import source_path
 
-    return [source_path(spec) for spec in (options.calib_data, *options.scale_files, options.qat) if spec is not None]
+    return [source_path(spec) for spec in (options.calibration.data, *options.scales.files, options.scales.qat)
+            if spec is not None]
 
 
 def _check_not_an_input(output_path: Path, model_path: Path, options: ConvertOptions) -> None:
@@ -268,26 +240,12 @@ def _check_not_an_input(output_path: Path, model_path: Path, options: ConvertOpt
                                      "conversion reads; choose another output path with -o.")
 
 
-def _check_precision_options(options: ConvertOptions) -> None:
-    from trt_bridge.lower.precision import HighPrecision
-
-    choices = [h.value for h in HighPrecision]
-    if options.high_precision not in choices:
-        raise TrtBridgeError(f"--high-precision {options.high_precision}: choose one of {', '.join(choices)}.")
-    if options.io_types not in ("keep", "fp16", "bf16"):
-        raise TrtBridgeError(f"--io-types {options.io_types}: choose keep, fp16 or bf16.")
-    if options.io_types != "keep" and options.io_types != options.high_precision:
-        raise TrtBridgeError(f"--io-types {options.io_types} gives the model's inputs and outputs the type of "
-                             f"--high-precision, which is {options.high_precision}: pass --high-precision "
-                             f"{options.io_types}, or --io-types keep.")
-
-
 def _precision_report(model: onnx.ModelProto, options: ConvertOptions, kept) -> dict | None:
     from trt_bridge.lower.layer_precisions import layer_precisions
 
     if is_large(model):
         return None
-    report = {"high_precision": options.high_precision, **layer_precisions(model)}
+    report = {"high_precision": options.precision.high_precision, **layer_precisions(model)}
     if kept is not None:
         report["kept_in_float32"] = [asdict(k) for k in kept]
     return report

@@ -91,7 +91,7 @@ def convert_to_target(model_path: str | Path, output_path: str | Path, options, 
             if frozenset(excluded) in measured:
                 return measured[frozenset(excluded)]
             path = Path(tmp) / f"probe{len(result.probes)}.onnx"
-            report = convert(model_path, path, replace(options, exclude_nodes=_regex(options.exclude_nodes, excluded),
+            report = convert(model_path, path, replace(options, placement=_excluding(options.placement, excluded),
                                                        check=False))
             first = not result.probes
             # the first probe keeps the feeds and the source's outputs; the others load them instead of reading
@@ -124,7 +124,7 @@ def convert_to_target(model_path: str | Path, output_path: str | Path, options, 
             result.ranking = result.rankings.get(name, [])
         result.met, result.chosen = best.score >= target_db, best
     # the chosen probe, written where the user asked, the way convert writes (atomically, external data, check)
-    report = convert(model_path, output_path, replace(options, exclude_nodes=_regex(options.exclude_nodes,
+    report = convert(model_path, output_path, replace(options, placement=_excluding(options.placement,
                                                                                     best.excluded)))
     return report, result
 
@@ -167,6 +167,11 @@ def _rankings(model_path: Path, candidate: Path, checked, measure) -> dict[str, 
     added = [layer.node for layer in sorted((la for la in checked.per_layer.layers if la.added_db is not None),
                                             key=lambda la: (la.added_db, la.index))]
     return {"added": added + [n for n in by_isolated if n not in added], "isolated": by_isolated}
+
+
+def _excluding(placement, nodes: tuple[str, ...]):
+    """``placement`` (PlacementOptions) with ``nodes`` excluded too."""
+    return replace(placement, exclude_nodes=_regex(placement.exclude_nodes, nodes))
 
 
 def _regex(user: str | None, nodes: tuple[str, ...]) -> str | None:

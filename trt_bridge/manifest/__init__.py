@@ -9,85 +9,30 @@ markdown summary (for the job's page); the exit status is 1 when a step failed o
 
 from __future__ import annotations
 
-import enum
 import json
 import logging
+import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from trt_bridge.errors import TrtBridgeError
+from trt_bridge import __version__
+from trt_bridge.bench import BenchOptions, bench
+from trt_bridge.checks import check_model
+from trt_bridge.convert import convert
+from trt_bridge.errors import MissingDependencyError, TrtBridgeError
+from trt_bridge.ir.files import write_text_atomic
+from trt_bridge.manifest.report import PipelineReport, Status, StepResult
 from trt_bridge.manifest.schema import Manifest, ModelEntry, Target, load_manifest
+from trt_bridge.tensorrt import MODULES, gpu_present, import_tensorrt, is_rtx
+from trt_bridge.tensorrt.build import build
+from trt_bridge.tensorrt.options import BuildOptions
+from trt_bridge.tensorrt.profiles import Profile
+from trt_bridge.verify import VerifyOptions, verify
+from trt_bridge.verify.gates import Gate
+from trt_bridge.verify.html import render
 
 log = logging.getLogger("trt_bridge.manifest")
-
-
-class Status(str, enum.Enum):
-    PASSED = "passed"
-    FAILED = "failed"  # a gate or a check did not pass
-    ERROR = "error"  # the step could not run (the model, the data, the tool)
-    SKIPPED = "skipped"  # this machine cannot do it, or a step it needs did not pass
-
-
-@dataclass
-class StepResult:
-    model: str
-    target: str | None
-    step: str  # convert | check | verify | bench | build | verify-engine | bench-engine
-    status: Status
-    seconds: float = 0.0
-    message: str = ""  # one line: what happened, or why it was skipped or failed
-    details: dict = field(default_factory=dict)  # the step's own report, as JSON data
-    artifacts: list[str] = field(default_factory=list)
-
-    @property
-    def label(self) -> str:
-        return self.step if self.target is None else f"{self.step} [{self.target}]"
-
-
-@dataclass
-class PipelineReport:
-    manifest: str
-    output: str
-    steps: list[StepResult] = field(default_factory=list)
-    machine: dict = field(default_factory=dict)
-    seconds: float = 0.0
-
-    @property
-    def passed(self) -> bool:
-        return not any(s.status in (Status.FAILED, Status.ERROR) for s in self.steps)
-
-    def __bool__(self) -> bool:
-        return self.passed
-
-    def counts(self) -> dict[str, int]:
-        return {status.value: sum(1 for s in self.steps if s.status is status) for status in Status}
-
-    def to_json(self) -> str:
-        from trt_bridge.verify.metrics import json_safe
-
-        data = json_safe(asdict(self))
-        data["passed"], data["counts"] = self.passed, self.counts()
-        return json.dumps(data, indent=2, default=str, allow_nan=False)
-
-    def summary(self) -> str:
-        counts = self.counts()
-        lines = [f"pipeline {self.manifest}: {'PASS' if self.passed else 'FAIL'} "
-                 f"({', '.join(f'{v} {k}' for k, v in counts.items() if v)}; {self.seconds:.1f} s)"]
-        for s in self.steps:
-            lines.append(f"  {s.model:<24} {s.label:<28} {s.status.value:<8} {s.seconds:7.2f} s  {s.message}")
-        lines.append(f"  reports: {self.output}/pipeline.junit.xml, pipeline.json, pipeline.md")
-        return "\n".join(lines)
-
-    def markdown(self) -> str:
-        from trt_bridge.manifest.report import markdown
-
-        return markdown(self)
-
-    def junit_xml(self) -> str:
-        from trt_bridge.manifest.report import junit_xml
-
-        return junit_xml(self)
 
 
 @dataclass(frozen=True)
@@ -99,8 +44,6 @@ class PipelineOptions:
 
 def run_pipeline(manifest_path: str | Path, options: PipelineOptions = PipelineOptions()) -> PipelineReport:
     """Run every step the manifest asks for that this machine can do; write the reports; return them."""
-    from trt_bridge.ir.files import write_text_atomic
-
     start = time.perf_counter()
     manifest = load_manifest(manifest_path, options.output)
     unknown = sorted(set(options.models) - {m.name for m in manifest.models})
@@ -122,13 +65,7 @@ def run_pipeline(manifest_path: str | Path, options: PipelineOptions = PipelineO
 
 def _machine() -> dict:
     """What this machine can do: TensorRT (which), a GPU, onnxruntime's providers."""
-    import platform
-
     import onnxruntime
-
-    from trt_bridge import __version__
-    from trt_bridge.errors import MissingDependencyError
-    from trt_bridge.tensorrt import MODULES, gpu_present, import_tensorrt, is_rtx
 
     info = {"trt_bridge": __version__, "python": platform.python_version(), "platform": platform.platform(),
             "onnxruntime": onnxruntime.__version__, "providers": onnxruntime.get_available_providers(),
@@ -204,23 +141,7 @@ class _ModelRun:
     # -- model steps -----------------------------------------------------------------------------
 
     def _convert(self):
-        from trt_bridge.convert import ConvertOptions, ScalePolicy, convert
-        from trt_bridge.ir.files import write_text_atomic
-        from trt_bridge.place.policies import PlacementPolicy
-        from trt_bridge.prepare.types import Bf16Policy
-
-        conf = dict(self.model.convert)
-        enums = {"placement": PlacementPolicy, "scales": ScalePolicy, "bf16": Bf16Policy}
-        for key, kind in enums.items():
-            if key in conf:
-                conf[key] = kind(conf[key])
-        if "calib_method" in conf:
-            from trt_bridge.calibrate import CalibMethod
-
-            conf["calib_method"] = CalibMethod(conf["calib_method"])
-        options = ConvertOptions(calib_data=str(self.model.calib_data) if self.model.calib_data else None,
-                                 calib_random=self.model.calib_random, progress=False, check=False, **conf)
-        report = convert(self.model.source, self.converted, options)
+        report = convert(self.model.source, self.converted, replace(self.model.convert, progress=False, check=False))
         report_path = self.folder / "convert.json"
         write_text_atomic(report_path, report.to_json() + "\n")
         quantized = len(report.quantized)
@@ -229,9 +150,6 @@ class _ModelRun:
                  "left_in_float": len(report.left_in_float)}, [self.converted, report_path])
 
     def _check(self):
-        from trt_bridge.checks import check_model
-        from trt_bridge.ir.files import write_text_atomic
-
         report = check_model(self.converted)
         path = self.folder / "check.json"
         write_text_atomic(path, report.to_json() + "\n")
@@ -240,9 +158,6 @@ class _ModelRun:
                                                             "findings": len(report.findings)}, [path]
 
     def _eval_options(self, **extra):
-        from trt_bridge.verify import VerifyOptions
-        from trt_bridge.verify.gates import Gate
-
         gates = []
         metric = {"min_snr": "snr_db", "min_cosine": "cosine", "max_abs": "max_abs"}
         for key, value in self.model.gates.items():
@@ -256,9 +171,6 @@ class _ModelRun:
                              shapes=dict(self.model.shapes) or None, **extra)
 
     def _verify(self):
-        from trt_bridge.ir.files import write_text_atomic
-        from trt_bridge.verify import verify
-
         report = verify(self.model.reference, self.converted, self._eval_options(
             save_outputs=str(self.folder / "reference-outputs.json"),
             save_inputs=str(self.folder / "inputs.json")))
@@ -266,8 +178,6 @@ class _ModelRun:
         write_text_atomic(path, text + "\n")
         artifacts = [path, self.folder / "reference-outputs.json", self.folder / "inputs.json"]
         try:
-            from trt_bridge.verify.html import render
-
             write_text_atomic(self.folder / "verify.html", render(report))
             artifacts.append(self.folder / "verify.html")
         except TrtBridgeError as exc:  # matplotlib missing: the HTML page is optional
@@ -275,8 +185,6 @@ class _ModelRun:
         return _verdict(report), _metrics_line(report), json.loads(text), artifacts
 
     def _bench(self):
-        from trt_bridge.bench import BenchOptions, bench
-
         report = bench([self.model.reference, self.converted], BenchOptions(**self._bench_options()))
         return self._bench_result(report, "bench")
 
@@ -287,8 +195,6 @@ class _ModelRun:
         return options
 
     def _bench_result(self, report, name: str):
-        from trt_bridge.ir.files import write_text_atomic
-
         path, text = self.folder / f"{name}.json", report.to_json()
         write_text_atomic(path, text + "\n")
         rows = json.loads(text)["rows"]
@@ -335,10 +241,6 @@ class _ModelRun:
         return None
 
     def _build(self, target: Target, engine: Path):
-        from trt_bridge.tensorrt.build import build
-        from trt_bridge.tensorrt.options import BuildOptions
-        from trt_bridge.tensorrt.profiles import Profile
-
         profiles = (Profile.fixed(self.model.shapes),) if self.model.shapes else ()
         cache = self.manifest.output / f"timing-cache.{target.name}.bin"
         result = build(self.converted, engine, BuildOptions(
@@ -349,17 +251,12 @@ class _ModelRun:
                 [result.engine, result.sidecar])
 
     def _verify_engine(self, engine: Path):
-        from trt_bridge.ir.files import write_text_atomic
-        from trt_bridge.verify import verify
-
         report = verify(self.model.reference, self.converted, self._eval_options(engine=str(engine)))
         path, text = self.folder / f"verify.{engine.stem}.json", report.to_json()
         write_text_atomic(path, text + "\n")
         return _verdict(report), _metrics_line(report), json.loads(text), [path]
 
     def _bench_engine(self, engine: Path):
-        from trt_bridge.bench import BenchOptions, bench
-
         report = bench([self.converted, engine], BenchOptions(**self._bench_options()))
         return self._bench_result(report, f"bench.{engine.stem}")
 
@@ -376,4 +273,4 @@ def _metrics_line(report) -> str:
     return "; ".join(parts)
 
 
-__all__ = ["PipelineOptions", "PipelineReport", "Status", "StepResult", "run_pipeline"]
+__all__ = ["PipelineOptions", "run_pipeline"]

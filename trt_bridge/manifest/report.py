@@ -1,11 +1,77 @@
-"""The pipeline's reports for CI: JUnit XML (one test case per model × step × target) and a markdown summary."""
+"""The pipeline's report: a result per model × step × target, and its forms for CI: JSON, JUnit XML (one test case
+per step) and a markdown summary."""
 
 from __future__ import annotations
 
+import enum
+import json
 import math
 import xml.etree.ElementTree as ET
+from dataclasses import asdict, dataclass, field
 
-from trt_bridge.manifest import PipelineReport, Status
+from trt_bridge.verify.metrics import json_safe
+
+
+class Status(str, enum.Enum):
+    PASSED = "passed"
+    FAILED = "failed"  # a gate or a check did not pass
+    ERROR = "error"  # the step could not run (the model, the data, the tool)
+    SKIPPED = "skipped"  # this machine cannot do it, or a step it needs did not pass
+
+
+@dataclass
+class StepResult:
+    model: str
+    target: str | None
+    step: str  # convert | check | verify | bench | build | verify-engine | bench-engine
+    status: Status
+    seconds: float = 0.0
+    message: str = ""  # one line: what happened, or why it was skipped or failed
+    details: dict = field(default_factory=dict)  # the step's own report, as JSON data
+    artifacts: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return self.step if self.target is None else f"{self.step} [{self.target}]"
+
+
+@dataclass
+class PipelineReport:
+    manifest: str
+    output: str
+    steps: list[StepResult] = field(default_factory=list)
+    machine: dict = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return not any(s.status in (Status.FAILED, Status.ERROR) for s in self.steps)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def counts(self) -> dict[str, int]:
+        return {status.value: sum(1 for s in self.steps if s.status is status) for status in Status}
+
+    def to_json(self) -> str:
+        data = json_safe(asdict(self))
+        data["passed"], data["counts"] = self.passed, self.counts()
+        return json.dumps(data, indent=2, default=str, allow_nan=False)
+
+    def summary(self) -> str:
+        counts = self.counts()
+        lines = [f"pipeline {self.manifest}: {'PASS' if self.passed else 'FAIL'} "
+                 f"({', '.join(f'{v} {k}' for k, v in counts.items() if v)}; {self.seconds:.1f} s)"]
+        for s in self.steps:
+            lines.append(f"  {s.model:<24} {s.label:<28} {s.status.value:<8} {s.seconds:7.2f} s  {s.message}")
+        lines.append(f"  reports: {self.output}/pipeline.junit.xml, pipeline.json, pipeline.md")
+        return "\n".join(lines)
+
+    def markdown(self) -> str:
+        return markdown(self)
+
+    def junit_xml(self) -> str:
+        return junit_xml(self)
 
 
 def _xml_text(text: str) -> str:

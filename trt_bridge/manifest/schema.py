@@ -11,7 +11,7 @@ models:
   - name: resnet8                  # unique; names the artifacts
     source: models/resnet8-int8.onnx
     reference: models/resnet8.onnx # what verify compares against (default: the source)
-    convert: {scales: data, exclude_nodes: "head"}   # ConvertOptions fields
+    convert: {scales: data, exclude_nodes: "head"}   # convert's options (CONVERT_KEYS), as its flags take them
     shapes: {input: [1, 3, 32, 32]}                  # fixed shapes for dynamic inputs (build and bench)
 targets:
   - name: ada                      # TensorRT-RTX ahead of time: runs on a machine without a GPU
@@ -27,13 +27,25 @@ to more than :data:`MAX_VALUES` values (an alias bomb) is refused.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import enum
+import math
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, option_key
 from trt_bridge.errors import TrtBridgeError
 
-CONVERT_KEYS = {"calib_method", "percentile", "placement", "include_ops", "exclude_ops", "exclude_nodes", "scales",
-                "recenter", "smooth", "bf16"}
+#: ConvertOptions' sub-options by field name: a model's ``convert`` table fills them
+CONVERT_SECTIONS = {name: kind for name, kind in typing.get_type_hints(ConvertOptions).items() if is_dataclass(kind)}
+#: options a convert table does not take: calib_data and calib_random are the model's keys (a path relative to the
+#: manifest, a count checked with it); scale files and QAT files are paths the manifest does not resolve (yet)
+NOT_IN_CONVERT = {"calib_data", "calib_random", "scale_files", "qat"}
+#: a convert table's key → (ConvertOptions field, the sub-options' field, its type)
+CONVERT_FIELDS = {option_key(f): (section, f.name, typing.get_type_hints(kind)[f.name])
+                  for section, kind in CONVERT_SECTIONS.items() for f in fields(kind)
+                  if option_key(f) not in NOT_IN_CONVERT}
+CONVERT_KEYS = set(CONVERT_FIELDS)
 GATE_KEYS = {"min_snr", "min_cosine", "max_abs"}
 BENCH_KEYS = {"iterations", "warmup", "duration", "provider", "threads"}
 MODEL_KEYS = {"name", "source", "reference", "calib_data", "calib_random", "eval_data", "eval_random", "convert",
@@ -63,7 +75,7 @@ class ModelEntry:
     calib_random: int | None = None
     eval_data: Path | None = None
     eval_random: int | None = None
-    convert: dict = field(default_factory=dict)
+    convert: ConvertOptions = field(default_factory=ConvertOptions)  # with the model's calib_data/calib_random
     shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     gates: dict[str, float | dict[str, float]] = field(default_factory=dict)
     bench: dict = field(default_factory=dict)
@@ -199,8 +211,9 @@ def _model(entry: dict, where: str, base: Path) -> ModelEntry:
             raise ManifestError(f"{where}: '{label}' must be a positive integer.")
     if calib_data is not None and entry.get("calib_random") is not None:
         raise ManifestError(f"{where}: give calib_data or calib_random, not both.")
-    convert = _mapping(entry.get("convert") or {}, f"{where}: convert", CONVERT_KEYS)
-    _check_convert(convert, f"{where}: convert")
+    convert = _convert_options(_mapping(entry.get("convert") or {}, f"{where}: convert", CONVERT_KEYS),
+                               f"{where}: convert", CalibrationOptions(
+                                   data=str(calib_data) if calib_data else None, random=entry.get("calib_random")))
     gates = _mapping(entry.get("gates") or {}, f"{where}: gates", GATE_KEYS)
     for key, value in gates.items():
         values = value.values() if isinstance(value, dict) else [value]
@@ -215,43 +228,43 @@ def _model(entry: dict, where: str, base: Path) -> ModelEntry:
             raise ManifestError(f"{where}: shapes.{name} must be a list of positive integers, e.g. [1, 3, 224, 224].")
         shapes[name] = tuple(dims)
     return ModelEntry(entry["name"], source, reference, calib_data, entry.get("calib_random"), eval_data,
-                      entry.get("eval_random"), dict(convert), shapes, dict(gates), dict(bench))
+                      entry.get("eval_random"), convert, shapes, dict(gates), dict(bench))
 
 
-def _check_convert(conf: dict, where: str) -> None:
-    """The convert options take what `trt-bridge convert`'s flags take."""
-    import math
-    import re
+def _convert_options(table: dict, where: str, calibration: CalibrationOptions) -> ConvertOptions:
+    """A model's ``convert`` table as ConvertOptions: each value of its field's type (checked here), each
+    sub-options checking its own values (with the message `trt-bridge convert` gives for them)."""
+    values: dict[str, dict] = {section: {} for section in CONVERT_SECTIONS}
+    values["calibration"].update(data=calibration.data, random=calibration.random)
+    for key, value in table.items():
+        section, name, kind = CONVERT_FIELDS[key]
+        values[section][name] = _option_value(value, kind, f"{where}.{key}")
+    try:
+        return ConvertOptions(**{section: CONVERT_SECTIONS[section](**kw) for section, kw in values.items()})
+    except TrtBridgeError as exc:
+        raise ManifestError(f"{where}: {exc}") from exc
 
-    from trt_bridge.calibrate.observers import CalibMethod
 
-    choices = {"calib_method": [m.value for m in CalibMethod], "placement": ["tensorrt", "preserve"],
-               "scales": ["model", "data"], "bf16": ["fp32", "fp16", "keep"]}
-    for key, allowed in choices.items():
-        if key in conf and conf[key] not in allowed:
-            raise ManifestError(f"{where}.{key}: {conf[key]!r} is not one of {', '.join(allowed)}.")
-
-    def number(key):
-        value = conf[key]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ManifestError(f"{where}.{key}: expected a number, got {value!r}.")
-        return value
-
-    if "percentile" in conf and not 0 < number("percentile") <= 100:
-        raise ManifestError(f"{where}.percentile: must be in (0, 100], got {conf['percentile']}.")
-    if conf.get("smooth") is not None and not 0 < number("smooth") < 1:
-        raise ManifestError(f"{where}.smooth: must be between 0 and 1 (exclusive), or null for off; got "
-                            f"{conf['smooth']}.")
-    if "recenter" in conf and not isinstance(conf["recenter"], bool):
-        raise ManifestError(f"{where}.recenter: expected true or false, got {conf['recenter']!r}.")
-    for key in ("include_ops", "exclude_ops", "exclude_nodes"):
-        if conf.get(key) is not None:
-            if not isinstance(conf[key], str):
-                raise ManifestError(f"{where}.{key}: expected a regular expression (a string), got {conf[key]!r}.")
-            try:
-                re.compile(conf[key])
-            except re.error as exc:
-                raise ManifestError(f"{where}.{key}: '{conf[key]}' is not a regular expression: {exc}.") from exc
+def _option_value(value, kind, where: str):
+    """``value`` as an options field of type ``kind`` takes it (an enum member for its value), or ManifestError."""
+    choices = typing.get_args(kind)
+    if type(None) in choices:  # X | None
+        if value is None:
+            return None
+        kind = next(c for c in choices if c is not type(None))
+    if isinstance(kind, type) and issubclass(kind, enum.Enum):
+        allowed = [m.value for m in kind]
+        if value not in allowed:
+            raise ManifestError(f"{where}: {value!r} is not one of {', '.join(allowed)}.")
+        return kind(value)
+    if kind is bool and not isinstance(value, bool):
+        raise ManifestError(f"{where}: expected true or false, got {value!r}.")
+    if kind in (int, float) and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                 or not math.isfinite(value)):
+        raise ManifestError(f"{where}: expected a number, got {value!r}.")
+    if kind is str and not isinstance(value, str):
+        raise ManifestError(f"{where}: expected a string, got {value!r}.")
+    return value
 
 
 def _check_name(name: str, where: str) -> None:

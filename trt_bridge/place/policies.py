@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ActivationSpec, Annotations, Site, WeightSpec
+from trt_bridge.errors import TrtBridgeError
 from trt_bridge.lift.weights import weight_axis
 
 #: op type → input index of the weight
@@ -50,10 +51,22 @@ class PlacementPolicy(str, enum.Enum):
 
 @dataclass(frozen=True)
 class PlacementOptions:
-    policy: PlacementPolicy = PlacementPolicy.TENSORRT
+    """Which tensors get Q/DQ: the policy (``--placement``) and the op types and nodes added or left out."""
+
+    policy: PlacementPolicy = field(default=PlacementPolicy.TENSORRT, metadata={"key": "placement"})
     include_ops: str | None = None  # regex on op types whose float inputs are quantized too
     exclude_ops: str | None = None  # regex on op types never quantized
     exclude_nodes: str | None = None  # regex (searched) on node names never quantized
+
+    def __post_init__(self) -> None:
+        for flag in ("include_ops", "exclude_ops", "exclude_nodes"):
+            pattern = getattr(self, flag)
+            if pattern is not None:
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise TrtBridgeError(f"--{flag.replace('_', '-')} '{pattern}' is not a regular expression: "
+                                         f"{exc}") from exc
 
 
 @dataclass(frozen=True)

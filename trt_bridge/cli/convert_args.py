@@ -1,0 +1,158 @@
+"""The argument groups of ``trt-bridge convert``, one class per options dataclass (Polygraphy's tools/args style).
+
+Each class adds its flags to a parser (``add_to``) and makes its options from the parsed arguments (``parse``);
+the options check their own values (:mod:`trt_bridge.convert.options`), so the command line and a pipeline
+manifest refuse the same values with the same message.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+from trt_bridge.calibrate.observers import CalibMethod
+from trt_bridge.convert.options import (
+    ACCURACY_METRICS,
+    IO_TYPES,
+    AccuracyTarget,
+    CalibrationOptions,
+    PrecisionOptions,
+    RangeOptions,
+    ScaleOptions,
+    ScalePolicy,
+)
+from trt_bridge.errors import TrtBridgeError
+from trt_bridge.lower.precision import HighPrecision
+from trt_bridge.place.policies import PlacementOptions, PlacementPolicy
+from trt_bridge.prepare.types import Bf16Policy
+
+
+class CalibrationArgs:
+    """--calib-data, --calib-random, --calib-method, --percentile: :class:`CalibrationOptions`."""
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("calibration")
+        group.add_argument("--calib-data", metavar="DATA",
+                           help="an .npz keyed by input name, a folder of .npz/.npy feeds, "
+                                "or a data-loader script (loader.py or loader.py:function)")
+        group.add_argument("--calib-random", type=int, metavar="N",
+                           help="calibrate on N random feeds (smoke tests only: scales from noise are poor)")
+        group.add_argument("--calib-method", choices=[m.value for m in CalibMethod], default="max",
+                           help="how an activation's range is chosen from its histogram (default: max)")
+        group.add_argument("--percentile", type=float, default=99.99,
+                           help="percentile for --calib-method percentile (default: 99.99)")
+
+    def parse(self, args: argparse.Namespace) -> CalibrationOptions:
+        return CalibrationOptions(data=args.calib_data, random=args.calib_random,
+                                  method=CalibMethod(args.calib_method), percentile=args.percentile)
+
+
+class ScaleArgs:
+    """--scales model|data|FILE, --qat: :class:`ScaleOptions`."""
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("scales")
+        group.add_argument("--scales", action="append", metavar="model|data|FILE",
+                           help="activation scales of a statically quantized source: 'model' keeps the model's "
+                                "(as symmetric int8 covering each range), 'data' re-derives them from the "
+                                "calibration data (default: data with --calib-data, else model). A FILE (repeatable; "
+                                "a later one wins) is an explicit scale table that wins over everything else: a "
+                                "TensorRT calibration cache, a trt-bridge JSON table or an onnxruntime calibration "
+                                "table")
+        group.add_argument("--qat", metavar="FILE",
+                           help="take scales from quantization-aware training: the QAT model's ONNX export (matched "
+                                "by tensor names, then by structure) or a ModelOpt state dict of _amax buffers "
+                                "(.npz/.safetensors); they win over the model's own scales and over calibration")
+
+    def parse(self, args: argparse.Namespace) -> ScaleOptions:
+        policies = [v for v in args.scales or [] if v in ("model", "data")]
+        files = tuple(v for v in args.scales or [] if v not in ("model", "data"))
+        if len(set(policies)) > 1:
+            raise TrtBridgeError("--scales model and --scales data contradict each other; give one.")
+        for path in files:
+            if not Path(path).is_file():
+                raise TrtBridgeError(f"--scales {path}: no such file (and not 'model' or 'data'). Give a scale "
+                                     "table: a TensorRT calibration cache, a trt-bridge JSON table or an onnxruntime "
+                                     "table.")
+        return ScaleOptions(policy=ScalePolicy(policies[0]) if policies else None, files=files, qat=args.qat)
+
+
+class PlacementArgs:
+    """--placement, --include-ops, --exclude-ops, --exclude-nodes: :class:`PlacementOptions`."""
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("placement")
+        group.add_argument("--placement", choices=[p.value for p in PlacementPolicy], default="tensorrt",
+                           help="'tensorrt' (default) places Q/DQ where TensorRT fuses best; 'preserve' keeps "
+                                "every edge the source quantized")
+        group.add_argument("--include-ops", metavar="REGEX",
+                           help="also quantize the float inputs of these op types (e.g. 'Add|MatMul')")
+        group.add_argument("--exclude-ops", metavar="REGEX", help="never quantize inputs of these op types")
+        group.add_argument("--exclude-nodes", metavar="REGEX",
+                           help="never quantize inputs of nodes whose name matches (searched; e.g. '^head|/fc')")
+
+    def parse(self, args: argparse.Namespace) -> PlacementOptions:
+        return PlacementOptions(policy=PlacementPolicy(args.placement), include_ops=args.include_ops,
+                                exclude_ops=args.exclude_ops, exclude_nodes=args.exclude_nodes)
+
+
+class RangeArgs:
+    """--smooth, --no-smooth, --no-recenter: :class:`RangeOptions`."""
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("accuracy")
+        group.add_argument("--smooth", type=float, default=0.65, metavar="ALPHA",
+                           help="SmoothQuant strength for MatMul inputs: move activation outlier channels into the "
+                                "per-channel weights (0 < ALPHA < 1; default 0.65)")
+        group.add_argument("--no-smooth", action="store_true", help="do not smooth MatMul inputs")
+        group.add_argument("--no-recenter", action="store_true",
+                           help="do not re-centre one-sided activations (keeps the graph free of the extra Sub/Add)")
+
+    def parse(self, args: argparse.Namespace) -> RangeOptions:
+        options = RangeOptions(smooth=args.smooth, recenter=not args.no_recenter)  # --smooth is checked either way
+        return replace(options, smooth=None) if args.no_smooth else options
+
+
+class AccuracyTargetArgs:
+    """--accuracy-target, --accuracy-metric, --eval-data, --eval-random: :class:`AccuracyTarget`."""
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("accuracy target")
+        group.add_argument("--accuracy-target", type=float, metavar="DB",
+                           help="give the quantized layers that cost the most accuracy back to higher precision "
+                                "(fewest first, by bisection) until the worst output's SNR against MODEL reaches DB")
+        group.add_argument("--accuracy-metric", choices=ACCURACY_METRICS, default="snr",
+                           help="what --accuracy-target measures: the worst output's SNR in dB (default) or its "
+                                "cosine similarity to MODEL's (e.g. --accuracy-target 0.999 --accuracy-metric "
+                                "cosine)")
+        group.add_argument("--eval-data", metavar="DATA",
+                           help="feeds --accuracy-target measures on (as --calib-data takes them; use held-out data)")
+        group.add_argument("--eval-random", type=int, metavar="N",
+                           help="measure --accuracy-target on N random feeds instead (default 8 when no --eval-data)")
+
+    def parse(self, args: argparse.Namespace) -> AccuracyTarget:
+        return AccuracyTarget(target=args.accuracy_target, metric=args.accuracy_metric, data=args.eval_data,
+                              random=args.eval_random)
+
+
+class PrecisionArgs:
+    """--high-precision, --io-types, --bf16: :class:`PrecisionOptions`."""
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("types")
+        group.add_argument("--high-precision", choices=[h.value for h in HighPrecision], default="fp32",
+                           help="the type of the layers INT8 leaves alone (TensorRT 11 runs each layer in the type "
+                                "the model gives it): fp32 (default), fp16 or bf16 (compute capability 8.0+), with "
+                                "normalizations, Softmax, Pow, Exp and reductions kept in fp32 (and, for fp16, "
+                                "tensors whose calibrated range exceeds float16's)")
+        group.add_argument("--io-types", choices=IO_TYPES, default="keep",
+                           help="keep the model's input/output types (default), or give them the --high-precision "
+                                "type too")
+        group.add_argument("--bf16", choices=["fp32", "fp16", "keep"], default="fp32",
+                           help="what bfloat16 tensors become: fp32 (default; exact, and what onnxruntime's CPU "
+                                "calibration and every TensorRT GPU run), fp16 (faster; values must fit), keep")
+
+    def parse(self, args: argparse.Namespace) -> PrecisionOptions:
+        return PrecisionOptions(high_precision=args.high_precision, io_types=args.io_types,
+                                bf16=Bf16Policy(args.bf16))

@@ -1,0 +1,135 @@
+"""The options of a conversion: frozen sub-options, one per concern, each checking itself when it is made.
+
+``ConvertOptions`` composes them. ``trt-bridge convert`` fills each from one argument group
+(:mod:`trt_bridge.cli.convert_args`) and a pipeline manifest from its ``convert:`` table
+(:mod:`trt_bridge.manifest.schema`), so both refuse the same values with the same message: the one
+``__post_init__`` raises, which names the command-line flag. A field whose manifest key differs from its name
+says so in its metadata (see :func:`option_key`).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from dataclasses import Field, dataclass, field
+
+from trt_bridge.calibrate.observers import CalibMethod
+from trt_bridge.errors import TrtBridgeError
+from trt_bridge.lower.precision import HighPrecision
+from trt_bridge.place.policies import PlacementOptions
+from trt_bridge.prepare.types import Bf16Policy
+
+#: what --io-types takes: the model's own input/output types, or the --high-precision type
+IO_TYPES = ("keep", "fp16", "bf16")
+#: what --accuracy-metric takes
+ACCURACY_METRICS = ("snr", "cosine")
+
+
+def option_key(f: Field) -> str:
+    """The name of an options field in a pipeline manifest's ``convert:`` table:
+    ``metadata["key"]`` where the field has one, else the field's own name."""
+    return f.metadata.get("key", f.name)
+
+
+class ScalePolicy(str, enum.Enum):
+    """Where activation scales that the source model carries come from."""
+
+    MODEL = "model"  # the symmetric int8 scale covering each source (scale, zero point) range
+    DATA = "data"  # re-derived from calibration data (recovers the bit lost on one-sided ranges)
+
+
+@dataclass(frozen=True)
+class CalibrationOptions:
+    """What calibration runs on (``--calib-data`` or ``--calib-random``) and how it chooses each range."""
+
+    data: str | None = field(default=None, metadata={"key": "calib_data"})  # .npz, folder or loader.py[:fn]
+    random: int | None = field(default=None, metadata={"key": "calib_random"})  # N random feeds (smoke tests)
+    method: CalibMethod = field(default=CalibMethod.MAX, metadata={"key": "calib_method"})
+    percentile: float = 99.99  # for CalibMethod.PERCENTILE
+
+    def __post_init__(self) -> None:
+        if not 0 < self.percentile <= 100:
+            raise TrtBridgeError(f"--percentile must be in (0, 100], got {self.percentile}")
+
+
+@dataclass(frozen=True)
+class ScaleOptions:
+    """Where activation scales come from besides calibration: the source model, scale files, a QAT export."""
+
+    #: --scales model|data; None: data when calibration data is given, else model
+    policy: ScalePolicy | None = field(default=None, metadata={"key": "scales"})
+    #: explicit scale tables (--scales FILE; a later one wins): they win over everything else
+    files: tuple[str, ...] = field(default=(), metadata={"key": "scale_files"})
+    qat: str | None = None  # a QAT ONNX export or ModelOpt state dict (--qat): wins over the model and calibration
+
+
+@dataclass(frozen=True)
+class RangeOptions:
+    """How activation ranges are made to fit int8: SmoothQuant on MatMul inputs, re-centring one-sided ones."""
+
+    smooth: float | None = 0.65  # SmoothQuant alpha for MatMul inputs; None: off
+    recenter: bool = True
+
+    def __post_init__(self) -> None:
+        if self.smooth is not None and not 0 < self.smooth < 1:
+            raise TrtBridgeError(f"--smooth must be between 0 and 1 (exclusive), got {self.smooth}")
+
+
+@dataclass(frozen=True)
+class PrecisionOptions:
+    """The types of what is not INT8: the rest of the graph, the model's inputs and outputs, bfloat16 tensors."""
+
+    high_precision: str = "fp32"  # the non-quantized part of the graph: fp32, fp16 or bf16 (sensitive ops stay fp32)
+    io_types: str = "keep"  # with fp16/bf16 high precision: keep the inputs/outputs' types, or that type too
+    bf16: Bf16Policy = Bf16Policy.FP32  # what bfloat16 tensors become (onnxruntime's CPU runs no bfloat16)
+
+    def __post_init__(self) -> None:
+        choices = [h.value for h in HighPrecision]
+        if self.high_precision not in choices:
+            raise TrtBridgeError(f"--high-precision {self.high_precision}: choose one of {', '.join(choices)}.")
+        if self.io_types not in IO_TYPES:
+            raise TrtBridgeError(f"--io-types {self.io_types}: choose keep, fp16 or bf16.")
+        if self.io_types != "keep" and self.io_types != self.high_precision:
+            raise TrtBridgeError(f"--io-types {self.io_types} gives the model's inputs and outputs the type of "
+                                 f"--high-precision, which is {self.high_precision}: pass --high-precision "
+                                 f"{self.io_types}, or --io-types keep.")
+
+
+@dataclass(frozen=True)
+class ConvertOptions:
+    """Every option of a conversion (``trt-bridge convert``'s flags but -o, --report, --json and the accuracy
+    target), by concern."""
+
+    calibration: CalibrationOptions = field(default_factory=CalibrationOptions)
+    scales: ScaleOptions = field(default_factory=ScaleOptions)
+    placement: PlacementOptions = field(default_factory=PlacementOptions)
+    ranges: RangeOptions = field(default_factory=RangeOptions)
+    precision: PrecisionOptions = field(default_factory=PrecisionOptions)
+    check: bool = True  # run `trt-bridge check` on the output (with TensorRT's parser when installed)
+    progress: bool = True
+
+
+@dataclass(frozen=True)
+class AccuracyTarget:
+    """``convert --accuracy-target``: the accuracy the converted model must reach against the source, and the
+    feeds it is measured on (``target`` None: no target, the plain conversion)."""
+
+    target: float | None = None  # the worst output's SNR in dB, or its cosine similarity with metric "cosine"
+    metric: str = "snr"
+    data: str | None = None  # evaluation feeds, as CalibrationOptions.data takes them (use held-out data)
+    random: int | None = None  # N random evaluation feeds instead
+
+    def __post_init__(self) -> None:
+        if self.metric not in ACCURACY_METRICS:
+            raise TrtBridgeError(f"--accuracy-metric {self.metric}: choose snr or cosine.")
+        if self.target is None:
+            if self.data or self.random or self.metric != "snr":
+                raise TrtBridgeError("--eval-data, --eval-random and --accuracy-metric are for --accuracy-target; "
+                                     "give that too.")
+            return
+        if not math.isfinite(self.target):
+            raise TrtBridgeError(f"--accuracy-target must be a finite number of dB, got {self.target}")
+        if self.metric == "cosine" and not -1.0 < self.target <= 1.0:
+            raise TrtBridgeError(f"--accuracy-target {self.target} with --accuracy-metric cosine: a cosine "
+                                 "similarity is at most 1 (e.g. 0.999).")
+
