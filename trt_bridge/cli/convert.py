@@ -17,9 +17,10 @@ from trt_bridge.cli.convert_args import (
     RangeArgs,
     ScaleArgs,
 )
-from trt_bridge.convert import convert, input_files
+from trt_bridge.convert import convert
 from trt_bridge.convert.accuracy import convert_to_target
 from trt_bridge.convert.options import ConvertOptions
+from trt_bridge.convert.stages import input_files
 from trt_bridge.ir.files import write_text_atomic
 
 DESCRIPTION = """\
@@ -72,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     report_path = args.report or (Path(args.json) if args.json not in (None, "-") else None)
     if report_path:
         check_output_path(report_path, [args.model, output, output.with_name(output.name + ".data"),
-                                        *input_files(args.model, options), source_path(args.eval_data)], "report")
+                                        *input_files(options), source_path(args.eval_data)], "report")
     target = TARGET.parse(args)
     if target.target is not None:
         report, result = convert_to_target(args.model, output, options, target.target, target.data, target.random,

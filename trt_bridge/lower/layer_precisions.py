@@ -6,8 +6,11 @@ is dequantized from int8 runs INT8, any other layer in its output's type (FP32, 
 
 from __future__ import annotations
 
+from dataclasses import asdict
+
 import onnx
 
+from trt_bridge.ir.size import is_large
 from trt_bridge.ir.types import elem_types
 
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
@@ -45,3 +48,14 @@ def precision_line(precisions: dict) -> str:
     counts = precisions["counts"]
     return "layers by precision (as TensorRT will run them): " + (
         ", ".join(f"{k.upper()} {v}" for k, v in counts.items()) or "none")
+
+
+def precision_report(model: onnx.ModelProto, high_precision: str, kept: list | None) -> dict | None:
+    """The report's ``precision``: ``--high-precision``, the layers by precision, and the layers kept in float32
+    (None for a model over 2 GB, whose layers are not read back)."""
+    if is_large(model):
+        return None
+    report = {"high_precision": high_precision, **layer_precisions(model)}
+    if kept is not None:
+        report["kept_in_float32"] = [asdict(k) for k in kept]
+    return report

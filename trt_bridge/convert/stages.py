@@ -1,0 +1,228 @@
+"""The stages of a conversion over one shared :class:`Conversion` state; each returns the report fields it
+contributes (:class:`trt_bridge.stage.StageResult`). Their order is ``trt_bridge.convert.STAGES``."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import onnx
+import onnx_graphsurgeon as gs
+
+from trt_bridge.annotations import ScaleSource
+from trt_bridge.calibrate import CalibMethod, model_inputs, open_feeds
+from trt_bridge.calibrate.feed_sources import source_path
+from trt_bridge.calibrate.ranges import observed_ranges
+from trt_bridge.calibrate.recenter import recenter
+from trt_bridge.calibrate.two_pass import calibrate_graph
+from trt_bridge.checks import CheckOptions, check_model
+from trt_bridge.convert.options import ConvertOptions, ScalePolicy
+from trt_bridge.convert.report import FloatLeftover, RuleHits
+from trt_bridge.errors import CalibrationDataError, TrtBridgeError
+from trt_bridge.ir.export import export_model
+from trt_bridge.ir.files import check_name_lengths, check_writable, external_data_files, same_file
+from trt_bridge.ir.finalize import finalize
+from trt_bridge.ir.model import default_opset, load_model
+from trt_bridge.ir.save import save_model
+from trt_bridge.ir.size import is_large, release_memory
+from trt_bridge.ir.store import WeightStore
+from trt_bridge.ir.values import check_output_finite, check_source_scales, check_source_weights, nonfinite_count
+from trt_bridge.lift.pipeline import lift_model
+from trt_bridge.lower.layer_precisions import precision_report
+from trt_bridge.lower.precision import to_low_precision
+from trt_bridge.lower.qdq import check_quantizable, lower, needs_opset
+from trt_bridge.place.policies import place
+from trt_bridge.place.shared import share_scales
+from trt_bridge.prepare.types import feed_types
+from trt_bridge.scales.apply import apply, check_against_data, load_sources
+from trt_bridge.stage import StageResult
+
+
+@dataclass
+class Conversion:
+    """What the stages share: the paths and options, and what each stage leaves for the next."""
+
+    model_path: Path
+    output_path: Path
+    options: ConvertOptions
+    model: onnx.ModelProto | None = None  # the source, until lifting consumes it
+    declared: dict[str, int] = field(default_factory=dict)  # the exporter's value_info types
+    source_nonfinite: int = 0
+    feeds: Any = None  # calibrate.FeedSource
+    imported: Any = None  # scales.ScaleTable from --scales FILE / --qat
+    store: WeightStore | None = None  # a model over 2 GB: where its lifted weights live
+    lifted: onnx.ModelProto | None = None  # the lifted float model (a header, with a store)
+    graph: gs.Graph | None = None  # the lifted graph, placed, calibrated, lowered in place
+    ctx: Any = None  # lift.LiftContext: annotations, rules fired and declined
+    placement: Any = None  # place.Placement
+    calibration: Any = None  # calibrate.CalibrationResult
+    recentered: list = field(default_factory=list)
+    ranges: dict | None = None  # --high-precision fp16: observed ranges of the float layers
+    out_model: onnx.ModelProto | None = None
+
+
+def input_files(options: ConvertOptions) -> list[Path]:
+    """Every file a conversion reads besides the model itself: feeds, a loader script, scale files, a QAT file."""
+    return [source_path(spec) for spec in (options.calibration.data, *options.scales.files, options.scales.qat)
+            if spec is not None]
+
+
+def check_paths(state: Conversion) -> None:
+    """The output must be writable, and neither the model nor (with its ``.data`` file) any file it reads."""
+    model_path, output_path = state.model_path, state.output_path
+    check_name_lengths(output_path, "output model")
+    if output_path.resolve() == model_path.resolve():
+        raise TrtBridgeError(f"the output path {output_path} is the input model; choose another with -o.")
+    for target in (output_path, output_path.with_name(output_path.name + ".data")):
+        for source in input_files(state.options):
+            if same_file(target, source):
+                raise TrtBridgeError(f"the output model {output_path} would overwrite {source}, which this "
+                                     "conversion reads; choose another output path with -o.")
+    check_writable(output_path, "output model")
+
+
+def load(state: Conversion) -> StageResult:
+    """Load and check the source; open (and check) the calibration data and any scale files before any work, so
+    a bad path fails fast."""
+    check_paths(state)
+    options = state.options
+    model = state.model = load_model(state.model_path, state.declared)
+    check_source_scales(model, state.model_path)
+    check_source_weights(model, state.model_path)
+    state.source_nonfinite = nonfinite_count(model)  # -inf attention masks are fine; new ones are overflows
+    if options.calibration.data is not None or options.calibration.random is not None:
+        inputs = feed_types(model_inputs(model), options.precision.bf16)
+        state.feeds = open_feeds(options.calibration.data, options.calibration.random, inputs, model=model)
+        state.feeds.check()
+    state.imported = load_sources(options.scales.files, options.scales.qat, model)  # matched against the source
+    return StageResult("load", records={"input": str(state.model_path), "output": str(state.output_path),
+                                        "source_opset": default_opset(model)})
+
+
+def lift(state: Conversion) -> StageResult:
+    """The source to the float graph and its annotations. A model over 2 GB is held once: its lifted weights go
+    to a private file the graph and onnxruntime map (:mod:`trt_bridge.ir.store`)."""
+    state.store = WeightStore() if is_large(state.model) else None
+    state.lifted, ctx = lift_model(state.model, state.model_path, state.options.precision.bf16, state.declared,
+                                   state.store)
+    state.ctx, state.model = ctx, None
+    release_memory()
+    state.graph = gs.import_onnx(state.lifted)  # keeps referring to lifted's weights: no copy
+    if state.store is not None:
+        state.store.attach(state.graph)
+    return StageResult("lift", changed=sum(len(nodes) for nodes in ctx.fired.values()), records={
+        "rules": [RuleHits(rule, nodes) for rule, nodes in ctx.fired.items()],
+        "sanitized": [asdict(c) for c in ctx.prepared], "approximated": [asdict(a) for a in ctx.approximated]})
+
+
+def place_quantizers(state: Conversion) -> StageResult:
+    """Which tensors get Q/DQ, with which scale source; imported scales applied."""
+    options, ctx, feeds = state.options, state.ctx, state.feeds
+    scales = options.scales.policy or (ScalePolicy.DATA if options.calibration.data is not None
+                                       else ScalePolicy.MODEL)
+    if scales is ScalePolicy.DATA:
+        if feeds is None:
+            raise CalibrationDataError("--scales data re-derives activation scales from calibration data: "
+                                       "pass --calib-data (or use --scales model).")
+        for spec in ctx.annotations.activations.values():
+            spec.scale, spec.source = None, None
+    state.placement = place(state.graph, ctx.annotations, options.placement,
+                            feeds is not None or state.imported is not None)  # imported scales stand in for data
+    if state.imported is not None:
+        apply(state.graph, ctx.annotations, state.imported, calibrating=feeds is not None)
+    check_quantizable(state.graph, ctx.annotations)
+    left = [FloatLeftover(x.node, "", f"'{x.tensor}': {x.reason}") for x in state.placement.left_in_float]
+    return StageResult("place", changed=len(ctx.annotations.activations), records={
+        "placement": options.placement.policy.value, "scales": scales.value,
+        "left_in_float": left + [FloatLeftover(d.node, d.op, d.reason) for d in ctx.declined],
+        "imported_scales": None if state.imported is None else state.imported.to_dict()})
+
+
+def calibrate(state: Conversion) -> StageResult:
+    """Scales for what has none (calibration, with smoothing), re-centring, shared scales, imported scales checked
+    against the data, and the float layers' ranges for fp16."""
+    options, ctx, feeds = state.options, state.ctx, state.feeds
+    records: dict[str, Any] = {"calibration": None, "smoothed": []}
+    needed = ctx.annotations.needing_calibration()
+    if needed:
+        if feeds is None:
+            raise CalibrationDataError(
+                f"{state.model_path}: {len(needed)} activation(s) (e.g. '{needed[0]}') have no static scale in "
+                "the model (dynamic quantization computes them at run time; block floating point has none "
+                "TensorRT can use). Pass --calib-data with "
+                "representative inputs, or --calib-random N for a quick smoke test."
+            )
+        method = options.calibration.method
+        result, smoothed = calibrate_graph(state.graph, ctx.annotations, state.lifted, needed, feeds, method,
+                                           options.calibration.percentile, options.ranges.smooth, options.progress)
+        state.calibration = result
+        for name in needed:
+            spec = ctx.annotations.activations[name]
+            spec.scale, spec.source = result.scale(name), ScaleSource.CALIBRATION
+        records["calibration"] = {
+            "feeds": result.feeds, "skipped_feeds": result.skipped, "method": result.method.value,
+            "seconds": result.seconds,
+            "percentile": options.calibration.percentile if result.method is CalibMethod.PERCENTILE else None,
+            "ranges": {k: {"min": o.lo, "max": o.hi, "amax": result.amax(k)}
+                       for k, o in sorted(result.observers.items())}}
+        records["smoothed"] = [asdict(x) for x in smoothed]
+    shared = state.placement.shared_scales
+    if options.ranges.recenter:
+        high = options.precision.high_precision
+        state.recentered = recenter(state.graph, ctx.annotations, state.calibration,
+                                    skip={t for group in shared for t in group},
+                                    center_type=None if high == "fp32" else high)
+    share_scales(ctx.annotations, shared)
+    if state.imported is not None and feeds is not None:  # after sharing: the scales the output will have
+        keep = frozenset({t for group in shared for t in group} | {r.tensor for r in state.recentered})
+        check_against_data(state.lifted, ctx.annotations, state.imported, feeds, options.progress, keep)
+    if options.precision.high_precision == "fp16" and feeds is not None:
+        state.ranges = observed_ranges(state.lifted, feeds, options.progress)
+    records["recentered"] = [asdict(r) for r in state.recentered]
+    return StageResult("calibrate", changed=len(needed), records=records)
+
+
+def lower_model(state: Conversion) -> StageResult:
+    """Q/DQ written, the graph exported and finished, the float layers in ``--high-precision``."""
+    options, store = state.options, state.store
+    quantized = lower(state.graph, state.ctx.annotations)
+    if store is not None:
+        release_memory()  # the float weights just quantized: their maps go before the export copies the rest
+    exported, lifted_opset = export_model(state.graph), default_opset(state.lifted)
+    state.graph = state.lifted = None  # the float model goes before the output is checked
+    release_memory()
+    if store is not None:
+        store.close()
+    out_model = finalize(exported, lifted_opset, check=True, min_opset=needs_opset(quantized))
+    del exported
+    kept_fp32 = None
+    high = options.precision.high_precision
+    if high != "fp32":
+        exact = {layer: r.tensor for r in state.recentered for layer in r.compensated}
+        out_model, kept_fp32 = to_low_precision(out_model, high, state.ranges,
+                                                keep_io_types=options.precision.io_types == "keep", exact=exact)
+        out_model = finalize(out_model, default_opset(out_model), check=True, min_opset=19)
+    state.out_model = out_model
+    return StageResult("lower", changed=len(quantized), records={
+        "quantized": [asdict(q) for q in quantized], "output_opset": default_opset(out_model),
+        "precision": precision_report(out_model, high, kept_fp32)})
+
+
+def save(state: Conversion) -> StageResult:
+    """Refuse non-finite values the source did not have, then write the output atomically (never over an input);
+    a model over 2 GB is checked from disk."""
+    check_output_finite(state.out_model, state.source_nonfinite, state.model_path)
+    written = save_model(state.out_model, state.output_path,
+                         protect=(state.model_path, *external_data_files(state.model_path)))
+    if is_large(state.out_model):
+        onnx.checker.check_model(str(written), full_check=True)
+    return StageResult("save", changed=1)
+
+
+def check(state: Conversion) -> StageResult:
+    """``trt-bridge check`` on the written output (with TensorRT's parser where installed)."""
+    checked = check_model(state.output_path, CheckOptions())
+    return StageResult("check", changed=0, records={
+        "check": {**checked.to_dict(), "headline": checked.headline()},
+        "remaining_blockers": [f"{f.op} '{f.node}': {f.why}" for f in checked.blockers]})
