@@ -18,12 +18,13 @@ from ``getrusage(RUSAGE_CHILDREN)``. Defaults (hidden 1536, 20 layers, vocabular
 
 ``--build`` also builds the output with TensorRT-RTX ahead of time for SM 8.9.
 
-Measured here (2 cores, shared; ``--hidden 1408 --layers 22``: 566 M parameters, 2.27 GB of float32, 8 feeds of
-128 tokens): convert exits 0 in about 1.5 minutes and writes a 0.70 GB TensorRT-ready INT8 model (220 tensors
-quantized; TensorRT-RTX's parser accepts it and builds a 713 MB SM 8.9 engine). Peak RSS 4.80 GB: 2.12× the float
-model (about 0.3 GB of it is the process itself: Python, onnxruntime, TensorRT), reached while calibrating
-(the float model once, onnxruntime's session holding its own copy). Before issue 16's fixes: 10.5 GB (4.6×), and
-a model over the limit failed its final check.
+Measured here (2 cores; ``--hidden 1408 --layers 22``: 566 M parameters, 2.27 GB of float32, 8 feeds of
+128 tokens): convert exits 0 in about a minute and writes a 0.70 GB TensorRT-ready INT8 model (TensorRT-RTX's
+parser accepts it and builds a 713 MB SM 8.9 engine). Peak RSS 3.54 GB: 1.56× the float model (about 0.3 GB of it
+is the process itself: Python, onnxruntime, TensorRT). The lifted weights live in a private file the graph and
+onnxruntime's calibration session both map (``trt_bridge.ir.store``); the peak is the source model while it is
+lifted, or the mapped weights plus the int8 output while lowering. Before: 4.80 GB (2.12×: the calibration session
+held its own copy), and 10.5 GB (4.6×) before issue 16's first fixes.
 
 Small sizes (``--hidden 64 --layers 2 --vocab 1000``) with ``--threshold BYTES`` exercise the same
 external-data path on a model of a few MB (what tests/test_large_model.py does).

@@ -19,6 +19,7 @@ import onnx
 from trt_bridge.bench.inputs import concrete_specs, first_feed
 from trt_bridge.calibrate.feeds import Feed, model_inputs
 from trt_bridge.errors import MissingDependencyError, ModelLoadError, TrtBridgeError
+from trt_bridge.runtime.session import create_session
 
 log = logging.getLogger("trt_bridge.bench")
 
@@ -75,7 +76,7 @@ class OrtRunner:
         providers = [name] + (["CUDAExecutionProvider"] if options.provider == "tensorrt" else [])
         providers += ["CPUExecutionProvider"] if name != "CPUExecutionProvider" else []
         try:
-            self.session = ort.InferenceSession(str(self.path), session_options, providers=providers)
+            self.session = create_session(str(self.path), session_options, providers)
         except Exception as exc:  # onnxruntime raises its own exception types (Fail, InvalidGraph, ...)
             raise TrtBridgeError(f"{self.path}: onnxruntime cannot load the model: {exc}") from exc
         if name not in self.session.get_providers():
