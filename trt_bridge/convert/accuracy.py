@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trt_bridge.convert import convert
-from trt_bridge.verify import DEFAULT_RANDOM_FEEDS, VerifyOptions, checked_feeds, quiet_polygraphy, verify
+from trt_bridge.verify import DEFAULT_RANDOM_FEEDS, QuietPolygraphy, VerifyOptions, checked_feeds, verify
 from trt_bridge.verify.layers import isolated_errors
 
 log = logging.getLogger("trt_bridge.convert.accuracy")
@@ -160,7 +160,7 @@ def search(rankings: dict[str, list[str]], probe, target_db: float) -> tuple[Pro
 def _rankings(model_path: Path, candidate: Path, checked, measure) -> dict[str, list[str]]:
     """The two rankings of the module doc, most harmful first."""
 
-    with quiet_polygraphy():  # it would print "Loading input data" where --json goes
+    with QuietPolygraphy():  # it would print "Loading input data" where --json goes
         feeds = checked_feeds(model_path, candidate, measure)[:measure.layer_feeds]
     isolated = isolated_errors(candidate, feeds, measure.layer_batch)
     by_isolated = sorted((n for n, v in isolated.items() if v is not None), key=lambda n: (isolated[n], n))

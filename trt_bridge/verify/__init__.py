@@ -117,7 +117,7 @@ class VerifyReport:
 
 def verify(reference: str | Path, candidate: str | Path, options: VerifyOptions = VerifyOptions()) -> VerifyReport:
     """Compare ``candidate`` (and an engine) against ``reference`` on the same feeds."""
-    with quiet_polygraphy():
+    with QuietPolygraphy():
         return _verify(Path(reference), Path(candidate), options)
 
 
@@ -264,7 +264,7 @@ def _run(reference: Path, candidate: Path, feeds, options: VerifyOptions):
     return results
 
 
-class quiet_polygraphy:
+class QuietPolygraphy:
     """Polygraphy logs each runner's progress on stdout, which would mix with `--json` output: keep it to
     errors unless trt-bridge runs with -vv, and without its colour probe."""
 
