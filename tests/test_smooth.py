@@ -21,6 +21,7 @@ from trt_bridge.calibrate.smooth import candidates, smooth
 from trt_bridge.convert import convert
 from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, RangeOptions
 from trt_bridge.lift.weights import effective_weight
+from trt_bridge.runtime.session import session
 
 
 #   x[2,4,8] ─ LayerNormalization(gamma, beta) ─ ln ─┬─ MatMul(Wq) ─ q
@@ -69,6 +70,67 @@ def test_not_smoothed_when_the_layer_norm_output_has_other_readers():
     graph, ann = _graph(np.random.default_rng(1))
     graph.outputs.append(graph.nodes[0].outputs[0])  # ln is also a graph output
     assert candidates(graph, ann) == []
+
+
+#   x[2,4,8] ─ LayerNormalization ─ ln ─┬─ MatMul(Wq) ─ q
+#                                      ├─ MatMul(Wk) ─ k
+#                                      └─ Add(x) ─ r          (the residual branch of a post-LN encoder)
+def test_a_residual_reader_gets_the_layer_norm_output_back_through_one_mul():
+    """BERT's LayerNormalization output feeds its q/k/v projections and the next residual Add. Smoothing still
+    folds 1/s into the LayerNormalization; the Add reads ``ln/s · s`` through one Mul (which TensorRT fuses into
+    the Add), so the float model computes what it did. On a real-weight MiniLM-L6 this is what lets smoothing
+    act at all: float → INT8 went from 15.2 to 17.2 dB on held-out sentences (the corpus's ``minilm-real``)."""
+    def build(rng):
+        graph, ann = _graph(rng)
+        x, ln = graph.inputs[0], graph.nodes[0].outputs[0]
+        r = gs.Variable("r", np.float32, [2, 4, 8])
+        graph.nodes.append(gs.Node("Add", "residual", {}, [ln, x], [r]))
+        graph.outputs.append(r)
+        return graph, ann
+
+    rng = np.random.default_rng(3)
+    graph, ann = build(rng)
+    ref_graph, ref_ann = build(np.random.default_rng(3))
+    for node in ref_graph.nodes[1:3]:
+        node.inputs[1] = gs.Constant(node.inputs[1].name + "_eff",
+                                     effective_weight(ref_ann.weights[node.inputs[1].name], node.inputs[1]))
+    assert candidates(graph, ann) == ["ln"]
+    done, _ = smooth(graph, ann, {"ln": np.array([0.5, 8.0, 0.4, 0.6, 0.5, 12.0, 0.7, 0.5])}, alpha=0.65)
+    assert [d.folded_into for d in done] == ["ln_node"]
+    assert sorted(n.op for n in graph.nodes) == ["Add", "LayerNormalization", "MatMul", "MatMul", "Mul"]
+    add = next(n for n in graph.nodes if n.op == "Add")
+    assert add.inputs[0].inputs[0].op == "Mul" and add.inputs[0].inputs[0].inputs[0].name == "ln"
+    assert {s.node for s in ann.activations["ln"].sites} == {"mm_q", "mm_k"}  # the Add's input stays float
+    feeds = [{"x": rng.standard_normal((2, 4, 8)).astype(np.float32)} for _ in range(3)]
+    got, want = session(gs.export_onnx(graph)), session(gs.export_onnx(ref_graph))
+    for feed in feeds:
+        for g, w in zip(got.run(None, feed), want.run(None, feed), strict=True):  # q, k and the residual r
+            np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_a_post_layer_norm_encoder_converts_smoothed_and_builds(tmp_path):
+    """End to end on a BERT-style (post-LN) encoder whose LayerNormalization outputs also feed residual Adds:
+    every such output is smoothed, the model stays close to the float one, and TensorRT-RTX builds it."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("large_model", Path(__file__).parents[1] / "scripts" /
+                                                  "large_model.py")
+    large_model = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(large_model)
+    src = large_model.build(tmp_path / "float", hidden=64, layers=2, vocab=500, seq=32, heads=4)
+    rng = np.random.default_rng(1)
+    np.savez(tmp_path / "calib.npz", input_ids=rng.integers(0, 500, (8, 1, 32), np.int64))  # 256 rows
+    held_out = [{"input_ids": rng.integers(0, 500, (1, 32), np.int64)} for _ in range(8)]
+    out = tmp_path / "int8.onnx"
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                              progress=False))
+    # embeddings.ln feeds layer 0's projections and its residual; each ln1 feeds the FFN and the residual
+    assert {s["folded_into"] for s in report.smoothed} == {"embeddings.ln", "layer0.ln1", "layer1.ln1", "layer0.ln2"}
+    assert "Mul" in op_types(out)
+    assert snr_db(run_ort(src, held_out), run_ort(out, held_out)) > 32.0  # measured 35.1 dB
+    assert_qdq_contract(out)
+    assert_tensorrt_ready(out)
 
 
 def test_smoothing_wins_accuracy_on_an_encoder_with_outlier_channels(tmp_path):

@@ -5,11 +5,16 @@ must cover them and loses resolution everywhere else. For ``X[.., K] · W[K, N]`
 per-channel factors ``s_k = max|X_k|^α / max|W_k|^(1−α)`` move the outliers into the
 weights, which are quantized per output channel anyway::
 
-    Before:  LayerNormalization(γ, β) ─ x ─ MatMul(W) ─ y        (x has outlier channels)
-    After:   LayerNormalization(γ/s, β/s) ─ x/s ─ MatMul(diag(s)·W) ─ y    exact in float
+    Before:  LayerNormalization(γ, β) ─ x ─┬─ MatMul(W) ─ y        (x has outlier channels)
+                                           └─ Add (residual)
+    After:   LayerNormalization(γ/s, β/s) ─ x/s ─┬─ MatMul(diag(s)·W) ─ y    exact in float
+                                                 └─ Mul(s) ─ Add (residual)
 
-Only LayerNormalization outputs read by nothing but such MatMuls are smoothed, so
-``1/s`` always folds into gamma and beta and no op is added.
+Only LayerNormalization outputs whose quantized readers are all such MatMuls are smoothed, so
+``1/s`` always folds into gamma and beta. A reader left in float (BERT's residual Add reads the
+same LayerNormalization output as its q/k/v projections) gets ``x`` back through one Mul, which
+TensorRT fuses into that reader; without it a post-LN encoder could not be smoothed at all (a
+real-weight MiniLM-L6: float → INT8 15.2 dB before, 17.2 dB with it, on held-out sentences).
 
 All MatMuls that read the same tensor (q, k, v projections) share one ``s``. Their
 weights become new float constants, re-quantized per output channel at lowering
@@ -43,6 +48,7 @@ class Smoothed:
     alpha: float
     folded_into: str  # the LayerNormalization that absorbed 1/s
     max_factor: float
+    restored_for: tuple[str, ...] = ()  # float readers (a residual Add) that read x back through a Mul(s)
 
 
 class ChannelMaxObserver:
@@ -139,7 +145,18 @@ def smooth(graph: gs.Graph, annotations: Annotations, channel_max: dict[str, np.
                 del annotations.weights[old.name]
             annotations.add_weight(WeightSpec(new.name, [Site(node.name, 1)], old_spec.axis, old_spec.origin))
             node.inputs[1] = new
-        done.append(Smoothed(name, alpha, ln.name, float(s.max())))
+        x = tensors[name]
+        site_ids = {id(n) for n in sites}
+        others = [n for n in x.outputs if id(n) not in site_ids]
+        if others:  # the residual branch reads x as it was: x/s · s
+            restored = gs.Variable(names(f"{name}_unsmoothed"), dtype=x.dtype, shape=x.shape)
+            factor = gs.Constant(names(f"{name}_smooth_factors"), s.astype(ftype))
+            graph.nodes.append(gs.Node("Mul", names(f"{ln.name}_unsmooth"), inputs=[x, factor], outputs=[restored]))
+            for node in others:
+                for i, t in enumerate(node.inputs):
+                    if t is x:
+                        node.inputs[i] = restored
+        done.append(Smoothed(name, alpha, ln.name, float(s.max()), tuple(n.name for n in others)))
         factors[name] = s
     if done:
         graph.cleanup().toposort()
@@ -147,7 +164,7 @@ def smooth(graph: gs.Graph, annotations: Annotations, channel_max: dict[str, np.
 
 
 def _foldable_layer_norm(x: gs.Tensor, sites: list[gs.Node], graph_outputs: set[str]) -> gs.Node | None:
-    """The LayerNormalization producing ``x`` if only the smoothed MatMuls read ``x``."""
+    """The LayerNormalization producing ``x`` (not a graph output) if the smoothed MatMuls are among its readers."""
     if len(x.inputs) != 1 or x.name in graph_outputs:
         return None
     ln = x.inputs[0]
@@ -159,6 +176,6 @@ def _foldable_layer_norm(x: gs.Tensor, sites: list[gs.Node], graph_outputs: set[
         return None
     if len(ln.outputs) > 1 and any(o.outputs for o in ln.outputs[1:]):
         return None
-    if {id(n) for n in x.outputs} != {id(n) for n in sites}:
+    if not {id(n) for n in sites} <= {id(n) for n in x.outputs}:
         return None
     return ln
