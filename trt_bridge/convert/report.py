@@ -76,8 +76,10 @@ class ConversionReport:
             c = self.calibration
             lines.append(f"  calibration: {c['feeds']} feed(s), method {c['method']}, {c['seconds']:.2f} s")
         if self.smoothed:
-            lines.append(f"  smoothed {len(self.smoothed)} LayerNormalization output(s) into their MatMul weights "
-                         f"(alpha {self.smoothed[0]['alpha']})")
+            by_mul = sum(1 for x in self.smoothed if x["through"] == "Mul")
+            lines.append(f"  smoothed {len(self.smoothed)} MatMul input(s) into their weights "
+                         f"(alpha {self.smoothed[0]['alpha']}; {len(self.smoothed) - by_mul} folded into "
+                         f"LayerNormalization, {by_mul} through a Mul)")
         if self.recentered:
             lines.append(f"  re-centred {len(self.recentered)} one-sided activation(s) "
                          "so symmetric int8 keeps all 8 bits")
