@@ -106,7 +106,7 @@ def measure(arch: str, column: str, source: Path, float_dir: Path, work: Path, r
         try:
             report = convert(source, out, options)
         except TrtBridgeError as exc:
-            if options.calib_data is not None or "no static scale" not in str(exc):
+            if options.calibration.data is not None or "no static scale" not in str(exc):
                 raise
             # a static source with some tensors left to calibrate: give it the data
             report = convert(source, out, ConvertOptions(calibration=CalibrationOptions(data=calib),
