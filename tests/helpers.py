@@ -8,6 +8,17 @@ import numpy as np
 import onnx
 
 SHARED_MODELS = Path(__file__).resolve().parents[1].parent / "shared" / "models"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+def load_script(name: str):
+    """A script of ``scripts/`` as a module (``load_script("large_model").build(...)``)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def save(model: onnx.ModelProto, path: Path) -> Path:

@@ -7,26 +7,19 @@ is ``scripts/large_model.py OUT`` (outside ``make test``)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
 
-from tests.helpers import assert_qdq_contract, assert_tensorrt_ready, run_ort, snr_db
+from tests.helpers import assert_qdq_contract, assert_tensorrt_ready, load_script, run_ort, snr_db
 from trt_bridge.cli import main
 from trt_bridge.ir.store import WeightStore
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "large_model.py"
-
 
 def _script():
-    spec = importlib.util.spec_from_file_location("large_model", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
+    return load_script("large_model")
 
 
 @pytest.fixture(autouse=True)

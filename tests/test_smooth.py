@@ -8,6 +8,7 @@ import onnx_graphsurgeon as gs
 from helpers import (
     assert_qdq_contract,
     assert_tensorrt_ready,
+    load_script,
     op_types,
     quantize_dynamic,
     run_exact,
@@ -165,14 +166,7 @@ def test_a_post_layer_norm_encoder_converts_smoothed_and_builds(tmp_path):
     """End to end on a BERT-style (post-LN) encoder whose LayerNormalization outputs also feed residual Adds and
     carry outlier channels: every such output is smoothed, the model stays close to the float one, and
     TensorRT-RTX builds it."""
-    import importlib.util
-    from pathlib import Path
-
-    spec = importlib.util.spec_from_file_location("large_model", Path(__file__).parents[1] / "scripts" /
-                                                  "large_model.py")
-    large_model = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(large_model)
-    built = large_model.build(tmp_path / "float", hidden=64, layers=2, vocab=500, seq=32, heads=4)
+    built = load_script("large_model").build(tmp_path / "float", hidden=64, layers=2, vocab=500, seq=32, heads=4)
     # real encoders carry a few outlier channels out of each LayerNormalization (MiniLM-L6: the largest channel
     # 4.5-20x the median); plant two, 25x, in every gamma and beta (random weights have none: nothing is smoothed)
     model = onnx.load(str(built))
