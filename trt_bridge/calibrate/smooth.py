@@ -29,6 +29,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations, ScaleSource, Site, WeightSpec
+from trt_bridge.ir.graph_builder import redirect
 from trt_bridge.ir.names import NameAllocator
 from trt_bridge.lift.weights import effective_weight
 
@@ -144,15 +145,18 @@ def smooth(graph: gs.Graph, annotations: Annotations, channel_max: dict[str, np.
             if beta is not None:
                 ln.inputs[2] = gs.Constant(names(f"{beta.name}_smoothed"), (beta.values / s).astype(ftype))
             applied_by = ln.name
+            if others:  # the residual branch reads x as it was: x/s · s
+                restored = gs.Variable(names(f"{name}_unsmoothed"), dtype=x.dtype, shape=x.shape)
+                factor = gs.Constant(names(f"{name}_smooth_factors"), s.astype(ftype))
+                graph.nodes.append(gs.Node("Mul", names(f"{ln.name}_unsmooth"), inputs=[x, factor],
+                                           outputs=[restored]))
+                redirect(others, x, restored)
         else:  # producer ─ x_unsmoothed ─ Mul(1/s) ─ x: x keeps its name (and its annotation)
             ftype = np.dtype(x.dtype) if x.dtype is not None else np.dtype(np.float32)
             producer = x.inputs[0]
             raw = gs.Variable(names(f"{name}_unsmoothed"), dtype=x.dtype, shape=x.shape)
             producer.outputs[[id(o) for o in producer.outputs].index(id(x))] = raw
-            for node in others:
-                for i, t in enumerate(node.inputs):
-                    if t is x:
-                        node.inputs[i] = raw
+            redirect(others, x, raw)
             factor = gs.Constant(names(f"{name}_smooth_divisors"), (1.0 / s).astype(ftype))
             applied_by = names(f"{name}_smooth")
             graph.nodes.append(gs.Node("Mul", applied_by, inputs=[raw, factor], outputs=[x]))
@@ -165,14 +169,6 @@ def smooth(graph: gs.Graph, annotations: Annotations, channel_max: dict[str, np.
                 del annotations.weights[old.name]
             annotations.add_weight(WeightSpec(new.name, [Site(node.name, 1)], old_spec.axis, old_spec.origin))
             node.inputs[1] = new
-        if ln is not None and others:  # the residual branch reads x as it was: x/s · s
-            restored = gs.Variable(names(f"{name}_unsmoothed"), dtype=x.dtype, shape=x.shape)
-            factor = gs.Constant(names(f"{name}_smooth_factors"), s.astype(ftype))
-            graph.nodes.append(gs.Node("Mul", names(f"{ln.name}_unsmooth"), inputs=[x, factor], outputs=[restored]))
-            for node in others:
-                for i, t in enumerate(node.inputs):
-                    if t is x:
-                        node.inputs[i] = restored
         done.append(Smoothed(name, alpha, applied_by, float(s.max()), tuple(n.name for n in others),
                              "LayerNormalization" if ln is not None else "Mul"))
         factors[name] = s

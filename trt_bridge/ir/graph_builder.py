@@ -83,3 +83,11 @@ def used(node: gs.Node, index: int, graph: gs.Graph) -> bool:
         return False
     t = node.outputs[index]
     return bool(t.outputs) or any(o is t for o in graph.outputs)
+
+
+def redirect(readers: list[gs.Node], old: gs.Tensor, new: gs.Tensor) -> None:
+    """Make each of ``readers`` read ``new`` wherever it read ``old``."""
+    for reader in readers:
+        for i, tensor in enumerate(reader.inputs):
+            if tensor is old:
+                reader.inputs[i] = new

@@ -19,6 +19,7 @@ import logging
 
 import onnx_graphsurgeon as gs
 
+from trt_bridge.ir.graph_builder import redirect
 from trt_bridge.prepare.change import Change
 
 log = logging.getLogger("trt_bridge.prepare")
@@ -51,10 +52,7 @@ def bypass(graph: gs.Graph, source: gs.Tensor, output: gs.Tensor) -> str | None:
             return f"{where} has no producer"
         if has_subgraphs(graph):
             return f"{where} may be referred to by name from a subgraph"
-    for reader in list(output.outputs):
-        for i, tensor in enumerate(reader.inputs):
-            if tensor is output:
-                reader.inputs[i] = source
+    redirect(list(output.outputs), output, source)
     if is_graph_output(graph, output):
         name, output.name = output.name, f"{output.name}__bypassed"
         for i, tensor in enumerate(graph.outputs):
