@@ -18,12 +18,12 @@ log = logging.getLogger("trt_bridge.stage")
 
 @dataclass
 class StageResult:
-    """What one stage did: its name, how many things it changed (rules fired, tensors quantized, files written,
-    ...), the records it contributes to the report, and its wall time."""
+    """What one stage did: how many things it changed (rules fired, tensors quantized, files written, ...) and the
+    records it contributes to the report; :func:`run_stages` fills in its name and wall time."""
 
-    name: str
     changed: int = 0
     records: dict[str, Any] = field(default_factory=dict)
+    name: str = ""
     seconds: float = 0.0
 
 
@@ -34,7 +34,6 @@ class Stage:
     name: str
     run: Callable[[Any], StageResult]
     when: Callable[[Any], bool] = lambda state: True
-    doc: str = ""
 
 
 def run_stages(stages: tuple[Stage, ...], state) -> list[StageResult]:

@@ -15,13 +15,13 @@ from trt_bridge.stage import Stage, merged_records, run_stages
 
 #: the conversion, in order (see :mod:`trt_bridge.convert.stages`)
 STAGES: tuple[Stage, ...] = (
-    Stage("load", load, doc="load and check the source, open the calibration data and scale files"),
-    Stage("lift", lift, doc="the source to a float graph plus quantization annotations"),
-    Stage("place", place_quantizers, doc="which tensors get Q/DQ (TensorRT's fusion rules or the source's)"),
-    Stage("calibrate", calibrate, doc="scales for what has none; smoothing, re-centring, shared scales"),
-    Stage("lower", lower_model, doc="int8 Q/DQ and weights; the float layers in --high-precision"),
-    Stage("save", save, doc="refuse non-finite values, write atomically"),
-    Stage("check", check, when=lambda state: state.options.check, doc="trt-bridge check on the output"),
+    Stage("load", load),  # load and check the source, open the calibration data and scale files
+    Stage("lift", lift),  # the source to a float graph plus quantization annotations
+    Stage("place", place_quantizers),  # which tensors get Q/DQ (TensorRT's fusion rules or the source's)
+    Stage("calibrate", calibrate),  # scales for what has none; smoothing, re-centring, shared scales
+    Stage("lower", lower_model),  # int8 Q/DQ and weights; the float layers in --high-precision
+    Stage("save", save),  # refuse non-finite values, write atomically
+    Stage("check", check, when=lambda state: state.options.check),  # trt-bridge check on the output
 )
 
 

@@ -96,7 +96,7 @@ def load(state: Conversion) -> StageResult:
         state.feeds = open_feeds(options.calibration.data, options.calibration.random, inputs, model=model)
         state.feeds.check()
     state.imported = load_sources(options.scales.files, options.scales.qat, model)  # matched against the source
-    return StageResult("load", records={"input": str(state.model_path), "output": str(state.output_path),
+    return StageResult(records={"input": str(state.model_path), "output": str(state.output_path),
                                         "source_opset": default_opset(model)})
 
 
@@ -111,7 +111,7 @@ def lift(state: Conversion) -> StageResult:
     state.graph = gs.import_onnx(state.lifted)  # keeps referring to lifted's weights: no copy
     if state.store is not None:
         state.store.attach(state.graph)
-    return StageResult("lift", changed=sum(len(nodes) for nodes in ctx.fired.values()), records={
+    return StageResult(changed=sum(len(nodes) for nodes in ctx.fired.values()), records={
         "rules": [RuleHits(rule, nodes) for rule, nodes in ctx.fired.items()],
         "sanitized": [asdict(c) for c in ctx.prepared], "approximated": [asdict(a) for a in ctx.approximated]})
 
@@ -133,7 +133,7 @@ def place_quantizers(state: Conversion) -> StageResult:
         apply(state.graph, ctx.annotations, state.imported, calibrating=feeds is not None)
     check_quantizable(state.graph, ctx.annotations)
     left = [FloatLeftover(x.node, "", f"'{x.tensor}': {x.reason}") for x in state.placement.left_in_float]
-    return StageResult("place", changed=len(ctx.annotations.activations), records={
+    return StageResult(changed=len(ctx.annotations.activations), records={
         "placement": options.placement.policy.value, "scales": scales.value,
         "left_in_float": left + [FloatLeftover(d.node, d.op, d.reason) for d in ctx.declined],
         "imported_scales": None if state.imported is None else state.imported.to_dict()})
@@ -180,7 +180,7 @@ def calibrate(state: Conversion) -> StageResult:
     if options.precision.high_precision == "fp16" and feeds is not None:
         state.ranges = observed_ranges(state.lifted, feeds, options.progress)
     records["recentered"] = [asdict(r) for r in state.recentered]
-    return StageResult("calibrate", changed=len(needed), records=records)
+    return StageResult(changed=len(needed), records=records)
 
 
 def lower_model(state: Conversion) -> StageResult:
@@ -204,7 +204,7 @@ def lower_model(state: Conversion) -> StageResult:
                                                 keep_io_types=options.precision.io_types == "keep", exact=exact)
         out_model = finalize(out_model, default_opset(out_model), check=True, min_opset=19)
     state.out_model = out_model
-    return StageResult("lower", changed=len(quantized), records={
+    return StageResult(changed=len(quantized), records={
         "quantized": [asdict(q) for q in quantized], "output_opset": default_opset(out_model),
         "precision": precision_report(out_model, high, kept_fp32)})
 
@@ -217,12 +217,12 @@ def save(state: Conversion) -> StageResult:
                          protect=(state.model_path, *external_data_files(state.model_path)))
     if is_large(state.out_model):
         onnx.checker.check_model(str(written), full_check=True)
-    return StageResult("save", changed=1)
+    return StageResult(changed=1)
 
 
 def check(state: Conversion) -> StageResult:
     """``trt-bridge check`` on the written output (with TensorRT's parser where installed)."""
     checked = check_model(state.output_path, CheckOptions())
-    return StageResult("check", changed=0, records={
+    return StageResult(changed=0, records={
         "check": {**checked.to_dict(), "headline": checked.headline()},
         "remaining_blockers": [f"{f.op} '{f.node}': {f.why}" for f in checked.blockers]})
