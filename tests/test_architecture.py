@@ -97,7 +97,8 @@ def _imports() -> list[Import]:
                     source = ".".join(base + ([node.module] if node.module else []))
                 else:
                     source = node.module or ""
-                targets = [(f"{source}.{alias.name}", alias.name) if f"{source}.{alias.name}" in MODULES
+                # a submodule imported from its package is a module import; anything else a name from a module
+                targets = [(f"{source}.{alias.name}", None) if f"{source}.{alias.name}" in MODULES
                            else (source, alias.name) for alias in node.names]
             else:
                 continue
@@ -105,10 +106,7 @@ def _imports() -> list[Import]:
                 owner = _owner(target) if target.split(".")[0] == "trt_bridge" else None
                 if owner is None or owner == module:
                     continue
-                imported_name = None if target in MODULES and target != owner else name
-                if owner == target and name and f"{target}.{name}" in MODULES:
-                    imported_name = None
-                found.append(Import(module, owner, imported_name, node.lineno, id(node) not in top_level))
+                found.append(Import(module, owner, name, node.lineno, id(node) not in top_level))
     return found
 
 

@@ -38,7 +38,7 @@ class ConversionReport:
     smoothed: list[dict] = field(default_factory=list)  # smooth.Smoothed as dicts
     placement: str = "tensorrt"
     scales: str = "model"  # where the source model's activation scales were taken from (model | data)
-    sanitized: list[dict] = field(default_factory=list)  # sanitize.Change as dicts: casts, Dropout, Identity, ...
+    sanitized: list[dict] = field(default_factory=list)  # prepare.Change as dicts: casts, Dropout, Identity, ...
     check: dict | None = None  # checks.CheckReport of the output model, as a dict (None: not run)
     imported_scales: dict | None = None  # --scales FILE / --qat: files, matching, applied, unused, warnings, notes
     accuracy: dict | None = None  # --accuracy-target: the ranking, every probe, the chosen tradeoff

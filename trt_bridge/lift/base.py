@@ -47,7 +47,7 @@ class LiftContext:
     declined: list[Decline] = field(default_factory=list)
     constants: dict[tuple, gs.Constant] = field(default_factory=dict)  # dedup of lifted weights
     names: NameAllocator | None = None
-    prepared: list = field(default_factory=list)  # sanitize.Change records of the steps before lifting
+    prepared: list = field(default_factory=list)  # prepare.change.Change records of the steps before lifting
     approximated: list[Approximation] = field(default_factory=list)  # lifted to the nearest TensorRT form
 
     def __post_init__(self) -> None:

@@ -31,7 +31,7 @@ class Lifting:
 
     graph: object  # gs.Graph, lifted in place
     ctx: object  # lift.LiftContext
-    changes: list  # sanitize.Change: types, bfloat16, Dropout, Identity, Cast chains
+    changes: list  # prepare.change.Change: types, bfloat16, Dropout, Identity, Cast chains
     blockers: list  # (gs.Node, where): nodes TensorRT cannot import that no rule lifted
 
 

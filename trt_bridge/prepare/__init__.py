@@ -6,8 +6,8 @@ per node it rewrote. ``sanitize`` runs them, removing what each left dead.
 Graph outputs keep their names and types through every pass.
 
 Opset upgrades, dropping unused opset imports and constant folding are done
-elsewhere (``convert._finalize``, ``model._upgrade_per_axis_qdq``, and
-onnx-graphsurgeon's ``fold_constants`` in ``convert``).
+elsewhere (``ir.finalize.finalize``, ``ir.model``'s per-axis Q/DQ upgrade at load, and
+onnx-graphsurgeon's ``fold_constants`` in ``lift.pipeline``).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class SanitizePass(Protocol):
 #: - RemoveIdentity last: it collapses the Identity chains left by the exporter and by
 #:   the passes above, and decides alone how a graph output keeps its name.
 #: The type passes (``types.py``: bfloat16 rewriting, then a Cast wherever inputs contradict
-#: their op's schema) work on the ModelProto and run before these (``convert.prepare``), so
+#: their op's schema) work on the ModelProto and run before these (``prepare.model.prepare``), so
 #: FoldCastChains also sees the Casts they insert.
 SANITIZE_PASSES: tuple[SanitizePass, ...] = (
     StandardQDQDomain(),

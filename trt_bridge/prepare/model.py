@@ -18,7 +18,7 @@ def prepare(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Polic
     """Make ``model``'s types agree with its ops (in place): bfloat16 per ``bf16``, then a Cast wherever
     a node's inputs contradict its schema. ``declared``: the exporter's value_info types, as
     :func:`load_model` captured them (None: the model's value_info is the exporter's). Returns the
-    changes (``sanitize.Change``)."""
+    changes (``prepare.change.Change``)."""
     name_nodes(model)
     changes = retype_pad_codes(model, elem_types(model), str(where)) + convert_bf16(model, bf16)
     if declared is not None and bf16 is not Bf16Policy.KEEP:

@@ -12,7 +12,7 @@ the data's type::
 
 (and int8 data with a uint8 value the same way). Only constant pad values of the other 8-bit type are
 touched; the value keeps its name when nothing else reads it, else the Pad reads a retyped copy. A
-warning names each node. Runs on the ModelProto before the type pass (``convert.prepare``).
+warning names each node. Runs on the ModelProto before the type pass (``prepare.model.prepare``).
 """
 
 from __future__ import annotations

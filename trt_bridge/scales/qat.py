@@ -24,7 +24,7 @@ Keys of the returned :class:`ScaleTable` (what an integrator looks up in the lif
         lifting makes new float weights, while every lift records the source node as
         ``WeightSpec.origin`` (a float source's placement uses the node itself). The ``:weight``
         suffix keeps a node and a tensor of one name (``fc``) apart in the one table.
-    Unnamed target nodes are named the way ``convert.prepare`` names them (``<op>_<index>``).
+    Unnamed target nodes are named the way ``prepare.model.prepare`` names them (``<op>_<index>``).
 
 amax values: activations per tensor (``float``); weights a ``tuple`` per output channel,
 or a ``float`` when the QAT weight was quantized per tensor. An asymmetric or uint8 zero
