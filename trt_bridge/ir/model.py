@@ -98,7 +98,7 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
     A graph that refers to tensors nobody produces, nodes out of order or attributes
     of the wrong type surface here, named by onnx, instead of as a stack trace from deep
     inside the conversion. Inputs whose types contradict their op are left to the type pass
-    (``sanitize.types``); ``declared`` receives the exporter's own ``value_info`` types first,
+    (``prepare.types``); ``declared`` receives the exporter's own ``value_info`` types first,
     because inference then replaces them with its guesses.
     """
     if declared is not None:  # the exporter's own types, before inference fills in (and guesses) the rest
@@ -129,7 +129,7 @@ _ORT_ONNX_DOMAIN_OPS = {"SimplifiedLayerNormalization": 10 ** 9, "LayerNormaliza
 
 def claim_ort_contrib_ops(model: onnx.ModelProto, path="model") -> list[str]:
     """Move onnxruntime's contrib ops that sit in the ONNX domain to com.microsoft (in place), where
-    ``sanitize.ort_fused`` writes them back as standard ONNX; returns the nodes moved."""
+    ``prepare.ort_fused`` writes them back as standard ONNX; returns the nodes moved."""
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     moved = [n for n in model.graph.node if n.domain in ("", "ai.onnx")
              and opset < _ORT_ONNX_DOMAIN_OPS.get(n.op_type, 0)]
