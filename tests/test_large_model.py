@@ -18,10 +18,6 @@ from trt_bridge.cli import main
 from trt_bridge.ir.store import WeightStore
 
 
-def _script():
-    return load_script("large_model")
-
-
 @pytest.fixture(autouse=True)
 def _keep_log_levels():
     """The CLI (run in-process here) sets the trt_bridge logger's level; later tests expect it as it was."""
@@ -34,7 +30,7 @@ def _keep_log_levels():
 def test_a_large_model_converts_through_external_data(tmp_path, monkeypatch):
     import trt_bridge.ir.size
 
-    src = _script().build(tmp_path / "float", hidden=64, layers=2, vocab=1000, seq=16, heads=4)
+    src = load_script("large_model").build(tmp_path / "float", hidden=64, layers=2, vocab=1000, seq=16, heads=4)
     monkeypatch.setattr(trt_bridge.ir.size, "EXTERNAL_DATA_THRESHOLD", 100_000)  # the encoder has 660 KB
     monkeypatch.setattr(WeightStore, "MIN_BYTES", 1024)  # its weights (16-256 KB) go through the weight store
     rng = np.random.default_rng(1)
@@ -60,7 +56,7 @@ def test_the_session_copy_leaves_the_model_whole(tmp_path, monkeypatch):
     from trt_bridge.ir.model import load_model
     from trt_bridge.ir.save import serialize_for_session
 
-    src = _script().build(tmp_path / "float", hidden=64, layers=1, vocab=500, seq=8, heads=4)
+    src = load_script("large_model").build(tmp_path / "float", hidden=64, layers=1, vocab=500, seq=8, heads=4)
     monkeypatch.setattr(trt_bridge.ir.size, "EXTERNAL_DATA_THRESHOLD", 100_000)
     model = load_model(src)
     before = {t.name: t.SerializeToString() for t in model.graph.initializer}
@@ -77,7 +73,7 @@ def test_the_weight_store_changes_no_output_byte_and_leaves_nothing_behind(tmp_p
 
     import trt_bridge.ir.size
 
-    src = _script().build(tmp_path / "float", hidden=64, layers=2, vocab=1000, seq=16, heads=4)
+    src = load_script("large_model").build(tmp_path / "float", hidden=64, layers=2, vocab=1000, seq=16, heads=4)
     monkeypatch.setattr(trt_bridge.ir.size, "EXTERNAL_DATA_THRESHOLD", 100_000)
     np.savez(tmp_path / "calib.npz", input_ids=np.random.default_rng(1).integers(0, 1000, (8, 1, 16), np.int64))
     scratch = tmp_path / "scratch"

@@ -69,15 +69,18 @@ def weight(value: float, name: str = "w2"):
     return make
 
 
+def _first_quantizer_scale(src: str, dst: str, value: float):
+    """``src`` with the scale of its first QuantizeLinear (the input's) replaced by ``value``, written to ``dst``."""
+    def make(d: Path) -> None:
+        model = onnx.load(str(d / src))
+        scale = next(n for n in model.graph.node if n.op_type == "QuantizeLinear").input[1]
+        _edit_initializer(d / src, d / dst, lambda t: t.name == scale, lambda a: np.full_like(a, value))
+    return make
+
+
 def source_scale(value: float):
     """qop.onnx with the first activation scale (the input's QuantizeLinear) replaced by ``value``."""
-    def make(d: Path) -> None:
-        model = onnx.load(str(d / "qop.onnx"))
-        q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear")
-        _edit_initializer(d / "qop.onnx", d / "bad.onnx", lambda t: t.name == q.input[1],
-                          lambda a: np.full_like(a, value))
-        del model
-    return make
+    return _first_quantizer_scale("qop.onnx", "bad.onnx", value)
 
 
 def no_outputs(d: Path) -> None:
@@ -143,12 +146,7 @@ def _skipped_in_report(d: Path, skipped: int, used: int) -> None:
 
 def qat_scale(value: float):
     """A QAT export (the converted b1.onnx stands in for one) whose input scale is ``value``."""
-    def make(d: Path) -> None:
-        model = onnx.load(str(d / "b1.onnx"))
-        q = next(n for n in model.graph.node if n.op_type == "QuantizeLinear")
-        _edit_initializer(d / "b1.onnx", d / "qat.onnx", lambda t: t.name == q.input[1],
-                          lambda a: np.full_like(a, value))
-    return make
+    return _first_quantizer_scale("b1.onnx", "qat.onnx", value)
 
 
 def modelopt_amax(value: float):
