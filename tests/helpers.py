@@ -153,3 +153,11 @@ def corpus_outputs(model: Path, feeds: list[dict[str, np.ndarray]], simulate: bo
     names = {i.name for i in sess.get_inputs()}
     return np.concatenate([np.asarray(sess.run(None, {k: v for k, v in f.items() if k in names})[0]).ravel()
                            for f in feeds])
+
+
+def corpus_scorer(float_dir: Path, arch: str):
+    """``score(model, simulate)``: the SNR in dB of ``model`` against the corpus's float ``arch`` on its held-out
+    feeds (``float_dir/arch.eval.npz``); ``simulate``: Q/DQ as TensorRT computes it."""
+    held_out = corpus_feeds(float_dir / f"{arch}.eval.npz")
+    reference = corpus_outputs(float_dir / f"{arch}.onnx", held_out, simulate=False)
+    return lambda model, simulate: snr_db(reference, corpus_outputs(model, held_out, simulate))

@@ -25,11 +25,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs, op_types  # noqa: E402
+from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_scorer, op_types  # noqa: E402
 
 from trt_bridge.convert import convert  # noqa: E402
 from trt_bridge.convert.options import ConvertOptions, ScaleOptions  # noqa: E402
-from trt_bridge.verify.metrics import snr_db
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "corpus"
 FLOAT = DATA / "float"
@@ -47,11 +46,10 @@ def _check(arch: str, source: Path | None, out: Path, report) -> None:
     assert {"QuantizeLinear", "DequantizeLinear", "MatMul"} <= op_types(out)  # int8 MatMuls through Q/DQ
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)
-    held_out = corpus_feeds(FLOAT / f"{arch}.eval.npz")
-    reference = corpus_outputs(FLOAT / f"{arch}.onnx", held_out, simulate=False)
-    converted = snr_db(reference, corpus_outputs(out, held_out, simulate=True))
+    score = corpus_scorer(FLOAT, arch)
+    converted = score(out, simulate=True)
     if source is not None:
-        bar = snr_db(reference, corpus_outputs(source, held_out, simulate=False)) - 1.0  # the bar
+        bar = score(source, simulate=False) - 1.0  # the bar
     else:
         bar = MEASURED[arch]
     assert converted >= bar, f"{arch}: {converted:.1f} dB, bar {bar:.1f} dB"

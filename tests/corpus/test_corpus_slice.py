@@ -15,11 +15,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs, quantize_static  # noqa: E402
+from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_scorer, quantize_static  # noqa: E402
 
 from trt_bridge.convert import convert  # noqa: E402
 from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
-from trt_bridge.verify.metrics import snr_db
 
 SLICE = Path(__file__).resolve().parents[1] / "data" / "corpus" / "float"
 MODELS = sorted(p.stem for p in SLICE.glob("*.onnx"))
@@ -60,11 +59,10 @@ def test_real_export_converts_builds_and_keeps_its_accuracy(tmp_path, arch, mode
     assert not report.remaining_blockers
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)
-    held_out = corpus_feeds(SLICE / f"{arch}.eval.npz")
-    reference = corpus_outputs(src, held_out, simulate=False)
-    converted_snr = snr_db(reference, corpus_outputs(out, held_out, simulate=True))
+    score = corpus_scorer(SLICE, arch)
+    converted_snr = score(out, simulate=True)
     try:
-        source_snr = snr_db(reference, corpus_outputs(quantized, held_out, simulate=False))
+        source_snr = score(quantized, simulate=False)
     except Exception as exc:
         # onnxruntime 1.2x's QOperator BERT shares a LayerNormalization bias as a QGemm's uint8 bias: its own
         # model fails to load ("Type 'tensor(uint8)' of input parameter ... of operator (QGemm)"), while the

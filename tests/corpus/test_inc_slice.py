@@ -27,11 +27,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs  # noqa: E402
+from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_scorer  # noqa: E402
 
 from trt_bridge.convert import convert  # noqa: E402
 from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
-from trt_bridge.verify.metrics import snr_db
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "corpus"
 CELLS = sorted((p.parent.name.removeprefix("inc-"), p.stem) for p in DATA.glob("inc-*/*.onnx"))
@@ -53,9 +52,8 @@ def test_inc_model_converts_builds_and_keeps_its_accuracy(tmp_path, mode, arch):
     assert not report.remaining_blockers
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)
-    held_out = corpus_feeds(DATA / "float" / f"{arch}.eval.npz")
-    reference = corpus_outputs(DATA / "float" / f"{arch}.onnx", held_out, simulate=False)
-    converted_snr = snr_db(reference, corpus_outputs(out, held_out, simulate=True))
-    source_snr = snr_db(reference, corpus_outputs(source, held_out, simulate=False))  # onnxruntime runs every one
+    score = corpus_scorer(DATA / "float", arch)
+    converted_snr = score(out, simulate=True)
+    source_snr = score(source, simulate=False)  # onnxruntime runs every one
     # the bar: within 1 dB of the source's own SNR against the float model, or better
     assert converted_snr >= source_snr - 1.0, f"{arch} {mode}: {converted_snr:.1f} dB vs source {source_snr:.1f} dB"

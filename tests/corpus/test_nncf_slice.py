@@ -27,11 +27,10 @@ import pytest
 from onnx import numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs  # noqa: E402
+from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_scorer  # noqa: E402
 
 from trt_bridge.convert import convert  # noqa: E402
 from trt_bridge.convert.options import ConvertOptions  # noqa: E402
-from trt_bridge.verify.metrics import snr_db
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "corpus"
 CELLS = sorted((p.parent.name, p.stem) for p in DATA.glob("nncf-*/*.onnx"))
@@ -59,9 +58,8 @@ def test_nncf_output_converts_builds_and_keeps_its_accuracy(tmp_path, mode, arch
     assert {a["node"] for a in report.approximated} == _untranslatable(source)
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)
-    held_out = corpus_feeds(DATA / "float" / f"{arch}.eval.npz")
-    reference = corpus_outputs(DATA / "float" / f"{arch}.onnx", held_out, simulate=False)
-    converted_snr = snr_db(reference, corpus_outputs(out, held_out, simulate=True))
-    source_snr = snr_db(reference, corpus_outputs(source, held_out, simulate=False))
+    score = corpus_scorer(DATA / "float", arch)
+    converted_snr = score(out, simulate=True)
+    source_snr = score(source, simulate=False)
     # the bar: within 1 dB of the source's own SNR against the float model, or better
     assert converted_snr >= source_snr - 1.0, f"{mode} {arch}: {converted_snr:.1f} dB vs source {source_snr:.1f} dB"

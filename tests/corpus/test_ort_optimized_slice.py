@@ -24,11 +24,10 @@ import onnx
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs  # noqa: E402
+from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_scorer  # noqa: E402
 
 from trt_bridge.convert import convert  # noqa: E402
 from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
-from trt_bridge.verify.metrics import snr_db
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"
 #: (mode, arch) -> (onnxruntime's ops the source carries, lift rules that must fire)
@@ -62,10 +61,9 @@ def test_optimized_transformer_quantized_by_onnxruntime_converts_builds_and_keep
     assert rules <= {hit.rule for hit in report.rules}
     assert_qdq_contract(out)
     assert_tensorrt_ready(out)
-    held_out = corpus_feeds(CORPUS / "float" / f"{arch}.eval.npz")
-    reference = corpus_outputs(CORPUS / "float" / f"{arch}.onnx", held_out, simulate=False)
-    source_snr = snr_db(reference, corpus_outputs(source, held_out, simulate=False))
-    converted_snr = snr_db(reference, corpus_outputs(out, held_out, simulate=True))
+    score = corpus_scorer(CORPUS / "float", arch)
+    source_snr = score(source, simulate=False)
+    converted_snr = score(out, simulate=True)
     # measured, source → converted: BERT dynamic-attn 43.5 → 43.5 dB, static-qop-attn 43.5 → 43.5, static-qdq-attn
     # 37.9 → 43.5, dynamic-mha-attn 43.6 → 43.5, dynamic-opt 44.9 → 44.9; T5 encoder dynamic-opt 37.0 → 36.3
     assert converted_snr >= source_snr - 1.0, f"{mode}: {converted_snr:.1f} dB vs source {source_snr:.1f} dB"

@@ -22,11 +22,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_feeds, corpus_outputs  # noqa: E402
+from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_scorer  # noqa: E402
 
 from trt_bridge.convert import convert  # noqa: E402
 from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
-from trt_bridge.verify.metrics import snr_db
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "corpus"
 FLOAT = DATA / "float"
@@ -59,12 +58,11 @@ def test_quark_output_converts_builds_and_keeps_its_accuracy(tmp_path, arch, mod
     approximated = {a["rule"] for a in report.approximated}
     assert approximated == ({"block-quantize-dequantize"} if mode in BLOCK_FORMATS else
                             {"qdq-pair"} if mode == "a16w8" else set())
-    held_out = corpus_feeds(FLOAT / f"{arch}.eval.npz")
-    reference = corpus_outputs(FLOAT / f"{arch}.onnx", held_out, simulate=False)
-    converted = snr_db(reference, corpus_outputs(out, held_out, simulate=True))
+    score = corpus_scorer(FLOAT, arch)
+    converted = score(out, simulate=True)
     if (mode, arch) in MEASURED:
         assert converted >= MEASURED[mode, arch] - 3.0, f"{arch} {mode}: {converted:.1f} dB"
         return
-    source_snr = snr_db(reference, corpus_outputs(source, held_out, simulate=False))
+    source_snr = score(source, simulate=False)
     # the bar: within 1 dB of the source's own SNR against the float model, or better
     assert converted >= source_snr - 1.0, f"{arch} {mode}: {converted:.1f} dB vs source {source_snr:.1f} dB"
