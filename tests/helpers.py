@@ -161,3 +161,19 @@ def corpus_scorer(float_dir: Path, arch: str):
     held_out = corpus_feeds(float_dir / f"{arch}.eval.npz")
     reference = corpus_outputs(float_dir / f"{arch}.onnx", held_out, simulate=False)
     return lambda model, simulate: snr_db(reference, corpus_outputs(model, held_out, simulate))
+
+
+def convert_calibrated(source: Path, out: Path, feeds: list[dict[str, np.ndarray]]):
+    """Convert ``source`` into ``out``, calibrated on ``feeds`` (saved beside ``out`` as ``calib.npz``), and assert
+    what every converted test model must be: no blocker left, the Q/DQ contract kept, parsed and built ahead of time
+    by TensorRT-RTX. Returns the conversion report."""
+    from trt_bridge.convert import convert
+    from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+
+    calib = Path(out).parent / "calib.npz"
+    np.savez(calib, **{k: np.stack([f[k] for f in feeds]) for k in feeds[0]})
+    report = convert(source, out, ConvertOptions(calibration=CalibrationOptions(data=str(calib)), progress=False))
+    assert not report.remaining_blockers
+    assert_qdq_contract(out)
+    assert_tensorrt_ready(out)
+    return report

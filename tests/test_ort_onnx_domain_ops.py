@@ -13,10 +13,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save, snr_db  # noqa: E402
+from helpers import convert_calibrated, op_types, run_ort, save, snr_db  # noqa: E402
 
-from trt_bridge.convert import convert  # noqa: E402
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.ir.model import load_model  # noqa: E402
 from trt_bridge.lift.pipeline import lift_model
 
@@ -51,12 +49,7 @@ def test_ort_contrib_ops_in_the_onnx_domain_are_written_back(tmp_path, op, opset
     feeds = [{"x": RNG.normal(size=(1, 8, D)).astype(np.float32)} for _ in range(16)]
     for want, got in zip(run_ort(src, feeds[:3]), run_ort(lifted, feeds[:3])):  # onnxruntime runs its own op
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    np.savez(tmp_path / "calib.npz", x=np.stack([f["x"] for f in feeds]))
     out = tmp_path / "converted.onnx"
-    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
-                                              progress=False))
-    assert not report.remaining_blockers
-    assert_qdq_contract(out)
-    assert_tensorrt_ready(out)
+    convert_calibrated(src, out, feeds)
     held = [{"x": RNG.normal(size=(1, 8, D)).astype(np.float32)} for _ in range(4)]
     assert snr_db(run_ort(src, held), run_ort(out, held)) > 33  # measured 36.3, 37.4, 37.0 dB

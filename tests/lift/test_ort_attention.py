@@ -18,10 +18,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from apply_rule import assert_same_outputs, declined, lifted, ops_left  # noqa: E402
-from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save, snr_db  # noqa: E402
+from helpers import convert_calibrated, op_types, run_ort, save, snr_db  # noqa: E402
 
-from trt_bridge.convert import convert  # noqa: E402
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.errors import UnsupportedPatternError  # noqa: E402
 from trt_bridge.ir.model import load_model  # noqa: E402
 from trt_bridge.lift.ort_attention import OrtAttention  # noqa: E402
@@ -95,13 +93,8 @@ def test_attention_is_written_back_exactly(tmp_path, form, unidirectional, opset
 def test_converted_attention_builds_in_tensorrt(tmp_path, form):
     src = save(_attention_model(form, unidirectional=1), tmp_path / "attention.onnx")
     calib = _feeds(form, 8)
-    np.savez(tmp_path / "calib.npz", **{k: np.stack([f[k] for f in calib]) for k in calib[0]})
     out = tmp_path / "attention.int8.onnx"
-    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
-                                              progress=False))
-    assert not report.remaining_blockers
-    assert_qdq_contract(out)
-    assert_tensorrt_ready(out)
+    convert_calibrated(src, out, calib)
     held = _feeds(form, 4)
     assert snr_db(run_ort(src, held), run_ort(out, held)) > 34  # measured 39.2 dB (raw2d), 37.6 dB (lengths)
 

@@ -17,10 +17,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from apply_rule import assert_same_outputs, declined, lifted, ops_left  # noqa: E402
-from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save, snr_db  # noqa: E402
+from helpers import convert_calibrated, op_types, run_ort, save, snr_db  # noqa: E402
 
-from trt_bridge.convert import convert  # noqa: E402
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.errors import UnsupportedPatternError  # noqa: E402
 from trt_bridge.ir.model import load_model  # noqa: E402
 from trt_bridge.lift.ort_multihead_attention import OrtMultiHeadAttention  # noqa: E402
@@ -92,13 +90,8 @@ def test_multihead_attention_is_written_back_exactly(tmp_path, form, length, uni
 def test_converted_multihead_attention_builds_in_tensorrt(tmp_path):
     src = save(_mha_model("lengths", S), tmp_path / "mha.onnx")
     calib = _feeds("lengths", S, 8)
-    np.savez(tmp_path / "calib.npz", **{k: np.stack([f[k] for f in calib]) for k in calib[0]})
     out = tmp_path / "mha.int8.onnx"
-    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
-                                              progress=False))
-    assert not report.remaining_blockers
-    assert_qdq_contract(out)
-    assert_tensorrt_ready(out)
+    convert_calibrated(src, out, calib)
     held = _feeds("lengths", S, 4)
     assert snr_db(run_ort(src, held), run_ort(out, held)) > 33  # measured 36.6 dB
 

@@ -25,10 +25,15 @@ from apply_rule import (  # noqa: E402
     ops_left,
     tensor_info,
 )
-from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, quantize_dynamic, run_ort, save, snr_db  # noqa: E402
+from helpers import (  # noqa: E402
+    convert_calibrated,
+    op_types,
+    quantize_dynamic,
+    run_ort,
+    save,
+    snr_db,
+)
 
-from trt_bridge.convert import convert  # noqa: E402
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.ir.model import load_model  # noqa: E402
 from trt_bridge.lift.pipeline import lift_model  # noqa: E402
 from trt_bridge.lift.qattention import QAttention  # noqa: E402
@@ -130,13 +135,8 @@ def test_qattention_lifts_to_the_source_weights_and_builds(tmp_path, mode):
     reference = _dequantized_reference(qpath, fmodel)
     for want, got in zip(run_ort(reference, held), run_ort(lifted, held)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-    np.savez(tmp_path / "calib.npz", **{k: np.stack([f[k] for f in calib]) for k in calib[0]})
     out = tmp_path / "converted.onnx"
-    report = convert(qpath, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
-                                                progress=False))
-    assert not report.remaining_blockers
-    assert_qdq_contract(out)
-    assert_tensorrt_ready(out)
+    convert_calibrated(qpath, out, calib)
     reference = run_ort(fpath, held)
     source, converted = snr_db(reference, run_ort(qpath, held)), snr_db(reference, run_ort(out, held))
     # measured against the float model, source → converted: dynamic 30.2 → 28.5 dB (a random-weight block, where
