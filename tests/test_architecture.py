@@ -1,7 +1,9 @@
 """The import contract (docs/ARCHITECTURE.md), checked over the source's syntax trees, not by importing it.
 
     errors ─ ir ─ annotations/stage/samples ─ runtime ─ prepare ─ lift ─ place ─ calibrate ─ scales ─ lower
-      ─ tensorrt ─ checks ─ verify ─ convert ─ bench ─ manifest ─ cli
+      ─ tensorrt/plugins ─ checks ─ verify ─ convert ─ bench ─ manifest ─ cli
+
+(``plugins`` is the repository's top-level ``plugins/`` folder, installed as ``trt_bridge.plugins``.)
 
 - a module imports only from its own layer or the layers before it (left of it above);
 - no import cycle between trt_bridge's modules, counting imports inside functions;
@@ -22,6 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "trt_bridge"
+PLUGINS = ROOT / "plugins"  # the package trt_bridge.plugins
 MAX_LINES = 400
 
 #: layers, lowest first; the names are trt_bridge's top-level modules and packages
@@ -36,7 +39,7 @@ LAYERS = (
     ("calibrate",),
     ("scales",),
     ("lower",),
-    ("tensorrt",),
+    ("tensorrt", "plugins"),  # the parser and builder register the plugins; the plugins use the CUDA shim
     ("checks",),
     ("verify",),
     ("convert",),
@@ -49,9 +52,10 @@ LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 
 def _modules() -> dict[str, Path]:
     found = {}
-    for path in sorted(PACKAGE.rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    for folder, package in ((PACKAGE, ("trt_bridge",)), (PLUGINS, ("trt_bridge", "plugins"))):
+        for path in sorted(folder.rglob("*.py")):
+            parts = package + path.relative_to(folder).with_suffix("").parts
+            found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found
 
 

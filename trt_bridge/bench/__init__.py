@@ -50,6 +50,7 @@ class BenchOptions:
     cuda_graph: bool = True  # engines: capture a CUDA graph when possible, else fall back with a logged reason
     provider: str = "cpu"  # onnx: cpu | cuda | tensorrt (onnxruntime execution provider)
     threads: int | None = None  # onnxruntime intra-op threads
+    plugins: tuple[str, ...] = ()  # engines: plugin files to register besides those the sidecar lists
 
     def check(self) -> None:
         if self.iterations < 1:

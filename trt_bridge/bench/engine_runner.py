@@ -28,6 +28,7 @@ import numpy as np
 from trt_bridge.bench.inputs import concrete_specs, first_feed
 from trt_bridge.calibrate.feeds import Feed, InputSpec
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.plugins.registry import register_for_engine
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
 from trt_bridge.tensorrt.cuda import call, error_text, gpu_problem, runtime
 from trt_bridge.tensorrt.logger import Logger
@@ -105,6 +106,7 @@ class EngineRunner:
         self.label = f"{'TensorRT-RTX' if is_rtx(trt) else 'TensorRT'} {getattr(trt, '__version__', '?')}"
         self._logger = Logger(trt)
         self._runtime = trt.Runtime(self._logger)
+        register_for_engine(trt, self.path, self.options.plugins)
         self.engine = self._runtime.deserialize_cuda_engine(self.path.read_bytes())
         if self.engine is None:
             raise TrtBridgeError(

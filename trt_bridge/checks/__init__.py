@@ -55,6 +55,7 @@ class TrtProbe(str, enum.Enum):
 class CheckOptions:
     trt: TrtProbe = TrtProbe.AUTO
     data: str | None = None  # feeds (as --calib-data takes them) to check against the model's inputs and broadcasts
+    plugins: tuple[str, ...] = ()  # plugin files TensorRT's parser needs registered (--plugins)
 
 
 def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> CheckReport:
@@ -98,7 +99,7 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
                                 "placement, calibrated activation scales, per-channel weights)", True))
     report = CheckReport(str(path), opset, int8, findings, precisions=precisions)
     if options.trt is TrtProbe.AUTO:
-        report.parser = _probe(path, report, node_names, ops)
+        report.parser = _probe(path, report, node_names, ops, options.plugins)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -234,10 +235,11 @@ def _node_named_in(message: str, ops: dict):
     return None
 
 
-def _probe(path: Path, report: CheckReport, node_names: list[str], ops: dict) -> ParserRun | None:
+def _probe(path: Path, report: CheckReport, node_names: list[str], ops: dict, plugins: tuple[str, ...] = ()
+           ) -> ParserRun | None:
     """Run TensorRT's parser, attach its messages to the findings; None when no TensorRT is installed."""
     try:
-        result = parse(path)
+        result = parse(path, plugins=plugins)
     except MissingDependencyError:
         log.info("no TensorRT parser installed: static rules only")
         return None

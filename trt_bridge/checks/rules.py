@@ -14,10 +14,14 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.checks.findings import Finding, Severity, TensorInfo
+from trt_bridge.errors import MissingDependencyError
+from trt_bridge.ir.dynamic_gemm import is_plugin_node
 from trt_bridge.ir.tensorrt_ops import NO_IMPORTER
 from trt_bridge.lift import leftover_blockers
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
+from trt_bridge.plugins.registry import plugin_problem
 from trt_bridge.prepare.types import type_name
+from trt_bridge.tensorrt import import_tensorrt
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
 #: integer code types TensorRT's Q/DQ take (besides the fp8/fp4 float formats)
@@ -52,6 +56,30 @@ class CheckRule(Protocol):
     def find(self, node: gs.Node, graph: gs.Graph, opset: int) -> Finding | None: ...
 
 
+class PluginNode:
+    """trt-bridge's own plugin nodes (DynamicInt8Gemm): ready where the plugin can be built and run."""
+
+    name = "plugin"
+
+    def find(self, node, graph, opset):
+        if not is_plugin_node(node):
+            return None
+        problem = plugin_problem(_installed_tensorrt())
+        what = f"trt-bridge's plugin ({node.attrs.get('granularity', 'tensor')} activation scales per inference)"
+        if problem is not None:
+            return _finding(self.name, node, f"{what} cannot be built here: {problem}")
+        return Finding(self.name, Severity.WARNING, node.name, node.op, _io(node),
+                       f"{what}: engines need it registered where they run (trt-bridge's build, bench, verify and "
+                       "pipeline do)", "", False)
+
+
+def _installed_tensorrt():
+    try:
+        return import_tensorrt()
+    except MissingDependencyError:
+        return None
+
+
 class NoImporter:
     """Integer ops and other domains' ops: the parser has no importer (custom domains go to the plugin
     registry: "Plugin not found")."""
@@ -61,7 +89,7 @@ class NoImporter:
     def find(self, node, graph, opset):
         if node.op in NO_IMPORTER:
             return _finding(self.name, node, f"TensorRT's ONNX parser has no importer for {node.op}")
-        if (node.domain or "") not in ("", "ai.onnx"):
+        if (node.domain or "") not in ("", "ai.onnx") and not is_plugin_node(node):
             return _finding(self.name, node, f"{node.domain}.{node.op} is not an ONNX op: TensorRT looks for a "
                                              "plugin of that name and finds none")
         return None
@@ -187,12 +215,12 @@ def _values_text(values: np.ndarray) -> str:
 
 
 #: every static rule, in the order findings are listed for one node
-CHECK_RULES: tuple[CheckRule, ...] = (NoImporter(), QDQZeroPoint(), QDQInt32(), QDQScales(), TrainingDropout(),
-                                      ControlFlow())
+CHECK_RULES: tuple[CheckRule, ...] = (PluginNode(), NoImporter(), QDQZeroPoint(), QDQInt32(), QDQScales(),
+                                      TrainingDropout(), ControlFlow())
 
 
 def is_int8(graph: gs.Graph) -> bool:
     """The model carries integer quantization of some kind (what convert turns into TensorRT's int8 Q/DQ)."""
-    return any(n.op in QDQ or n.op in NO_IMPORTER or n.op.startswith("QLinear") or n.op in (
+    return any(is_plugin_node(n) or n.op in QDQ or n.op in NO_IMPORTER or n.op.startswith("QLinear") or n.op in (
         "QGemm", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention", "QEmbedLayerNormalization")
         for n in _walk(graph))

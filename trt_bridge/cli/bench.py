@@ -8,7 +8,7 @@ from pathlib import Path
 from trt_bridge.bench import BenchOptions, bench
 from trt_bridge.bench.inputs import parse_shapes
 from trt_bridge.calibrate.feed_sources import source_path
-from trt_bridge.cli.common import EXIT_OK, check_output_path, emit_report
+from trt_bridge.cli.common import EXIT_OK, add_plugins_flag, check_output_path, emit_report
 from trt_bridge.ir.files import write_text_atomic
 
 DESCRIPTION = """\
@@ -49,6 +49,7 @@ def add_parser(sub) -> None:
                               "for the cuda/tensorrt providers)")
     engines.add_argument("--no-cuda-graph", dest="cuda_graph", action="store_false",
                          help="time plain enqueues instead of a captured CUDA graph")
+    add_plugins_flag(engines)
     onnx = p.add_argument_group("ONNX models")
     onnx.add_argument("--provider", choices=("cpu", "cuda", "tensorrt"), default="cpu",
                       help="onnxruntime execution provider (default cpu)")
@@ -69,7 +70,8 @@ def run(args: argparse.Namespace) -> int:
         check_output_path(target, [*args.paths, source_path(args.data), outputs[1 - i][0]], what)
     options = BenchOptions(iterations=args.iterations, warmup=args.warmup, duration=args.duration,
                            shapes=parse_shapes(args.shapes), data=args.data, seed=args.seed, transfers=args.transfers,
-                           cuda_graph=args.cuda_graph, provider=args.provider, threads=args.threads)
+                           cuda_graph=args.cuda_graph, provider=args.provider, threads=args.threads,
+                           plugins=tuple(args.plugins))
     report = bench(args.paths, options)
     emit_report(args.json, report.to_json(), report.table() if args.quiet else report.summary())
     if args.markdown:

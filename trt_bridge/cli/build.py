@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 from trt_bridge.checks.findings import findings_json, parser_findings
-from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, add_output_flags, check_output_path, emit_report
+from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, add_output_flags, add_plugins_flag, check_output_path, emit_report
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.tensorrt.build import EngineBuildError, ModelRejectedError, build
 from trt_bridge.tensorrt.options import BuildOptions
@@ -77,6 +77,7 @@ def add_parser(sub) -> None:
                         help="none, ampere+ or same-compute-capability (datacenter TensorRT 8.6+)")
     target.add_argument("--weakly-typed", action="store_true",
                         help="TensorRT 8.6/10.x only: no strong typing; sets the INT8 and FP16 builder flags")
+    add_plugins_flag(target)
     target.add_argument("--trt-module", choices=["tensorrt", "tensorrt_rtx"],
                         help="build with this module when both are installed (default: tensorrt_rtx for "
                              "--compute-capability or without a GPU, else tensorrt)")
@@ -126,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         compute_capabilities=ccs, timing_cache=args.timing_cache, workspace=args.workspace,
         optimization_level=args.optimization_level, version_compatible=args.version_compatible,
         hardware_compatibility=args.hardware_compatibility, weakly_typed=args.weakly_typed,
-        progress=not args.quiet, module=args.trt_module)
+        progress=not args.quiet, module=args.trt_module, plugins=tuple(args.plugins))
     try:
         result = build(args.model, output, options)
     except EngineBuildError as exc:

@@ -19,6 +19,13 @@ def add_output_flags(parser: argparse.ArgumentParser) -> None:
                        help="write the report as JSON to FILE, or to stdout without FILE")
 
 
+def add_plugins_flag(parser) -> None:
+    """``--plugins PATH ...``: TensorRT plugin libraries or Python files registering plugin creators."""
+    parser.add_argument("--plugins", nargs="+", action="extend", default=[], metavar="PATH",
+                        help="TensorRT plugins to register first: plugin libraries (.so) or Python files that "
+                             "register plugin creators (.py); trt-bridge's own plugins need no flag")
+
+
 def check_output_path(path, protected, what: str) -> None:
     """Fail before any work if the file ``path`` (a report, an export, a model) would overwrite one of
     ``protected`` (every file the command reads: models, their external data, feeds, scale files, loader

@@ -11,6 +11,7 @@ from trt_bridge.calibrate.feed_sources import source_path
 from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, add_output_flags, check_output_path
 from trt_bridge.cli.convert_args import (
     AccuracyTargetArgs,
+    ActivationArgs,
     CalibrationArgs,
     PlacementArgs,
     PrecisionArgs,
@@ -36,11 +37,13 @@ examples:
   trt-bridge convert qoperator.onnx --int8 -o model.trt.onnx          # the model's own scales
   trt-bridge convert qdq.onnx --int8 --calib-data feeds/ --scales data --report report.json
   trt-bridge convert float.onnx --int8 --calib-data loader.py:load_data --exclude-nodes 'head'
+  trt-bridge convert dynamic.onnx --activations dynamic -o model.plugin.onnx   # no calibration data
 """
 
 
-CALIBRATION, SCALES, PLACEMENT, RANGES, TARGET, PRECISION = (
-    CalibrationArgs(), ScaleArgs(), PlacementArgs(), RangeArgs(), AccuracyTargetArgs(), PrecisionArgs())
+CALIBRATION, SCALES, PLACEMENT, RANGES, TARGET, PRECISION, ACTIVATIONS = (
+    CalibrationArgs(), ScaleArgs(), PlacementArgs(), RangeArgs(), AccuracyTargetArgs(), PrecisionArgs(),
+    ActivationArgs())
 
 
 def add_parser(sub) -> None:
@@ -51,7 +54,7 @@ def add_parser(sub) -> None:
                    help="emit INT8 explicit quantization (the default and, for now, only target)")
     p.add_argument("-o", "--output", type=Path,
                    help="output model (default: MODEL.int8.onnx beside the input)")
-    for group in (CALIBRATION, SCALES, PLACEMENT, RANGES, TARGET, PRECISION):
+    for group in (CALIBRATION, SCALES, PLACEMENT, RANGES, TARGET, PRECISION, ACTIVATIONS):
         group.add_to(p)
     p.add_argument("--report", type=Path, metavar="JSON", help="write the conversion report as JSON (as --json FILE)")
     p.add_argument("--skip-check", action="store_true",
@@ -64,7 +67,8 @@ def options_from_args(args: argparse.Namespace) -> ConvertOptions:
     """The conversion's options, each group checked as it is made (in the order the flags were always checked)."""
     calibration, ranges, placement = CALIBRATION.parse(args), RANGES.parse(args), PLACEMENT.parse(args)
     return ConvertOptions(calibration=calibration, scales=SCALES.parse(args), placement=placement, ranges=ranges,
-                          precision=PRECISION.parse(args), check=not args.skip_check, progress=not args.quiet)
+                          precision=PRECISION.parse(args), activations=ACTIVATIONS.parse(args),
+                          check=not args.skip_check, progress=not args.quiet)
 
 
 def run(args: argparse.Namespace) -> int:

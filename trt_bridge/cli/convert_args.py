@@ -14,8 +14,11 @@ from pathlib import Path
 from trt_bridge.calibrate.observers import CalibMethod
 from trt_bridge.convert.options import (
     ACCURACY_METRICS,
+    ACTIVATION_MODES,
+    DYNAMIC_GRANULARITIES,
     IO_TYPES,
     AccuracyTarget,
+    ActivationOptions,
     CalibrationOptions,
     PrecisionOptions,
     RangeOptions,
@@ -156,3 +159,21 @@ class PrecisionArgs:
     def parse(self, args: argparse.Namespace) -> PrecisionOptions:
         return PrecisionOptions(high_precision=args.high_precision, io_types=args.io_types,
                                 bf16=Bf16Policy(args.bf16))
+
+
+class ActivationArgs:
+    """--activations, --dynamic-granularity: :class:`ActivationOptions`."""
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("activations")
+        group.add_argument("--activations", choices=ACTIVATION_MODES, default="static",
+                           help="static (default): calibrated INT8 Q/DQ that TensorRT fuses into its own layers; "
+                                "dynamic: a dynamically quantized source's MatMuls become trt-bridge's "
+                                "DynamicInt8Gemm plugin, which computes the activation scale per inference as the "
+                                "source did (no calibration data; engines need the plugin where they run)")
+        group.add_argument("--dynamic-granularity", choices=DYNAMIC_GRANULARITIES, default="tensor",
+                           help="with --activations dynamic: one scale per tensor, the source's exact math "
+                                "(default), or one per token (row), usually more accurate")
+
+    def parse(self, args: argparse.Namespace) -> ActivationOptions:
+        return ActivationOptions(mode=args.activations, granularity=args.dynamic_granularity)

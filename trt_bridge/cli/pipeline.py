@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, check_output_path, emit_report
+from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, add_plugins_flag, check_output_path, emit_report
 from trt_bridge.manifest import PipelineOptions, run_pipeline
 from trt_bridge.manifest.schema import load_manifest
 
@@ -34,6 +34,7 @@ def add_parser(sub) -> None:
     p.add_argument("--output", type=Path, metavar="DIR",
                    help="write the artifacts to DIR instead of the manifest's output (which must lie inside the "
                         "manifest's folder; DIR may be anywhere)")
+    add_plugins_flag(p)
     p.add_argument("-q", "--quiet", action="store_true", help="no progress lines; the verdict only")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     p.set_defaults(run=run)
@@ -47,6 +48,6 @@ def run(args: argparse.Namespace) -> int:
     reads = [args.manifest] + [p for m in manifest.models for p in (m.source, m.reference, m.calib_data, m.eval_data)]
     check_output_path(args.json, reads, "summary")
     report = run_pipeline(args.manifest, PipelineOptions(tuple(args.model), None if args.quiet else progress,
-                                                         args.output))
+                                                         args.output, tuple(args.plugins)))
     emit_report(args.json, report.to_json(), report.summary().splitlines()[0] if args.quiet else report.summary())
     return EXIT_OK if report.passed else EXIT_FAIL

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from trt_bridge.calibrate.feed_sources import source_path
-from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, check_output_path, emit_report
+from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, add_plugins_flag, check_output_path, emit_report
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.files import write_text_atomic
 from trt_bridge.verify import VerifyOptions, verify
@@ -36,6 +36,7 @@ def add_parser(sub) -> None:
     p.add_argument("reference", type=Path, help="the reference ONNX model (float, or the original quantized one)")
     p.add_argument("candidate", type=Path, help="the converted ONNX model")
     p.add_argument("--engine", metavar="ENGINE", help="a TensorRT engine of the candidate to run too (needs a GPU)")
+    add_plugins_flag(p)
     feeds = p.add_argument_group("feeds")
     feeds.add_argument("--data", metavar="DATA",
                        help="an .npz keyed by input name, a folder of .npz/.npy feeds, or a data-loader script "
@@ -87,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         gates=tuple(parse_gates(args.min_snr, args.min_cosine, args.max_abs)), top_k=args.top_k,
         per_layer=args.per_layer, layer_batch=args.layer_batch, layer_feeds=args.layer_feeds,
         save_outputs=args.save_outputs, load_outputs=args.load_outputs, save_inputs=args.save_inputs,
-        load_inputs=args.load_inputs, progress=not args.quiet,
+        load_inputs=args.load_inputs, progress=not args.quiet, plugins=tuple(args.plugins),
     )
     report = verify(args.reference, args.candidate, options)
     emit_report(args.json, report.to_json(), report.quiet() if args.quiet else report.summary())

@@ -95,6 +95,31 @@ class PrecisionOptions:
                                  f"{self.io_types}, or --io-types keep.")
 
 
+#: what --activations takes: calibrated Q/DQ, or trt-bridge's dynamic INT8 GEMM plugin
+ACTIVATION_MODES = ("static", "dynamic")
+#: what --dynamic-granularity takes (trt_bridge.ir.dynamic_gemm.GRANULARITIES)
+DYNAMIC_GRANULARITIES = ("tensor", "token")
+
+
+@dataclass(frozen=True)
+class ActivationOptions:
+    """How the activations of a dynamically quantized source's MatMuls are quantized: ``static`` (calibrated
+    Q/DQ, TensorRT's own INT8 layers) or ``dynamic`` (trt-bridge's DynamicInt8Gemm plugin: scales computed per
+    inference as the source did, no calibration data), per tensor (the source's exact math) or per token."""
+
+    mode: str = field(default="static", metadata={"key": "activations"})
+    granularity: str = field(default="tensor", metadata={"key": "dynamic_granularity"})
+
+    def __post_init__(self) -> None:
+        if self.mode not in ACTIVATION_MODES:
+            raise TrtBridgeError(f"--activations {self.mode}: choose static or dynamic.")
+        if self.granularity not in DYNAMIC_GRANULARITIES:
+            raise TrtBridgeError(f"--dynamic-granularity {self.granularity}: choose tensor or token.")
+        if self.granularity != "tensor" and self.mode != "dynamic":
+            raise TrtBridgeError(f"--dynamic-granularity {self.granularity} is for --activations dynamic; give "
+                                 "that too.")
+
+
 @dataclass(frozen=True)
 class ConvertOptions:
     """Every option of a conversion (``trt-bridge convert``'s flags but -o, --report, --json and the accuracy
@@ -105,6 +130,7 @@ class ConvertOptions:
     placement: PlacementOptions = field(default_factory=PlacementOptions)
     ranges: RangeOptions = field(default_factory=RangeOptions)
     precision: PrecisionOptions = field(default_factory=PrecisionOptions)
+    activations: ActivationOptions = field(default_factory=ActivationOptions)
     check: bool = True  # run `trt-bridge check` on the output (with TensorRT's parser when installed)
     progress: bool = True
 

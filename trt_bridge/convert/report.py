@@ -47,6 +47,8 @@ class ConversionReport:
     #: non-finite source scales left in float): lift.Approximation as dicts
     approximated: list[dict] = field(default_factory=list)
     precision: dict | None = None  # layers by the precision TensorRT runs them in; --high-precision's fp32 keeps
+    #: --activations dynamic: the source's MatMulInteger nodes now trt-bridge's DynamicInt8Gemm plugin, and how
+    plugin: dict | None = None
 
     def __bool__(self) -> bool:
         return not self.remaining_blockers
@@ -72,6 +74,10 @@ class ConversionReport:
                      f"({per_channel} per-channel); scale sources: "
                      + ", ".join(f"{k} {v}" for k, v in sorted(sources.items())))
         lines.append(f"  placement {self.placement}; source activation scales from the {self.scales}")
+        if self.plugin:
+            lines.append(f"  plugin {self.plugin['name']}: {len(self.plugin['layers'])} MatMul(s) with activation "
+                         f"scales computed per inference ({self.plugin['granularity']} granularity); engines need "
+                         "the plugin registered where they run")
         if self.calibration:
             c = self.calibration
             lines.append(f"  calibration: {c['feeds']} feed(s), method {c['method']}, {c['seconds']:.2f} s")

@@ -20,6 +20,8 @@ from trt_bridge.checks import CheckOptions, check_model
 from trt_bridge.convert.options import ConvertOptions, ScalePolicy
 from trt_bridge.convert.report import FloatLeftover, RuleHits
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
+from trt_bridge.ir.dynamic_gemm import OP_TYPE as PLUGIN_OP
+from trt_bridge.ir.dynamic_gemm import PLUGIN_VERSION
 from trt_bridge.ir.export import export_model
 from trt_bridge.ir.files import check_name_lengths, check_writable, external_data_files, same_file
 from trt_bridge.ir.finalize import finalize
@@ -28,6 +30,8 @@ from trt_bridge.ir.save import save_model
 from trt_bridge.ir.size import is_large, release_memory
 from trt_bridge.ir.store import WeightStore
 from trt_bridge.ir.values import check_output_finite, check_source_scales, check_source_weights, nonfinite_count
+from trt_bridge.lift import LIFT_RULES
+from trt_bridge.lift.dynamic_gemm_plugin import DynamicGemmPlugin
 from trt_bridge.lift.pipeline import lift_model
 from trt_bridge.lower.layer_precisions import precision_report
 from trt_bridge.lower.precision import to_low_precision
@@ -104,15 +108,21 @@ def lift(state: Conversion) -> StageResult:
     """The source to the float graph and its annotations. A model over 2 GB is held once: its lifted weights go
     to a private file the graph and onnxruntime map (:mod:`trt_bridge.ir.store`)."""
     state.store = WeightStore() if is_large(state.model) else None
+    activations = state.options.activations
+    rules = (DynamicGemmPlugin(activations.granularity), *LIFT_RULES) if activations.mode == "dynamic" \
+        else LIFT_RULES  # the plugin takes the dynamic MatMuls it can before the static rule lifts them
     state.lifted, ctx = lift_model(state.model, state.model_path, state.options.precision.bf16, state.declared,
-                                   state.store)
+                                   state.store, rules)
     state.ctx, state.model = ctx, None
     release_memory()
     state.graph = gs.import_onnx(state.lifted)  # keeps referring to lifted's weights: no copy
     if state.store is not None:
         state.store.attach(state.graph)
+    plugin_layers = ctx.fired.get(DynamicGemmPlugin.name, [])
+    plugin = {"name": PLUGIN_OP, "version": PLUGIN_VERSION, "granularity": activations.granularity,
+              "layers": plugin_layers} if activations.mode == "dynamic" else None
     return StageResult(changed=sum(len(nodes) for nodes in ctx.fired.values()), records={
-        "rules": [RuleHits(rule, nodes) for rule, nodes in ctx.fired.items()],
+        "plugin": plugin, "rules": [RuleHits(rule, nodes) for rule, nodes in ctx.fired.items()],
         "sanitized": [asdict(c) for c in ctx.prepared], "approximated": [asdict(a) for a in ctx.approximated]})
 
 

@@ -7,6 +7,7 @@ import onnx
 from onnx import version_converter
 
 from trt_bridge.errors import InternalError, UnsupportedPatternError
+from trt_bridge.ir.dynamic_gemm import DOMAIN as PLUGIN_DOMAIN
 from trt_bridge.ir.model import MIN_QDQ_OPSET
 from trt_bridge.ir.size import is_large
 from trt_bridge.ir.types import infer_shapes
@@ -19,6 +20,8 @@ def finalize(model: onnx.ModelProto, opset: int, check: bool = False, min_opset:
     keep = [imp for imp in model.opset_import if imp.domain in ("", "ai.onnx") or imp.domain in used]
     del model.opset_import[:]
     model.opset_import.extend(keep)
+    if PLUGIN_DOMAIN in used and all(imp.domain != PLUGIN_DOMAIN for imp in keep):  # trt-bridge's plugin nodes
+        model.opset_import.append(onnx.helper.make_opsetid(PLUGIN_DOMAIN, 1))
     if opset < min_opset:
         why = "float16 QuantizeLinear/DequantizeLinear" if min_opset > MIN_QDQ_OPSET else \
             "per-channel DequantizeLinear"

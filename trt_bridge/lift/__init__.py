@@ -11,6 +11,7 @@ import logging
 
 import onnx_graphsurgeon as gs
 
+from trt_bridge.ir.dynamic_gemm import is_plugin_node
 from trt_bridge.ir.tensorrt_ops import TENSORRT_REJECTS
 from trt_bridge.lift.base import NOT_MINE, Approximation, Decline, LiftContext, LiftRule
 from trt_bridge.lift.block_quantize_dequantize import BlockQuantizeDequantize
@@ -82,7 +83,7 @@ def leftover_blockers(graph: gs.Graph) -> list[tuple[gs.Node, str]]:
 
     def visit(g: gs.Graph, where: str) -> None:
         for n in g.nodes:
-            if n.op in TENSORRT_REJECTS or (n.domain or "") not in ("", "ai.onnx"):
+            if n.op in TENSORRT_REJECTS or ((n.domain or "") not in ("", "ai.onnx") and not is_plugin_node(n)):
                 found.append((n, where))
             for attr, value in n.attrs.items():
                 for sub in value if isinstance(value, list) else [value]:

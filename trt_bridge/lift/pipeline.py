@@ -15,7 +15,8 @@ from trt_bridge.ir.finalize import finalize
 from trt_bridge.ir.model import default_opset
 from trt_bridge.ir.store import WeightStore
 from trt_bridge.ir.types import infer_shapes
-from trt_bridge.lift import leftover_blockers, lift
+from trt_bridge.lift import LIFT_RULES, leftover_blockers, lift
+from trt_bridge.lift.base import LiftRule
 from trt_bridge.lift.block_quantize_dequantize import QUARK_DOMAINS
 from trt_bridge.prepare import global_pool, sanitize
 from trt_bridge.prepare.model import prepare
@@ -36,9 +37,10 @@ class Lifting:
 
 
 def lift_graph(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Policy = Bf16Policy.FP32,
-               prepared: list | None = None, declared: dict[str, int] | None = None) -> Lifting:
+               prepared: list | None = None, declared: dict[str, int] | None = None,
+               rules: tuple[LiftRule, ...] = LIFT_RULES) -> Lifting:
     """Prepare (unless ``prepared`` holds the changes :func:`prepare` already made), sanitize, fold
-    constants and lift ``model`` (consumed); report what is left."""
+    constants and lift ``model`` (consumed) with ``rules``; report what is left."""
     changes = prepare(model, where, bf16, declared) if prepared is None else list(prepared)
     if changes:  # the casts' outputs need types and shapes for the passes below
         model = infer_shapes(model)
@@ -46,13 +48,14 @@ def lift_graph(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
     changes += sanitize(graph)
     fold_constants(graph)
     changes += global_pool.after_folding(graph)
-    ctx = lift(graph)
+    ctx = lift(graph, rules)
     changes += global_pool.after_folding(graph)  # where a quantizer's custom op (Quark's BFP) hid the shapes
     return Lifting(graph, ctx, changes, leftover_blockers(graph))
 
 
 def lift_model(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Policy = Bf16Policy.FP32,
-               declared: dict[str, int] | None = None, store: WeightStore | None = None):
+               declared: dict[str, int] | None = None, store: WeightStore | None = None,
+               rules: tuple[LiftRule, ...] = LIFT_RULES):
     """Lift ``model`` (consumed) to the canonical form: ``(float ModelProto, LiftContext)``.
 
     The float model computes exactly what the source meant, with the source's own
@@ -62,7 +65,7 @@ def lift_model(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
     """
 
     source_opset = default_opset(model)
-    lifting = lift_graph(model, where, bf16, declared=declared)
+    lifting = lift_graph(model, where, bf16, declared=declared, rules=rules)
     if lifting.blockers:
         raise UnsupportedPatternError(blocker_message(where, lifting.blockers, lifting.ctx.declined))
     lifting.ctx.prepared = lifting.changes

@@ -1,7 +1,8 @@
 """Which precision TensorRT runs each compute layer of a converted model in, for the report and ``check``.
 
 Under strong typing TensorRT runs every layer in the type the ONNX gives it: a weighted op whose data input
-is dequantized from int8 runs INT8, any other layer in its output's type (FP32, FP16, BF16).
+is dequantized from int8 runs INT8, trt-bridge's DynamicInt8Gemm plugin INT8 (its GEMM is int8 × int8), any
+other layer in its output's type (FP32, FP16, BF16).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from dataclasses import asdict
 
 import onnx
 
+from trt_bridge.ir.dynamic_gemm import is_plugin_node
 from trt_bridge.ir.size import is_large
 from trt_bridge.ir.types import elem_types
 
@@ -31,6 +33,9 @@ def layer_precisions(model: onnx.ModelProto) -> dict:
         if node.op_type in SKIP or not node.output:
             continue
         src = producer.get(node.input[0]) if node.input else None
+        if is_plugin_node(node):
+            layers[node.name] = "int8"
+            continue
         if node.op_type in WEIGHTED_OPS and src is not None and src.op_type == "DequantizeLinear":
             layers[node.name] = "int8"
             continue

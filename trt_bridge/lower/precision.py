@@ -40,6 +40,7 @@ import numpy as np
 import onnx
 
 from trt_bridge.errors import MissingDependencyError
+from trt_bridge.ir.dynamic_gemm import is_plugin_node
 from trt_bridge.ir.model import default_opset
 from trt_bridge.ir.types import declared_types, value_types
 from trt_bridge.lower.bfloat16_retype import float_constants, retype_float16
@@ -174,6 +175,7 @@ def to_float16(model: onnx.ModelProto, ranges: dict[str, float] | None = None, k
     import warnings
 
     named = {n.name: list(n.output) for n in model.graph.node if n.name}
+    plugin_attrs = {n.name: list(n.attribute) for n in model.graph.node if is_plugin_node(n)}
     with warnings.catch_warnings():  # the converter warns for every constant it clamps into float16's range
         warnings.simplefilter("ignore", UserWarning)
         converted = float16.convert_float_to_float16(
@@ -184,6 +186,10 @@ def to_float16(model: onnx.ModelProto, ranges: dict[str, float] | None = None, k
     if keep_io_types:
         restore_output_types(converted, {o.name: o.type.tensor_type.elem_type for o in model.graph.output})
     restore_names(converted, named, scale_suffix)
+    for node in converted.graph.node:  # the plugin's weights, scales and bias stay exact (its I/O is float16)
+        if node.name in plugin_attrs:
+            del node.attribute[:]
+            node.attribute.extend(plugin_attrs[node.name])
     qdq_in_float16(converted, scale_suffix)
     return converted, kept
 

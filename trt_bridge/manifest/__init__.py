@@ -18,7 +18,7 @@ from pathlib import Path
 
 from trt_bridge import __version__
 from trt_bridge.bench import BenchOptions, bench
-from trt_bridge.checks import check_model
+from trt_bridge.checks import CheckOptions, check_model
 from trt_bridge.convert import convert
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
 from trt_bridge.ir.files import write_text_atomic
@@ -40,6 +40,7 @@ class PipelineOptions:
     models: tuple[str, ...] = ()  # only these models (default: all)
     on_step: object = None  # called with each StepResult as it ends (the CLI prints a progress line)
     output: Path | None = None  # the artifacts' folder (--output): wins over the manifest's
+    plugins: tuple[str, ...] = ()  # plugin files every build, engine verify and engine bench registers (--plugins)
 
 
 def run_pipeline(manifest_path: str | Path, options: PipelineOptions = PipelineOptions()) -> PipelineReport:
@@ -150,7 +151,7 @@ class _ModelRun:
                  "left_in_float": len(report.left_in_float)}, [self.converted, report_path])
 
     def _check(self):
-        report = check_model(self.converted)
+        report = check_model(self.converted, CheckOptions(plugins=self.options.plugins))
         path = self.folder / "check.json"
         write_text_atomic(path, report.to_json() + "\n")
         status = Status.PASSED if report.ready else Status.FAILED
@@ -167,7 +168,7 @@ class _ModelRun:
                 gates.append(Gate(metric[key], float(value)))
         data = str(self.model.eval_data) if self.model.eval_data else None
         random = None if data else (self.model.eval_random or 8)
-        return VerifyOptions(data=data, random=random, gates=tuple(gates), progress=False,
+        return VerifyOptions(data=data, random=random, gates=tuple(gates), progress=False, plugins=self.options.plugins,
                              shapes=dict(self.model.shapes) or None, **extra)
 
     def _verify(self):
@@ -189,7 +190,7 @@ class _ModelRun:
         return self._bench_result(report, "bench")
 
     def _bench_options(self) -> dict:
-        options = dict(self.model.bench)
+        options = {**self.model.bench, "plugins": self.options.plugins}
         if self.model.shapes:
             options["shapes"] = dict(self.model.shapes)
         return options
@@ -245,7 +246,7 @@ class _ModelRun:
         cache = self.manifest.output / f"timing-cache.{target.name}.bin"
         result = build(self.converted, engine, BuildOptions(
             profiles=profiles, compute_capabilities=target.compute_capabilities, timing_cache=str(cache),
-            progress=False))
+            progress=False, plugins=self.options.plugins))
         size = result.info["engine"]["size"]
         return (Status.PASSED, f"{size / 2**20:.1f} MiB engine in {result.seconds:.1f} s", result.info,
                 [result.engine, result.sidecar])

@@ -10,6 +10,9 @@ the values TensorRT's int8 kernels compute, up to accumulation order.
 A model with bfloat16 layers (``--high-precision bf16``) runs as its float32 emulation
 (:func:`trt_bridge.runtime.bf16.emulate_bfloat16`: every bfloat16 result rounded as TensorRT
 stores it), since the CPU provider has no bfloat16 kernels.
+
+trt-bridge's plugin nodes (``DynamicInt8Gemm``) run as their decomposition into standard ops with the same
+integer math (:func:`trt_bridge.ir.dynamic_gemm.decompose`), the reference the plugin's kernels are held to.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import onnx
 
+from trt_bridge.ir.dynamic_gemm import decompose, has_plugin_nodes
 from trt_bridge.runtime.bf16 import emulate_bfloat16, has_bfloat16
 
 
@@ -28,7 +32,7 @@ def session(model: str | Path | onnx.ModelProto | bytes, simulate_qdq: bool = Tr
     options.log_severity_level = 3
     if simulate_qdq:
         options.add_session_config_entry("session.disable_quant_qdq", "1")
-    model = _bfloat16_emulated(model)
+    model = _plugins_decomposed(_bfloat16_emulated(model))
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     elif isinstance(model, Path):
@@ -68,3 +72,17 @@ def _bfloat16_emulated(model: str | Path | onnx.ModelProto | bytes):
         proto = onnx.load(str(model))
     emulated = emulate_bfloat16(proto)
     return model if emulated is None else emulated
+
+
+def _plugins_decomposed(model: str | Path | onnx.ModelProto | bytes):
+    """``model`` itself, or (as a ModelProto) with trt-bridge's plugin nodes as standard ops."""
+    if isinstance(model, bytes):
+        proto = onnx.ModelProto.FromString(model)
+    elif isinstance(model, onnx.ModelProto):
+        proto = model
+    else:
+        proto = onnx.load(str(model), load_external_data=False)
+        if not has_plugin_nodes(proto):
+            return model
+        proto = onnx.load(str(model))
+    return decompose(proto) if has_plugin_nodes(proto) else model

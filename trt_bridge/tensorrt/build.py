@@ -27,6 +27,7 @@ from pathlib import Path
 from trt_bridge import __version__
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.files import check_writable, external_data_files, write_bytes_atomic
+from trt_bridge.plugins.registry import register_for_model
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
 from trt_bridge.tensorrt.config import check_typing, configure
 from trt_bridge.tensorrt.logger import BuildLogger
@@ -131,6 +132,7 @@ def build(model: str | Path, output: str | Path, options: BuildOptions = BuildOp
         "outputs": compiled.outputs,
         "profiles": [Profile(p).to_dict() for p in compiled.profiles],
         "flags": compiled.flags,
+        "plugins": compiled.plugins,  # what an engine user registers before deserializing it
         "timing_cache": compiled.timing_cache,
         "build_seconds": round(seconds, 3),
         # UTC time of the build: the one field that differs between two builds of the same inputs
@@ -150,10 +152,12 @@ class _Compiled:
     profiles: list[dict]
     flags: dict
     timing_cache: dict | None
+    plugins: list[dict]
 
 
 def _compile(trt, path: Path, options: BuildOptions, fill_unnamed: bool = False) -> _Compiled:
     """Parse ``path`` and build it with ``options``; ``fill_unnamed``: dynamic inputs no profile names get 1s."""
+    plugins = [record.to_dict() for record in register_for_model(trt, path, options.plugins)]
     logger = BuildLogger(trt)
     builder = trt.Builder(logger)
     strongly_typed = check_typing(trt, options)
@@ -194,7 +198,7 @@ def _compile(trt, path: Path, options: BuildOptions, fill_unnamed: bool = False)
     timing = save_timing_cache(trt, config, options.timing_cache, cache) if options.timing_cache else None
     del parser
     return _Compiled(bytes(engine), _tensors(trt, network, True), _tensors(trt, network, False), profiles, flags,
-                     timing)
+                     timing, plugins)
 
 
 def _tensors(trt, network, inputs: bool) -> list[dict]:

@@ -21,3 +21,4 @@ class BuildOptions:
     weakly_typed: bool = False  # TensorRT 8.6/10.x: no STRONGLY_TYPED flag, INT8 and FP16 builder flags instead
     progress: bool = True  # a progress bar driven by TensorRT's progress monitor
     module: str | None = None  # force "tensorrt" or "tensorrt_rtx"
+    plugins: tuple[str, ...] = ()  # plugin libraries (.so) or Python files registering creators (.py), as --plugins

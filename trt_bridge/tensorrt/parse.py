@@ -11,6 +11,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from trt_bridge.ir.tensorrt_ops import NO_IMPORTER
+from trt_bridge.plugins.registry import register_for_model
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
 from trt_bridge.tensorrt.logger import Logger, is_cuda_noise
 
@@ -74,9 +75,11 @@ def _major(trt) -> int:
     return int(match.group()) if match else 0
 
 
-def parse(path: str | Path, module: str | None = None) -> ParseResult:
-    """Run TensorRT's ONNX parser on ``path``; collect its errors instead of raising."""
+def parse(path: str | Path, module: str | None = None, plugins: tuple[str, ...] = ()) -> ParseResult:
+    """Run TensorRT's ONNX parser on ``path`` (trt-bridge's plugins registered where its nodes need them, and the
+    ``plugins`` files); collect its errors instead of raising."""
     trt = import_tensorrt(module)
+    register_for_model(trt, path, plugins)
     logger = Logger(trt)
     builder = trt.Builder(logger)
     network = create_network(trt, builder)

@@ -26,6 +26,7 @@ from trt_bridge.calibrate.feed_sources import RandomFeeds
 from trt_bridge.calibrate.feeds import validate_feed
 from trt_bridge.errors import CalibrationDataError, ModelLoadError, TrtBridgeError
 from trt_bridge.ir.model import load_model
+from trt_bridge.plugins.registry import register_for_engine
 from trt_bridge.runtime.session import session
 from trt_bridge.tensorrt import gpu_present, import_tensorrt, is_rtx
 from trt_bridge.verify.gates import Gate, apply_gates
@@ -55,6 +56,7 @@ class VerifyOptions:
     save_inputs: str | None = None
     load_inputs: str | None = None
     progress: bool = True
+    plugins: tuple[str, ...] = ()  # --engine: plugin files to register besides those the sidecar lists
 
 
 @dataclass
@@ -254,7 +256,7 @@ def _run(reference: Path, candidate: Path, feeds, options: VerifyOptions):
         runners.append(OnnxrtRunner(lambda: session(reference, simulate_qdq=True), name=REFERENCE))
     runners.append(OnnxrtRunner(lambda: session(candidate, simulate_qdq=True), name=CANDIDATE))
     if options.engine:
-        runners.append(_engine_runner(options.engine))
+        runners.append(_engine_runner(options.engine, options.plugins))
     try:
         results = Comparator.run(runners, data_loader=feeds)
     except Exception as exc:  # onnxruntime or TensorRT rejecting a model or a feed
@@ -283,7 +285,7 @@ class QuietPolygraphy:
         G_LOGGER.module_severity, G_LOGGER.colors = self.saved
 
 
-def _engine_runner(engine: str):
+def _engine_runner(engine: str, plugins: tuple[str, ...] = ()):
     """Polygraphy's TrtRunner over the serialized engine; running needs an NVIDIA GPU."""
     path = Path(engine)
     if not path.is_file():
@@ -295,6 +297,7 @@ def _engine_runner(engine: str):
         raise TrtBridgeError(f"running the engine {engine} needs an NVIDIA GPU, and this machine has none. Compare "
                              "here without --engine and --save-outputs/--save-inputs, then run verify --engine "
                              "--load-outputs/--load-inputs on a GPU machine.")
+    register_for_engine(trt, path, plugins)
     from polygraphy.backend.common import BytesFromPath
     from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
