@@ -31,6 +31,7 @@ GEMMS = ("auto", "mma", "dp4a")
 TARGETS = ("cubin", "ptx")
 INSTALL_HINT = "pip install 'trt-bridge[plugins]'"
 SOURCE = Path(__file__).with_name("dynamic_gemm.cu")
+MAX_K = (2**31 - 1) // (255 * 255)  # 33025: the largest K whose worst-case accumulator fits int32
 K_ALIGN = 64  # the kernels' K tile: K is zero-padded to a multiple of this
 ALIGN = 256  # every workspace piece and weight array starts on this boundary
 MINMAX_BLOCKS = 1024  # at most this many per-block partial min/max pairs
@@ -152,9 +153,9 @@ def pack_weights(weight_kn: np.ndarray, zero_point: np.ndarray) -> PackedWeights
     packed[:, :k] = weight_kn.T
     col_sums = weight_kn.astype(np.int64).sum(axis=0)
     correction = col_sums - k * zp.astype(np.int64)
-    if np.abs(correction).max() >= 2**31:
-        raise TrtBridgeError(f"K = {k} is too large for the INT8 GEMM plugin's 32-bit accumulators; "
-                             "keep K below 33000.")
+    if k > MAX_K:
+        raise TrtBridgeError(f"K = {k} is too large for the INT8 GEMM plugin's 32-bit accumulators (at most "
+                             f"{MAX_K}: 255 * 255 * K must fit int32); split the MatMul along K.")
     return PackedWeights(packed, zp.astype(np.int32), col_sums.astype(np.int32), correction.astype(np.int32), k, n)
 
 

@@ -197,6 +197,9 @@ def test_pack_weights_layout_and_checks():
         kernels.pack_weights(weight.astype(np.int16), zero_point)
     with pytest.raises(TrtBridgeError, match=r"\[-128, 127\]"):
         kernels.pack_weights(weight, np.array([0, 0, 128]))
+    assert kernels.pack_weights(np.ones((kernels.MAX_K, 1), np.int8), np.zeros(1, np.int32)).k == 33025
+    with pytest.raises(TrtBridgeError, match="K = 33026 is too large"):
+        kernels.pack_weights(np.ones((33026, 1), np.int8), np.zeros(1, np.int32))
 
 
 def test_workspace_layout():
