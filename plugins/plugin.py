@@ -26,8 +26,8 @@ from trt_bridge.ir.dynamic_gemm import GRANULARITIES, OP_TYPE, PLUGIN_NAMESPACE,
 log = logging.getLogger("trt_bridge.plugins")
 
 #: the plugin's fields: name -> (numpy type, required)
-FIELDS = {"weight": (np.int8, True), "weight_zero_point": (np.int32, True), "weight_scale": (np.float32, True),
-          "bias": (np.float32, False), "granularity": (np.int8, True)}
+FIELDS = {"weight": (np.int8, True), "out_features": (np.int32, True), "weight_zero_point": (np.int32, True),
+          "weight_scale": (np.float32, True), "bias": (np.float32, False), "granularity": (np.int8, True)}
 
 
 class PluginFieldError(ValueError):
@@ -49,11 +49,12 @@ def weights_from_fields(fields) -> dict:
     if granularity not in GRANULARITIES:
         raise PluginFieldError(f"{OP_TYPE}: granularity {granularity!r} is not one of {', '.join(GRANULARITIES)}")
     scale, zero_point, bias = got["weight_scale"], got["weight_zero_point"], got.get("bias")
-    n = max(scale.size, zero_point.size, 0 if bias is None else bias.size)
-    if n == 0 or got["weight"].size % n or any(v is not None and v.size not in (1, n) for v in (scale, zero_point))\
+    n = int(got["out_features"][0]) if got["out_features"].size == 1 else 0
+    if n <= 0 or got["weight"].size % n or any(v.size not in (1, n) for v in (scale, zero_point)) \
             or (bias is not None and bias.size != n):
-        raise PluginFieldError(f"{OP_TYPE}: weight of {got['weight'].size} values, scale [{scale.size}], zero point "
-                               f"[{zero_point.size}] and bias do not describe one [K, N] matrix")
+        raise PluginFieldError(f"{OP_TYPE}: a weight of {got['weight'].size} values, out_features {n}, scale "
+                               f"[{scale.size}], zero point [{zero_point.size}] and bias do not describe one [K, N] "
+                               "matrix")
     if not np.all(np.isfinite(scale)) or np.any(scale <= 0) or (bias is not None and not np.all(np.isfinite(bias))):
         raise PluginFieldError(f"{OP_TYPE}: weight scales must be finite and positive, the bias finite")
     if zero_point.min() < -128 or zero_point.max() > 127:
@@ -107,9 +108,9 @@ def plugin_classes(trt: ModuleType) -> tuple[type, type]:
 
         def configure_plugin(self, inputs, outputs):
             k = inputs[0].desc.dims[len(inputs[0].desc.dims) - 1]
-            if k >= 0 and k != self.weights["k"]:
-                raise PluginFieldError(f"{OP_TYPE}: the input's last dimension is {k}, the weight has "
-                                       f"K = {self.weights['k']}")
+            if k >= 0 and k != self.weights["k"]:  # logged, not raised: an exception here corrupts TensorRT-RTX
+                log.error("%s: the input's last dimension is %d, the weight has K = %d (`trt-bridge check` "
+                          "names the node)", OP_TYPE, k, self.weights["k"])
 
         def get_workspace_size(self, inputs, outputs):
             dims = inputs[0].max
@@ -125,6 +126,7 @@ def plugin_classes(trt: ModuleType) -> tuple[type, type]:
         def get_fields_to_serialize(self):
             w = self.weights
             fields = [trt.PluginField("weight", w["weight"].reshape(-1), trt.PluginFieldType.INT8),
+                      trt.PluginField("out_features", np.array([w["n"]], np.int32), trt.PluginFieldType.INT32),
                       trt.PluginField("weight_zero_point", w["weight_zero_point"], trt.PluginFieldType.INT32),
                       trt.PluginField("weight_scale", w["weight_scale"], trt.PluginFieldType.FLOAT32),
                       trt.PluginField("granularity", np.frombuffer(w["granularity"].encode() + b"\0", np.int8),

@@ -21,7 +21,15 @@ import statistics
 import time
 
 import numpy as np
-from trt_bridge.plugins import kernels
+
+try:  # before cuda-python loads: torch 2.11 failed to import after it on the H100 image (a schema parse error)
+    import torch
+except Exception as exc:  # noqa: BLE001 - any failure only drops the baselines, and is said
+    torch, TORCH_PROBLEM = None, f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+else:
+    TORCH_PROBLEM = None if torch.cuda.is_available() else "torch sees no CUDA GPU"
+
+from trt_bridge.plugins import kernels  # noqa: E402
 
 SHAPES = ((128, 384, 1536), (1024, 384, 1536), (4096, 768, 3072), (4096, 3072, 768), (8192, 4096, 4096))
 WARMUP = 10
@@ -105,11 +113,7 @@ def bench_plugin(gpu: Gpu, m: int, k: int, n: int, runs: int) -> dict[str, float
 
 
 def bench_torch(m: int, k: int, n: int, runs: int) -> dict[str, float]:
-    try:
-        import torch
-    except ImportError:
-        return {}
-    if not torch.cuda.is_available():
+    if TORCH_PROBLEM is not None:
         return {}
 
     def timed(fn) -> float:
@@ -162,6 +166,8 @@ def main(argv: list[str] | None = None) -> int:
     columns = ("tensor_us", "token_us", "tensor_gemm_only_us", "torch_fp16_us", "torch_int8_us")
     print(f"{device} (sm_{gpu.kernels.arch}), float16 input; µs per call (TOPS), the median of {runs} samples of "
           f"{REPLAYS} CUDA-graph replays")
+    if TORCH_PROBLEM is not None:
+        print(f"no torch baselines: {TORCH_PROBLEM}")
     print(f"{'M':>6} {'K':>5} {'N':>5} | {'plugin tensor':>15} | {'plugin token':>15} | {'int8 GEMM only':>15} | "
           f"{'torch fp16':>15} | {'torch int8':>15} | kernel")
     for m, k, n in SHAPES:

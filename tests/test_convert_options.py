@@ -13,6 +13,7 @@ from trt_bridge.cli import build_parser
 from trt_bridge.cli.convert import options_from_args
 from trt_bridge.convert.options import (
     AccuracyTarget,
+    ActivationOptions,
     CalibrationOptions,
     ConvertOptions,
     PrecisionOptions,
@@ -96,19 +97,21 @@ def test_the_options_check_themselves():
 
 def test_a_manifest_takes_the_options_fields_as_keys(tmp_path):
     keys = {option_key(f) for kind in (CalibrationOptions, ScaleOptions, PlacementOptions, RangeOptions,
-                                       PrecisionOptions) for f in fields(kind)}
+                                       PrecisionOptions, ActivationOptions) for f in fields(kind)}
     assert CONVERT_KEYS == keys - {"calib_data", "calib_random", "scale_files", "qat"}
     (tmp_path / "m.onnx").write_bytes(conv_net().SerializeToString())
     (tmp_path / "m.yaml").write_text(
         "models:\n  - name: a\n    source: m.onnx\n    calib_random: 2\n"
         "    convert: {calib_method: percentile, percentile: 99, placement: preserve, scales: model, smooth: null,\n"
-        "              recenter: false, bf16: fp16, high_precision: fp16, io_types: fp16}\n")
+        "              recenter: false, bf16: fp16, high_precision: fp16, io_types: fp16,\n"
+        "              activations: dynamic, dynamic_granularity: token}\n")
     options = load_manifest(tmp_path / "m.yaml").models[0].convert
     assert options == ConvertOptions(
         calibration=CalibrationOptions(random=2, method=CalibMethod.PERCENTILE, percentile=99),
         scales=ScaleOptions(policy=ScalePolicy.MODEL), placement=PlacementOptions(policy=PlacementPolicy.PRESERVE),
         ranges=RangeOptions(smooth=None, recenter=False),
-        precision=PrecisionOptions(high_precision="fp16", io_types="fp16", bf16=Bf16Policy.FP16))
+        precision=PrecisionOptions(high_precision="fp16", io_types="fp16", bf16=Bf16Policy.FP16),
+        activations=ActivationOptions("dynamic", "token"))
 
 
 @pytest.mark.parametrize(("table", "message"), [

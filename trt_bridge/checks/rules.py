@@ -68,6 +68,12 @@ class PluginNode:
         what = f"trt-bridge's plugin ({node.attrs.get('granularity', 'tensor')} activation scales per inference)"
         if problem is not None:
             return _finding(self.name, node, f"{what} cannot be built here: {problem}")
+        weight = node.attrs.get("weight")
+        k = np.shape(getattr(weight, "values", weight))[0] if weight is not None else None
+        x = node.inputs[0].shape if node.inputs else None
+        if k is not None and x and isinstance(x[-1], int) and x[-1] != k:
+            return _finding(self.name, node, f"its input '{node.inputs[0].name}' has {x[-1]} features, its weight "
+                                             f"{k} rows: the node is inconsistent (edited by hand?)")
         return Finding(self.name, Severity.WARNING, node.name, node.op, _io(node),
                        f"{what}: engines need it registered where they run (trt-bridge's build, bench, verify and "
                        "pipeline do)", "", False)

@@ -157,10 +157,12 @@ def calibrate(state: Conversion) -> StageResult:
     needed = ctx.annotations.needing_calibration()
     if needed:
         if feeds is None:
+            dynamic = (" --activations dynamic puts only dynamically quantized MatMuls with onnxruntime's epilogue "
+                       "into its plugin; these stay static INT8.") if options.activations.mode == "dynamic" else ""
             raise CalibrationDataError(
                 f"{state.model_path}: {len(needed)} activation(s) (e.g. '{needed[0]}') have no static scale in "
                 "the model (dynamic quantization computes them at run time; block floating point has none "
-                "TensorRT can use). Pass --calib-data with "
+                f"TensorRT can use).{dynamic} Pass --calib-data with "
                 "representative inputs, or --calib-random N for a quick smoke test."
             )
         method = options.calibration.method

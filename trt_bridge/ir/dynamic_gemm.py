@@ -4,8 +4,9 @@ One node computes what onnxruntime's ``quantize_dynamic`` writes for a MatMul, w
 activation taken at run time::
 
     x [..., K] ─ DynamicInt8Gemm ─ y [..., N]          (domain trt_bridge; TensorRT: the plugin of that name)
-      attributes: weight int8 [K, N], weight_zero_point int32 [N], weight_scale float [N], bias float [N]
-                  (optional), granularity "tensor" | "token", plugin_version, plugin_namespace
+      attributes: weight int8 [K, N], out_features N, weight_zero_point int32 [1|N], weight_scale float
+                  [1|N], bias float [N] (optional), granularity "tensor" | "token", plugin_version,
+                  plugin_namespace
 
 - ``granularity="tensor"``: DynamicQuantizeLinear's asymmetric uint8 over the whole tensor, exactly
   (:func:`decompose` writes the same ops onnxruntime's quantizer does, so onnxruntime reproduces the dynamic
@@ -46,8 +47,9 @@ def _register_schema() -> None:
         outputs=[onnx.defs.OpSchema.FormalParameter("y", "T")],
         type_constraints=[("T", ["tensor(float)", "tensor(float16)"], "float activations")],
         attributes=[onnx.defs.OpSchema.Attribute("weight", attr.TENSOR, "int8 [K, N]"),
-                    onnx.defs.OpSchema.Attribute("weight_zero_point", attr.TENSOR, "int32 [N]"),
-                    onnx.defs.OpSchema.Attribute("weight_scale", attr.TENSOR, "float [N]"),
+                    onnx.defs.OpSchema.Attribute("out_features", attr.INT, "N (TensorRT passes the weight flat)"),
+                    onnx.defs.OpSchema.Attribute("weight_zero_point", attr.TENSOR, "int32 [1] or [N]"),
+                    onnx.defs.OpSchema.Attribute("weight_scale", attr.TENSOR, "float [1] or [N]"),
                     onnx.defs.OpSchema.Attribute("bias", attr.TENSOR, "float [N]", required=False),
                     onnx.defs.OpSchema.Attribute("granularity", attr.STRING, "tensor or token"),
                     onnx.defs.OpSchema.Attribute("plugin_version", attr.STRING, "the plugin's version"),
@@ -79,6 +81,7 @@ def plugin_attributes(weight: np.ndarray, zero_point: np.ndarray, scale: np.ndar
 
     attrs = {
         "weight": numpy_helper.from_array(np.ascontiguousarray(weight, np.int8), "weight"),
+        "out_features": int(n),
         "weight_zero_point": numpy_helper.from_array(vector(zero_point, np.int32), "weight_zero_point"),
         "weight_scale": numpy_helper.from_array(vector(scale, np.float32), "weight_scale"),
         "granularity": granularity, "plugin_version": PLUGIN_VERSION, "plugin_namespace": PLUGIN_NAMESPACE,
@@ -107,6 +110,18 @@ def file_has_plugin_nodes(path) -> bool:
         return has_plugin_nodes(onnx.load(str(path), load_external_data=False))
     except Exception:  # noqa: BLE001 - unreadable: not ours to report here
         return False
+
+
+#: onnxruntime's optimizers a session of a per-token decomposition must not run: MatMulIntegerToFloatFusion
+#: (1.32) fuses the Mul by a product of scales into MatMulIntegerToFloat, which takes one activation scale per
+#: tensor or column, and then computes the per-row scale wrongly
+UNFUSED = ("MatMulIntegerToFloatFusion",)
+
+
+def disabled_optimizers(model: onnx.ModelProto) -> tuple[str, ...]:
+    """What onnxruntime must not fuse in :func:`decompose`'s output of ``model`` (before it is decomposed)."""
+    token = any(is_plugin_node(n) and node_arrays(n)["granularity"] == "token" for n in model.graph.node)
+    return UNFUSED if token else ()
 
 
 def decompose(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -166,10 +181,14 @@ def _decomposed(node: onnx.NodeProto, opset: int, x_type: int) -> tuple[list, li
         nodes.append(helper.make_node("MatMulInteger", [p + "q", p + "weight", p + "z", p + "weight_zero_point"],
                                       [p + "acc"], name=p + "matmul"))
     else:
+        # int8 codes c run as uint8 c + 128 with zero point 128: uint8 × int8 is the MatMulInteger every
+        # onnxruntime CPU kernel has (as for DynamicQuantizeLinear's codes)
         consts += [numpy_helper.from_array(np.array(127, np.float32), p + "qmax"),
                    numpy_helper.from_array(np.array(-127, np.float32), p + "qmin"),
                    numpy_helper.from_array(np.array(0, np.float32), p + "zero"),
-                   numpy_helper.from_array(np.array(1, np.float32), p + "one")]
+                   numpy_helper.from_array(np.array(1, np.float32), p + "one"),
+                   numpy_helper.from_array(np.array(128, np.float32), p + "offset"),
+                   numpy_helper.from_array(np.array(128, np.uint8), p + "code_zero")]
         nodes.append(helper.make_node("Abs", [x], [p + "abs"], name=p + "abs"))
         if opset >= 18:
             consts.append(numpy_helper.from_array(np.array([-1], np.int64), p + "axes"))
@@ -184,12 +203,14 @@ def _decomposed(node: onnx.NodeProto, opset: int, x_type: int) -> tuple[list, li
                   helper.make_node("Div", [x, p + "s"], [p + "xs"], name=p + "divide"),
                   helper.make_node("Round", [p + "xs"], [p + "xr"], name=p + "round"),
                   helper.make_node("Clip", [p + "xr", p + "qmin", p + "qmax"], [p + "xc"], name=p + "clip"),
-                  helper.make_node("Cast", [p + "xc"], [p + "q"], to=TensorProto.INT8, name=p + "codes"),
-                  helper.make_node("MatMulInteger", [p + "q", p + "weight", "", p + "weight_zero_point"],
+                  helper.make_node("Add", [p + "xc", p + "offset"], [p + "xu"], name=p + "offset"),
+                  helper.make_node("Cast", [p + "xu"], [p + "q"], to=TensorProto.UINT8, name=p + "codes"),
+                  helper.make_node("MatMulInteger", [p + "q", p + "weight", p + "code_zero", p + "weight_zero_point"],
                                    [p + "acc"], name=p + "matmul")]
     nodes += [helper.make_node("Cast", [p + "acc"], [p + "accf"], to=TensorProto.FLOAT, name=p + "acc_float"),
-              helper.make_node("Mul", [p + "s", p + "weight_scale"], [p + "prod"], name=p + "scale_product"),
-              helper.make_node("Mul", [p + "accf", p + "prod"], [p + "y0"], name=p + "dequantize")]
+              helper.make_node("Mul", [p + "s", p + "weight_scale"], [p + "prod"], name=p + "scale_product")]
+    prod = p + "prod"
+    nodes.append(helper.make_node("Mul", [p + "accf", prod], [p + "y0"], name=p + "dequantize"))
     y = p + "y0"
     if arrays["bias"] is not None:
         consts.append(numpy_helper.from_array(arrays["bias"], p + "bias"))

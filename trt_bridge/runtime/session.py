@@ -21,7 +21,7 @@ from pathlib import Path
 
 import onnx
 
-from trt_bridge.ir.dynamic_gemm import decompose, has_plugin_nodes
+from trt_bridge.ir.dynamic_gemm import decompose, disabled_optimizers, has_plugin_nodes
 from trt_bridge.runtime.bf16 import emulate_bfloat16, has_bfloat16
 
 
@@ -32,7 +32,7 @@ def session(model: str | Path | onnx.ModelProto | bytes, simulate_qdq: bool = Tr
     options.log_severity_level = 3
     if simulate_qdq:
         options.add_session_config_entry("session.disable_quant_qdq", "1")
-    model = _plugins_decomposed(_bfloat16_emulated(model))
+    model = _bfloat16_emulated(model)
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     elif isinstance(model, Path):
@@ -41,8 +41,8 @@ def session(model: str | Path | onnx.ModelProto | bytes, simulate_qdq: bool = Tr
 
 
 def create_session(model, options, providers=("CPUExecutionProvider",)):
-    """``onnxruntime.InferenceSession``, retried without graph optimizations where onnxruntime's own
-    optimizer fails on a valid model.
+    """``onnxruntime.InferenceSession`` (trt-bridge's plugin nodes as their decomposition), retried without
+    graph optimizations where onnxruntime's own optimizer fails on a valid model.
 
     onnxruntime's constant folding (1.2x) fails to initialize some valid models, torch's dynamo exports
     converted among them ("AddInitializedOrtValue: Attempt to replace the existing tensor"). Its graph
@@ -50,8 +50,12 @@ def create_session(model, options, providers=("CPUExecutionProvider",)):
     """
     import onnxruntime as ort
 
+    model, disabled = _plugins_decomposed(model)
+    if isinstance(model, onnx.ModelProto):
+        model = model.SerializeToString()
+    extra = {"disabled_optimizers": list(disabled)} if disabled else {}
     try:
-        return ort.InferenceSession(model, options, providers=list(providers))
+        return ort.InferenceSession(model, options, providers=list(providers), **extra)
     except Exception as exc:
         if "Attempt to replace the existing tensor" not in str(exc):
             raise
@@ -75,7 +79,8 @@ def _bfloat16_emulated(model: str | Path | onnx.ModelProto | bytes):
 
 
 def _plugins_decomposed(model: str | Path | onnx.ModelProto | bytes):
-    """``model`` itself, or (as a ModelProto) with trt-bridge's plugin nodes as standard ops."""
+    """``(model, ())`` itself, or (as a ModelProto) with trt-bridge's plugin nodes as standard ops, and the
+    onnxruntime optimizers its session must not run."""
     if isinstance(model, bytes):
         proto = onnx.ModelProto.FromString(model)
     elif isinstance(model, onnx.ModelProto):
@@ -83,6 +88,8 @@ def _plugins_decomposed(model: str | Path | onnx.ModelProto | bytes):
     else:
         proto = onnx.load(str(model), load_external_data=False)
         if not has_plugin_nodes(proto):
-            return model
+            return model, ()
         proto = onnx.load(str(model))
-    return decompose(proto) if has_plugin_nodes(proto) else model
+    if not has_plugin_nodes(proto):
+        return model, ()
+    return decompose(proto), disabled_optimizers(proto)
