@@ -92,6 +92,8 @@ def plugin_problem(trt: ModuleType | None) -> str | None:
 def load_plugin_files(trt: ModuleType, paths) -> list[PluginRecord]:
     """Load each ``--plugins`` file into ``trt``'s plugin registry (once per module and file)."""
     records = []
+    if paths:
+        rtx_parser_link(trt)  # any plugin node needs it, the user's too
     for given in paths:
         path = Path(given)
         if not path.is_file():

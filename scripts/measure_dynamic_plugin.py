@@ -62,7 +62,9 @@ def sources(corpus: Path, work: Path) -> list[tuple[str, str, Path]]:
     """(name, arch, path) of every dynamic source: the corpus's, and quantize_dynamic's of its float models."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    found = [(f"{p.parent.name}/{p.stem}", p.stem, p) for p in sorted(corpus.glob("*dynamic*/*.onnx"))]
+    # the suite's slice keeps each quantizer's folder at the top, `make corpus` under quantized/
+    found = [(f"{p.parent.name}/{p.stem}", p.stem, p)
+             for p in sorted([*corpus.glob("*dynamic*/*.onnx"), *corpus.glob("quantized/*dynamic*/*.onnx")])]
     for float_model in sorted((corpus / "float").glob("*.onnx")):
         for tag, kwargs in (("int8", {}), ("uint8", {"weight_type": QuantType.QUInt8}),
                             ("per-channel", {"per_channel": True})):

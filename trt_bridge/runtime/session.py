@@ -65,31 +65,27 @@ def create_session(model, options, providers=("CPUExecutionProvider",)):
 
 def _bfloat16_emulated(model: str | Path | onnx.ModelProto | bytes):
     """``model`` itself, or the float32 emulation of its bfloat16 layers (as a ModelProto)."""
-    if isinstance(model, bytes):
-        proto = onnx.ModelProto.FromString(model)
-    elif isinstance(model, onnx.ModelProto):
-        proto = model
-    else:
-        proto = onnx.load(str(model), load_external_data=False)
-        if not has_bfloat16(proto):
-            return model
-        proto = onnx.load(str(model))
-    emulated = emulate_bfloat16(proto)
+    proto = _loaded_if(model, has_bfloat16)
+    emulated = None if proto is None else emulate_bfloat16(proto)
     return model if emulated is None else emulated
 
 
 def _plugins_decomposed(model: str | Path | onnx.ModelProto | bytes):
     """``(model, ())`` itself, or (as a ModelProto) with trt-bridge's plugin nodes as standard ops, and the
     onnxruntime optimizers its session must not run."""
+    proto = _loaded_if(model, has_plugin_nodes)
+    return (model, ()) if proto is None else (decompose(proto), disabled_optimizers(proto))
+
+
+def _loaded_if(model: str | Path | onnx.ModelProto | bytes, wanted) -> onnx.ModelProto | None:
+    """``model`` as a ModelProto with its weights where ``wanted(proto)`` holds, else None (a file is first read
+    without its external data, to look)."""
     if isinstance(model, bytes):
         proto = onnx.ModelProto.FromString(model)
     elif isinstance(model, onnx.ModelProto):
         proto = model
     else:
-        proto = onnx.load(str(model), load_external_data=False)
-        if not has_plugin_nodes(proto):
-            return model, ()
+        if not wanted(onnx.load(str(model), load_external_data=False)):
+            return None
         proto = onnx.load(str(model))
-    if not has_plugin_nodes(proto):
-        return model, ()
-    return decompose(proto), disabled_optimizers(proto)
+    return proto if wanted(proto) else None
