@@ -170,3 +170,38 @@ def test_the_kernels_reference_is_the_decomposition_bit_for_bit(granularity, per
                                       granularity)
         assert np.array_equal(exact.run(None, {"x": x})[0], want)
         assert np.array_equal(sess.run(None, {"x": x})[0], want)
+
+
+def test_pipeline_with_dynamic_activations(tmp_path):
+    """A manifest's convert table takes activations: dynamic; the pipeline converts without calibration data,
+    checks, verifies against the float model, and builds an SM 8.9 engine whose sidecar lists the plugin."""
+    save(samples.transformer_block(layers=1), tmp_path / "float.onnx")
+    quantize_dynamic(tmp_path / "float.onnx", tmp_path / "dynamic.onnx", per_channel=True)
+    np.savez(tmp_path / "eval.npz", x=samples.sequence_feeds(4, 2, 16, 64)[:, 0])
+    (tmp_path / "m.yaml").write_text(
+        "output: out\nmodels:\n  - name: enc\n    source: dynamic.onnx\n    reference: float.onnx\n"
+        "    eval_data: eval.npz\n    convert: {activations: dynamic, dynamic_granularity: token}\n"
+        "    gates: {min_snr: 25}\n    bench: {iterations: 3, warmup: 1}\n"
+        "targets:\n  - name: ada\n    compute_capabilities: ['8.9']\n")
+    result = subprocess.run([sys.executable, "-m", "trt_bridge", "pipeline", "m.yaml", "-q"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    steps = {(s["step"], s["target"]): s["status"] for s in
+             json.loads((tmp_path / "out" / "pipeline.json").read_text())["steps"]}
+    for key in [("convert", None), ("check", None), ("verify", None), ("build", "ada")]:
+        assert steps[key] == "passed", (key, steps)
+    sidecar = json.loads((tmp_path / "out" / "enc" / "enc.ada.engine.json").read_text())
+    assert [p["name"] for p in sidecar["plugins"]] == [OP_TYPE]
+
+
+def test_dynamic_activations_on_a_model_without_dynamic_matmuls_says_so(tmp_path, caplog):
+    fpath = save(samples.transformer_block(layers=1), tmp_path / "float.onnx")
+    np.savez(tmp_path / "calib.npz", x=samples.sequence_feeds(4, 1, 16, 64)[:, 0])
+    from trt_bridge.convert.options import CalibrationOptions
+
+    with caplog.at_level("WARNING", logger="trt_bridge"):
+        report = convert(fpath, tmp_path / "out.onnx", ConvertOptions(
+            CalibrationOptions(data=str(tmp_path / "calib.npz")), activations=ActivationOptions("dynamic"),
+            progress=False))
+    assert report.plugin["layers"] == []
+    assert "no dynamically quantized MatMul" in caplog.text

@@ -3,6 +3,7 @@ contributes (:class:`trt_bridge.stage.StageResult`). Their order is ``trt_bridge
 
 from __future__ import annotations
 
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,8 @@ from trt_bridge.place.shared import share_scales
 from trt_bridge.prepare.types import feed_types
 from trt_bridge.scales.apply import apply, check_against_data, load_sources
 from trt_bridge.stage import StageResult
+
+log = logging.getLogger("trt_bridge.convert")
 
 
 @dataclass
@@ -119,6 +122,10 @@ def lift(state: Conversion) -> StageResult:
     if state.store is not None:
         state.store.attach(state.graph)
     plugin_layers = ctx.fired.get(DynamicGemmPlugin.name, [])
+    if activations.mode == "dynamic" and not plugin_layers:
+        log.warning("%s: --activations dynamic found no dynamically quantized MatMul with onnxruntime's epilogue "
+                    "(DynamicQuantizeLinear → MatMulInteger → Cast → Mul) to put into the plugin; the model is "
+                    "converted as with --activations static", state.model_path)
     plugin = {"name": PLUGIN_OP, "version": PLUGIN_VERSION, "granularity": activations.granularity,
               "layers": plugin_layers} if activations.mode == "dynamic" else None
     return StageResult(changed=sum(len(nodes) for nodes in ctx.fired.values()), records={
