@@ -21,47 +21,45 @@ from types import ModuleType
 import numpy as np
 from trt_bridge.plugins import kernels
 
-from trt_bridge.ir.dynamic_gemm import GRANULARITIES, OP_TYPE, PLUGIN_NAMESPACE, PLUGIN_VERSION
+from trt_bridge.ir.dynamic_gemm import OP_TYPE, PLUGIN_NAMESPACE, PLUGIN_VERSION, InvalidGemmNode, gemm_weights
 
 log = logging.getLogger("trt_bridge.plugins")
 
-#: the plugin's fields: name -> (numpy type, required)
-FIELDS = {"weight": (np.int8, True), "out_features": (np.int32, True), "weight_zero_point": (np.int32, True),
-          "weight_scale": (np.float32, True), "bias": (np.float32, False), "granularity": (np.int8, True)}
+#: the plugin's fields: name -> numpy type (the granularity is a NUL-terminated string of CHARs)
+FIELDS = {"weight": np.int8, "out_features": np.int32, "weight_zero_point": np.int32, "weight_scale": np.float32,
+          "bias": np.float32, "granularity": np.int8}
 
 
 class PluginFieldError(ValueError):
     """A DynamicInt8Gemm node's attributes do not describe a GEMM (raised inside TensorRT's callbacks)."""
 
 
+#: what plugins found wrong while TensorRT built an engine (TensorRT-RTX's callbacks must not raise: an
+#: exception in configure_plugin corrupts its heap); the builder takes them with :func:`take_build_problems`
+_BUILD_PROBLEMS: list[str] = []
+
+
+def take_build_problems() -> list[str]:
+    """What the plugins found wrong since the last call (and forget it)."""
+    found = list(_BUILD_PROBLEMS)
+    _BUILD_PROBLEMS.clear()
+    return found
+
+
 def weights_from_fields(fields) -> dict:
     """The plugin's weights from TensorRT's plugin fields (a PluginFieldCollection or (name, array) pairs),
-    checked: weight int8 [K·N], zero point and scale [1] or [N], bias [N], granularity tensor|token."""
+    checked as the ONNX node's are (:func:`trt_bridge.ir.dynamic_gemm.gemm_weights`)."""
     got = {}
     for f in fields:
         name, data = (f.name, f.data) if hasattr(f, "name") else f
         if name in FIELDS:
-            got[name] = np.array(data, dtype=FIELDS[name][0]).reshape(-1)
-    missing = [name for name, (_, required) in FIELDS.items() if required and name not in got]
-    if missing:
-        raise PluginFieldError(f"{OP_TYPE}: missing attribute(s) {', '.join(missing)}")
-    granularity = bytes(got.pop("granularity").astype(np.uint8)).split(b"\0")[0].decode()
-    if granularity not in GRANULARITIES:
-        raise PluginFieldError(f"{OP_TYPE}: granularity {granularity!r} is not one of {', '.join(GRANULARITIES)}")
-    scale, zero_point, bias = got["weight_scale"], got["weight_zero_point"], got.get("bias")
-    n = int(got["out_features"][0]) if got["out_features"].size == 1 else 0
-    if n <= 0 or got["weight"].size % n or any(v.size not in (1, n) for v in (scale, zero_point)) \
-            or (bias is not None and bias.size != n):
-        raise PluginFieldError(f"{OP_TYPE}: a weight of {got['weight'].size} values, out_features {n}, scale "
-                               f"[{scale.size}], zero point [{zero_point.size}] and bias do not describe one [K, N] "
-                               "matrix")
-    if not np.all(np.isfinite(scale)) or np.any(scale <= 0) or (bias is not None and not np.all(np.isfinite(bias))):
-        raise PluginFieldError(f"{OP_TYPE}: weight scales must be finite and positive, the bias finite")
-    if zero_point.min() < -128 or zero_point.max() > 127:
-        raise PluginFieldError(f"{OP_TYPE}: weight zero points must be int8 values")
-    k = got["weight"].size // n
-    return {"weight": got["weight"].reshape(k, n), "weight_zero_point": zero_point, "weight_scale": scale,
-            "bias": bias, "granularity": granularity, "k": k, "n": n}
+            got[name] = np.array(data, dtype=FIELDS[name]).reshape(-1)
+    if "granularity" in got:
+        got["granularity"] = bytes(got["granularity"].astype(np.uint8)).split(b"\0")[0].decode(errors="replace")
+    try:
+        return gemm_weights(got)
+    except InvalidGemmNode as exc:
+        raise PluginFieldError(str(exc)) from None
 
 
 @functools.cache
@@ -108,9 +106,9 @@ def plugin_classes(trt: ModuleType) -> tuple[type, type]:
 
         def configure_plugin(self, inputs, outputs):
             k = inputs[0].desc.dims[len(inputs[0].desc.dims) - 1]
-            if k >= 0 and k != self.weights["k"]:  # logged, not raised: an exception here corrupts TensorRT-RTX
-                log.error("%s: the input's last dimension is %d, the weight has K = %d (`trt-bridge check` "
-                          "names the node)", OP_TYPE, k, self.weights["k"])
+            if k >= 0 and k != self.weights["k"]:  # not raised: see _BUILD_PROBLEMS
+                _BUILD_PROBLEMS.append(f"a {OP_TYPE} node's input has {k} features, its weight {self.weights['k']} "
+                                       "rows (`trt-bridge check` names the node)")
 
         def get_workspace_size(self, inputs, outputs):
             dims = inputs[0].max
@@ -169,7 +167,7 @@ def plugin_classes(trt: ModuleType) -> tuple[type, type]:
             self.field_names = trt.PluginFieldCollection([
                 trt.PluginField(name, np.array([]),
                                 trt.PluginFieldType.CHAR if name == "granularity" else types[dtype])
-                for name, (dtype, _) in FIELDS.items()])
+                for name, dtype in FIELDS.items()])
 
         def create_plugin(self, name, fields, phase):
             try:

@@ -205,3 +205,33 @@ def test_dynamic_activations_on_a_model_without_dynamic_matmuls_says_so(tmp_path
             progress=False))
     assert report.plugin["layers"] == []
     assert "no dynamically quantized MatMul" in caplog.text
+
+
+@pytest.mark.parametrize(("change", "in_check", "in_build"), [
+    ({"granularity": "row"}, "granularity 'row' is not one of tensor, token", "Could not create the plugin"),
+    ({"k": K + 1}, f"has {K + 1} features, its weight {K} rows", f"input has {K + 1} features"),
+], ids=["granularity", "features"])
+def test_an_inconsistent_plugin_node_is_refused_everywhere(tmp_path, change, in_check, in_build):
+    """check names the node (a blocker), build exits 1 with the reason, verify refuses to run it: no traceback,
+    no engine, no result."""
+    from trt_bridge.checks import check_model
+
+    model = _plugin_model()
+    if "granularity" in change:
+        attr = next(a for a in model.graph.node[0].attribute if a.name == "granularity")
+        attr.s = change["granularity"].encode()
+    if "k" in change:
+        model.graph.input[0].type.tensor_type.shape.dim[1].dim_value = change["k"]
+    path = save(model, tmp_path / "bad.onnx")
+    report = check_model(path)
+    assert not report.ready and any(in_check in f.why for f in report.blockers)
+
+    def run(*argv):
+        result = subprocess.run([sys.executable, "-m", "trt_bridge", *argv], capture_output=True, text=True,
+                                timeout=120)
+        assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+        return result.stderr
+
+    assert in_build in run("build", str(path), "-o", str(tmp_path / "bad.engine"), "--compute-capability", "8.9")
+    assert not (tmp_path / "bad.engine").exists()
+    assert "error" in run("verify", str(path), str(path), "--random", "2")

@@ -15,7 +15,7 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.checks.findings import Finding, Severity, TensorInfo
 from trt_bridge.errors import MissingDependencyError
-from trt_bridge.ir.dynamic_gemm import is_plugin_node
+from trt_bridge.ir.dynamic_gemm import InvalidGemmNode, is_plugin_node, node_arrays
 from trt_bridge.ir.tensorrt_ops import NO_IMPORTER
 from trt_bridge.lift import leftover_blockers
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
@@ -68,10 +68,12 @@ class PluginNode:
         what = f"trt-bridge's plugin ({node.attrs.get('granularity', 'tensor')} activation scales per inference)"
         if problem is not None:
             return _finding(self.name, node, f"{what} cannot be built here: {problem}")
-        weight = node.attrs.get("weight")
-        k = np.shape(getattr(weight, "values", weight))[0] if weight is not None else None
+        try:
+            k = node_arrays(node)["k"]
+        except InvalidGemmNode as exc:
+            return _finding(self.name, node, f"{getattr(exc, 'reason', exc)}: TensorRT cannot create the plugin")
         x = node.inputs[0].shape if node.inputs else None
-        if k is not None and x and isinstance(x[-1], int) and x[-1] != k:
+        if x and isinstance(x[-1], int) and x[-1] != k:
             return _finding(self.name, node, f"its input '{node.inputs[0].name}' has {x[-1]} features, its weight "
                                              f"{k} rows: the node is inconsistent (edited by hand?)")
         return Finding(self.name, Severity.WARNING, node.name, node.op, _io(node),

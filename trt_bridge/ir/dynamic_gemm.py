@@ -28,6 +28,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from trt_bridge.errors import TrtBridgeError
+
 DOMAIN = "trt_bridge"
 OP_TYPE = "DynamicInt8Gemm"  # also the plugin's name
 PLUGIN_VERSION = "1"
@@ -91,12 +93,65 @@ def plugin_attributes(weight: np.ndarray, zero_point: np.ndarray, scale: np.ndar
     return attrs
 
 
-def node_arrays(node: onnx.NodeProto) -> dict:
-    """The node's weights as arrays (``bias`` None when absent) and its granularity."""
-    attrs = {a.name: a for a in node.attribute}
-    arrays = {name: numpy_helper.to_array(attrs[name].t) if name in attrs else None for name in WEIGHT_ATTRS}
-    arrays["granularity"] = attrs["granularity"].s.decode() if "granularity" in attrs else "tensor"
-    return arrays
+class InvalidGemmNode(TrtBridgeError):
+    """A DynamicInt8Gemm's attributes (or the plugin's fields) do not describe one int8 GEMM."""
+
+
+def gemm_weights(values: dict) -> dict:
+    """The checked weights of one DynamicInt8Gemm from its attribute ``values`` (arrays, any shape; the
+    granularity a str): ``weight`` int8 [K, N], ``weight_zero_point`` and ``weight_scale`` [1] or [N], ``bias``
+    [N] or None, ``granularity``, ``k``, ``n``. Raises :class:`InvalidGemmNode` saying what is wrong. TensorRT's
+    plugin creator and onnxruntime's decomposition both take a node through here, so neither accepts what the
+    other refuses."""
+    missing = [name for name in ("weight", "out_features", "weight_zero_point", "weight_scale", "granularity")
+               if values.get(name) is None]
+    if missing:
+        raise InvalidGemmNode(f"missing attribute(s) {', '.join(missing)}")
+    granularity = values["granularity"]
+    if granularity not in GRANULARITIES:
+        raise InvalidGemmNode(f"granularity {granularity!r} is not one of {', '.join(GRANULARITIES)}")
+    flat = {name: np.asarray(values[name]).reshape(-1) for name in ("weight", "out_features", "weight_zero_point",
+                                                                     "weight_scale")}
+    bias = None if values.get("bias") is None else np.asarray(values["bias"], np.float32).reshape(-1)
+    weight, scale, zero_point = flat["weight"], flat["weight_scale"], flat["weight_zero_point"]
+    n = int(flat["out_features"][0]) if flat["out_features"].size == 1 else 0
+    if weight.dtype != np.int8 or scale.dtype != np.float32 or not np.issubdtype(zero_point.dtype, np.integer):
+        raise InvalidGemmNode(f"weight {weight.dtype}, weight_scale {scale.dtype}, weight_zero_point "
+                              f"{zero_point.dtype}: they must be int8, float32 and int32")
+    if n <= 0 or weight.size % n or any(v.size not in (1, n) for v in (scale, zero_point)) \
+            or (bias is not None and bias.size != n):
+        raise InvalidGemmNode(f"a weight of {weight.size} values, out_features {n}, weight_scale [{scale.size}], "
+                              f"weight_zero_point [{zero_point.size}] and bias do not describe one [K, N] matrix")
+    if not np.all(np.isfinite(scale)) or np.any(scale <= 0) or (bias is not None and not np.all(np.isfinite(bias))):
+        raise InvalidGemmNode("weight scales must be finite and positive, the bias finite")
+    if zero_point.min() < -128 or zero_point.max() > 127:
+        raise InvalidGemmNode("weight zero points must be int8 values")
+    k = weight.size // n
+    return {"weight": weight.reshape(k, n), "weight_zero_point": zero_point.astype(np.int32),
+            "weight_scale": scale, "bias": bias, "granularity": granularity, "k": k, "n": n}
+
+
+def node_arrays(node) -> dict:
+    """:func:`gemm_weights` of a DynamicInt8Gemm node (a NodeProto or an onnx-graphsurgeon node); raises
+    :class:`InvalidGemmNode` naming the node."""
+    if isinstance(node, onnx.NodeProto):
+        raw = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    else:
+        raw = dict(node.attrs)
+    values = {}
+    for name, value in raw.items():
+        if isinstance(value, onnx.TensorProto):
+            value = numpy_helper.to_array(value)
+        elif isinstance(value, bytes):
+            value = value.decode(errors="replace")
+        values[name] = getattr(value, "values", value)  # onnx-graphsurgeon's tensor attributes are Constants
+    try:
+        return gemm_weights(values)
+    except InvalidGemmNode as exc:
+        error = InvalidGemmNode(f"{OP_TYPE} '{node.name}': {exc}. trt-bridge writes these nodes itself: convert "
+                                "the source again with --activations dynamic.")
+        error.reason = str(exc)
+        raise error from None
 
 
 def has_plugin_nodes(model: onnx.ModelProto) -> bool:

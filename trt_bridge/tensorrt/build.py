@@ -27,6 +27,7 @@ from pathlib import Path
 from trt_bridge import __version__
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.files import check_writable, external_data_files, write_bytes_atomic
+from trt_bridge.plugins.plugin import take_build_problems
 from trt_bridge.plugins.registry import register_for_model
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
 from trt_bridge.tensorrt.config import check_typing, configure
@@ -193,8 +194,9 @@ def _compile(trt, path: Path, options: BuildOptions, fill_unnamed: bool = False)
             monitor.close()
     if monitor is not None and monitor.interrupted:
         raise KeyboardInterrupt
-    if engine is None:
-        raise EngineBuildError(_build_failure(trt, path, options, logger.errors(mark)))
+    problems = take_build_problems()
+    if engine is None or problems:
+        raise EngineBuildError(_build_failure(trt, path, options, problems or logger.errors(mark)))
     timing = save_timing_cache(trt, config, options.timing_cache, cache) if options.timing_cache else None
     del parser
     return _Compiled(bytes(engine), _tensors(trt, network, True), _tensors(trt, network, False), profiles, flags,
