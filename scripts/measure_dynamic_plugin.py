@@ -15,6 +15,7 @@ and scores each against the float model on the held-out feeds (SNR in dB), with 
 MatMulIntegers became plugin nodes, the conversion time, and whether TensorRT-RTX builds it for SM 8.9.
 
     python scripts/measure_dynamic_plugin.py [--json out.json] [--corpus tests/data/corpus]
+    python scripts/measure_dynamic_plugin.py --corpus .corpus   # after `make corpus`: real-weight MiniLM
 """
 
 from __future__ import annotations

@@ -235,3 +235,34 @@ def test_an_inconsistent_plugin_node_is_refused_everywhere(tmp_path, change, in_
     assert in_build in run("build", str(path), "-o", str(tmp_path / "bad.engine"), "--compute-capability", "8.9")
     assert not (tmp_path / "bad.engine").exists()
     assert "error" in run("verify", str(path), str(path), "--random", "2")
+
+
+def test_enqueue_hands_the_kernels_what_tensorrt_gives(monkeypatch):
+    """The runtime half of the plugin without a GPU: the weights go to the GPU once per context (at the first
+    enqueue), and every enqueue launches the kernels on TensorRT's stream with its pointers, the row count of
+    the last shape change, the input's type and the node's granularity. (tests/gpu runs the kernels themselves.)"""
+    from trt_bridge.plugins import kernels
+    from trt_bridge.plugins.plugin import plugin_classes
+
+    calls = []
+
+    class FakeKernels:
+        def upload(self, packed, scale, bias):
+            calls.append(("upload", packed.n, scale.shape, None if bias is None else bias.shape))
+            return "device weights"
+
+        def run(self, *args):
+            calls.append(("run", *args))
+
+    monkeypatch.setattr(kernels, "GemmKernels", FakeKernels)
+    trt = import_tensorrt()
+    creator = plugin_classes(trt)[1]()
+    plugin = creator.create_plugin("gemm", _fields(), trt.TensorRTPhase.RUNTIME).attach_to_context(None)
+    desc = trt.PluginTensorDesc()
+    desc.dims, desc.type = trt.Dims([2, 3, K]), trt.DataType.HALF
+    plugin.on_shape_change([desc], [desc])
+    for stream in (7, 8):
+        plugin.enqueue([desc], [desc], [1000], [2000], 3000, stream)
+    assert calls == [("upload", N, (N,), (N,)),
+                     ("run", 7, 1000, True, 6, "device weights", "token", 2000, 3000),
+                     ("run", 8, 1000, True, 6, "device weights", "token", 2000, 3000)]
