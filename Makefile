@@ -21,7 +21,7 @@ test: $(STAMP)
 	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(PY) -m ruff check trt_bridge tests scripts
+	$(PY) -m ruff check trt_bridge plugins tests scripts
 
 bench: $(STAMP)
 	$(PY) scripts/bench_convert.py
