@@ -149,6 +149,29 @@ dq_tensor_params(const float* partial, int blocks, TensorParams* params) {
     }
 }
 
+// Lane `lane` of a warp writes row `base`'s int8 values code(x) (0 beyond k, up to kp) packed four to a word, and
+// the warp returns their sum (in every lane).
+template <typename Code>
+__device__ __forceinline__ int quantize_row(const void* x, int half, i64 base, int k, int kp, u32* out, int lane,
+                                            Code code) {
+    int sum = 0;
+    for (int k4 = lane; k4 < kp / 4; k4 += 32) {
+        u32 packed = 0;
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            const int kk = k4 * 4 + j;
+            int v = 0;
+            if (kk < k) {
+                v = code(load_x(x, half, base + kk));
+                sum += v;
+            }
+            packed |= ((u32)v & 0xffu) << (8 * j);
+        }
+        out[k4] = packed;
+    }
+    return warp_sum(sum);
+}
+
 // One warp per row: codes = clamp(rint(x / s) + zp, 0, 255), stored as codes - 128; the row sum of those.
 extern "C" __global__ void __launch_bounds__(QUANT_ROWS * 32)
 dq_quantize_tensor(const void* x, int half, i64 rows, int k, int kp, const TensorParams* params, i8* q,
@@ -158,25 +181,9 @@ dq_quantize_tensor(const void* x, int half, i64 rows, int k, int kp, const Tenso
     if (row >= rows) return;
     const float s = params->scale;
     const int zp = params->zero_point;
-    const i64 base = row * k;
-    u32* out = (u32*)(q + row * kp);
-    int sum = 0;
-    for (int k4 = lane; k4 < kp / 4; k4 += 32) {
-        u32 packed = 0;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int kk = k4 * 4 + j;
-            int v = 0;
-            if (kk < k) {
-                const int code = min(max(__float2int_rn(__fdiv_rn(load_x(x, half, base + kk), s)) + zp, 0), 255);
-                v = code - 128;
-                sum += v;
-            }
-            packed |= ((u32)v & 0xffu) << (8 * j);
-        }
-        out[k4] = packed;
-    }
-    sum = warp_sum(sum);
+    const int sum = quantize_row(x, half, row * k, k, kp, (u32*)(q + row * kp), lane, [=](float v) {
+        return min(max(__float2int_rn(__fdiv_rn(v, s)) + zp, 0), 255) - 128;
+    });
     if (lane == 0) rowsum[row] = sum;
 }
 
@@ -192,23 +199,9 @@ dq_quantize_token(const void* x, int half, i64 rows, int k, int kp, i8* q, int* 
     amax = warp_max(amax);
     float s = __fdiv_rn(amax, 127.0f);
     if (s == 0.0f) s = 1.0f;
-    u32* out = (u32*)(q + row * kp);
-    int sum = 0;
-    for (int k4 = lane; k4 < kp / 4; k4 += 32) {
-        u32 packed = 0;
-#pragma unroll
-        for (int j = 0; j < 4; j++) {
-            const int kk = k4 * 4 + j;
-            int v = 0;
-            if (kk < k) {
-                v = min(max(__float2int_rn(__fdiv_rn(load_x(x, half, base + kk), s)), -127), 127);
-                sum += v;
-            }
-            packed |= ((u32)v & 0xffu) << (8 * j);
-        }
-        out[k4] = packed;
-    }
-    sum = warp_sum(sum);
+    const int sum = quantize_row(x, half, base, k, kp, (u32*)(q + row * kp), lane, [=](float v) {
+        return min(max(__float2int_rn(__fdiv_rn(v, s)), -127), 127);
+    });
     if (lane == 0) {
         rowsum[row] = sum;
         rowscale[row] = s;
