@@ -33,6 +33,7 @@ from trt_bridge.ir.store import WeightStore
 from trt_bridge.ir.values import check_output_finite, check_source_scales, check_source_weights, nonfinite_count
 from trt_bridge.lift import LIFT_RULES
 from trt_bridge.lift.dynamic_gemm_plugin import DynamicGemmPlugin
+from trt_bridge.lift.fused_dynamic_gemm_plugin import FusedDynamicGemmPlugin
 from trt_bridge.lift.pipeline import lift_model
 from trt_bridge.lower.layer_precisions import precision_report
 from trt_bridge.lower.precision import to_low_precision
@@ -112,8 +113,9 @@ def lift(state: Conversion) -> StageResult:
     to a private file the graph and onnxruntime map (:mod:`trt_bridge.ir.store`)."""
     state.store = WeightStore() if is_large(state.model) else None
     activations = state.options.activations
-    rules = (DynamicGemmPlugin(activations.granularity), *LIFT_RULES) if activations.mode == "dynamic" \
-        else LIFT_RULES  # the plugin takes the dynamic MatMuls it can before the static rule lifts them
+    granularity = activations.granularity  # the plugin takes the dynamic MatMuls it can before the static rules
+    rules = (DynamicGemmPlugin(granularity), FusedDynamicGemmPlugin(granularity), *LIFT_RULES) \
+        if activations.mode == "dynamic" else LIFT_RULES
     state.lifted, ctx = lift_model(state.model, state.model_path, state.options.precision.bf16, state.declared,
                                    state.store, rules)
     state.ctx, state.model = ctx, None
@@ -121,7 +123,7 @@ def lift(state: Conversion) -> StageResult:
     state.graph = gs.import_onnx(state.lifted)  # keeps referring to lifted's weights: no copy
     if state.store is not None:
         state.store.attach(state.graph)
-    plugin_layers = ctx.fired.get(DynamicGemmPlugin.name, [])
+    plugin_layers = [*ctx.fired.get(DynamicGemmPlugin.name, []), *ctx.fired.get(FusedDynamicGemmPlugin.name, [])]
     if activations.mode == "dynamic" and not plugin_layers:
         log.warning("%s: --activations dynamic found no dynamically quantized MatMul with onnxruntime's epilogue "
                     "(DynamicQuantizeLinear → MatMulInteger → Cast → Mul) to put into the plugin; the model is "

@@ -56,7 +56,7 @@ def _other(node: gs.Node, tensor: gs.Tensor) -> gs.Tensor | None:
     return b if a is tensor else a if b is tensor else None
 
 
-def _per_column(values: np.ndarray | None, n: int) -> np.ndarray | None:
+def per_column(values: np.ndarray | None, n: int) -> np.ndarray | None:
     """``values`` as [1] (one value) or [N] (one per output column, along the last axis only)."""
     if values is None:
         return None
@@ -90,7 +90,7 @@ class DynamicGemmPlugin:
             return f"its weight '{w.name}' is not a constant 2-D int8/uint8 matrix"
         n = weight.shape[1]
         zp_in = node.inputs[3] if len(node.inputs) > 3 and node.inputs[3].name else None
-        zero_point = _per_column(np.zeros((), np.int64) if zp_in is None else constant_values(zp_in), n)
+        zero_point = per_column(np.zeros((), np.int64) if zp_in is None else constant_values(zp_in), n)
         if zero_point is None:
             return "its weight zero point is not a constant per tensor or per column"
         cast = _only_reader(node.outputs[0], "Cast")
@@ -102,35 +102,46 @@ class DynamicGemmPlugin:
         if scale_mul is None or scale_mul.op != "Mul" or len(factor.outputs) > 1:
             return "the float accumulator is not multiplied by Mul(x_scale, w_scale)"
         w_scale = _other(scale_mul, producer.outputs[1])
-        scale = _per_column(None if w_scale is None else constant_values(w_scale), n)
+        scale = per_column(None if w_scale is None else constant_values(w_scale), n)
         if scale is None or scale.dtype != np.float32:
             return "the accumulator's multiplier is not the activation scale times a constant float32 weight scale"
         end, bias, chain = mul.outputs[0], None, (node, cast, mul)
         add = _only_reader(end, "Add")
         if add is not None and end not in ctx.graph.outputs:
             addend = _other(add, end)
-            bias = _per_column(None if addend is None else constant_values(addend), n)
+            bias = per_column(None if addend is None else constant_values(addend), n)
             if bias is not None and bias.dtype == np.float32 and addend.shape is not None \
                     and len(addend.shape) <= 1:
                 end, chain = add.outputs[0], (*chain, add)
             else:
                 bias = None
-        if weight.dtype == np.uint8:  # W_q − w_zp is unchanged by moving both by 128
-            weight, zero_point = (weight.astype(np.int16) - 128).astype(np.int8), zero_point.astype(np.int64) - 128
-        if zero_point.min() < -128 or zero_point.max() > 127:
-            return "its weight zero point is outside the int8 range"
-        return DynamicGemmMatch(node, producer.inputs[0], weight, zero_point.astype(np.int32), scale, bias, end,
-                                chain)
+        return gemm_match(node, producer.inputs[0], weight, zero_point, scale, bias, end, chain)
 
     def rewrite(self, ctx: LiftContext, match: DynamicGemmMatch) -> None:
-        node, end = match.node, match.end
-        for replaced in match.chain:  # gone now, so that no later rule visits or walks into them
-            replaced.inputs.clear()
-            replaced.outputs.clear()
-            ctx.graph.nodes.remove(replaced)
-        attrs = plugin_attributes(match.weight, match.zero_point, match.scale, match.bias, self.granularity)
-        plugin = gs.Node(OP_TYPE, ctx.names(f"{node.name or end.name}/dynamic_int8_gemm"), attrs, [match.x], [end],
-                         domain=DOMAIN)
-        ctx.graph.nodes.append(plugin)
-        if end.dtype is None:
-            end.dtype = match.x.dtype
+        write_plugin(ctx, match, self.granularity)
+
+
+def gemm_match(node: gs.Node, x: gs.Tensor, weight: np.ndarray, zero_point: np.ndarray, scale: np.ndarray,
+               bias: np.ndarray | None, end: gs.Tensor, chain: tuple[gs.Node, ...]) -> DynamicGemmMatch | str:
+    """The match for an int8 or uint8 ``weight`` [K, N] with its zero point and scale ([1] or [N]), or why not.
+    uint8 weights become int8: W_q − w_zp is unchanged by moving both by 128."""
+    if weight.dtype == np.uint8:
+        weight, zero_point = (weight.astype(np.int16) - 128).astype(np.int8), zero_point.astype(np.int64) - 128
+    if zero_point.min() < -128 or zero_point.max() > 127:
+        return "its weight zero point is outside the int8 range"
+    return DynamicGemmMatch(node, x, weight, zero_point.astype(np.int32), scale, bias, end, chain)
+
+
+def write_plugin(ctx: LiftContext, match: DynamicGemmMatch, granularity: str) -> None:
+    """Replace ``match.chain`` by one DynamicInt8Gemm node reading ``match.x`` and producing ``match.end``."""
+    node, end = match.node, match.end
+    for replaced in match.chain:  # gone now, so that no later rule visits or walks into them
+        replaced.inputs.clear()
+        replaced.outputs.clear()
+        ctx.graph.nodes.remove(replaced)
+    attrs = plugin_attributes(match.weight, match.zero_point, match.scale, match.bias, granularity)
+    plugin = gs.Node(OP_TYPE, ctx.names(f"{node.name or end.name}/dynamic_int8_gemm"), attrs, [match.x], [end],
+                     domain=DOMAIN)
+    ctx.graph.nodes.append(plugin)
+    if end.dtype is None:
+        end.dtype = match.x.dtype
