@@ -195,16 +195,18 @@ def test_pipeline_with_dynamic_activations(tmp_path):
 
 
 def test_dynamic_activations_on_a_model_without_dynamic_matmuls_says_so(tmp_path, caplog):
-    fpath = save(samples.transformer_block(layers=1), tmp_path / "float.onnx")
-    np.savez(tmp_path / "calib.npz", x=samples.sequence_feeds(4, 1, 16, 64)[:, 0])
-    from trt_bridge.convert.options import CalibrationOptions
+    """A static Q/DQ source: nothing for the plugin (its float MatMuls stay as the quantizer left them)."""
+    from helpers import quantize_static
+    from onnxruntime.quantization import QuantFormat
 
+    fpath = save(samples.transformer_block(layers=1), tmp_path / "float.onnx")
+    feeds = [{"x": f} for f in samples.sequence_feeds(8, 1, 16, 64)]
+    qpath = quantize_static(fpath, tmp_path / "qdq.onnx", feeds, quant_format=QuantFormat.QDQ)
     with caplog.at_level("WARNING", logger="trt_bridge"):
-        report = convert(fpath, tmp_path / "out.onnx", ConvertOptions(
-            CalibrationOptions(data=str(tmp_path / "calib.npz")), activations=ActivationOptions("dynamic"),
-            progress=False))
+        report = convert(qpath, tmp_path / "out.onnx", ConvertOptions(activations=ActivationOptions("dynamic"),
+                                                                      progress=False))
     assert report.plugin["layers"] == []
-    assert "no dynamically quantized MatMul" in caplog.text
+    assert "found no MatMul to put into the plugin" in caplog.text
 
 
 @pytest.mark.parametrize(("change", "in_check", "in_build"), [

@@ -18,6 +18,7 @@ from trt_bridge.calibrate.ranges import observed_ranges
 from trt_bridge.calibrate.recenter import recenter
 from trt_bridge.calibrate.two_pass import calibrate_graph
 from trt_bridge.checks import CheckOptions, check_model
+from trt_bridge.checks.rules import is_int8
 from trt_bridge.convert.options import ConvertOptions, ScalePolicy
 from trt_bridge.convert.report import FloatLeftover, RuleHits
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
@@ -33,6 +34,7 @@ from trt_bridge.ir.store import WeightStore
 from trt_bridge.ir.values import check_output_finite, check_source_scales, check_source_weights, nonfinite_count
 from trt_bridge.lift import LIFT_RULES
 from trt_bridge.lift.dynamic_gemm_plugin import DynamicGemmPlugin
+from trt_bridge.lift.float_gemm_plugin import FloatGemmPlugin
 from trt_bridge.lift.fused_dynamic_gemm_plugin import FusedDynamicGemmPlugin
 from trt_bridge.lift.pipeline import lift_model
 from trt_bridge.lower.layer_precisions import precision_report
@@ -113,9 +115,13 @@ def lift(state: Conversion) -> StageResult:
     to a private file the graph and onnxruntime map (:mod:`trt_bridge.ir.store`)."""
     state.store = WeightStore() if is_large(state.model) else None
     activations = state.options.activations
-    granularity = activations.granularity  # the plugin takes the dynamic MatMuls it can before the static rules
-    rules = (DynamicGemmPlugin(granularity), FusedDynamicGemmPlugin(granularity), *LIFT_RULES) \
-        if activations.mode == "dynamic" else LIFT_RULES
+    granularity = activations.granularity
+    if activations.mode == "static":
+        rules = LIFT_RULES
+    elif is_int8(gs.import_onnx(state.model)):  # the plugin takes the dynamic MatMuls it can before the static rules
+        rules = (DynamicGemmPlugin(granularity), FusedDynamicGemmPlugin(granularity), *LIFT_RULES)
+    else:  # a float model: its MatMuls with constant weights, quantized per column
+        rules = (*LIFT_RULES, FloatGemmPlugin(granularity))
     state.lifted, ctx = lift_model(state.model, state.model_path, state.options.precision.bf16, state.declared,
                                    state.store, rules)
     state.ctx, state.model = ctx, None
@@ -123,11 +129,13 @@ def lift(state: Conversion) -> StageResult:
     state.graph = gs.import_onnx(state.lifted)  # keeps referring to lifted's weights: no copy
     if state.store is not None:
         state.store.attach(state.graph)
-    plugin_layers = [*ctx.fired.get(DynamicGemmPlugin.name, []), *ctx.fired.get(FusedDynamicGemmPlugin.name, [])]
+    plugin_layers = [node for rule in (DynamicGemmPlugin, FusedDynamicGemmPlugin, FloatGemmPlugin)
+                     for node in ctx.fired.get(rule.name, [])]
     if activations.mode == "dynamic" and not plugin_layers:
-        log.warning("%s: --activations dynamic found no dynamically quantized MatMul with onnxruntime's epilogue "
-                    "(DynamicQuantizeLinear → MatMulInteger → Cast → Mul) to put into the plugin; the model is "
-                    "converted as with --activations static", state.model_path)
+        log.warning("%s: --activations dynamic found no MatMul to put into the plugin (a dynamically quantized one "
+                    "with onnxruntime's epilogue, DynamicQuantizeLinear → MatMulInteger → Cast → Mul, or a float "
+                    "model's with a constant weight); the model is converted as with --activations static",
+                    state.model_path)
     plugin = {"name": PLUGIN_OP, "version": PLUGIN_VERSION, "granularity": activations.granularity,
               "layers": plugin_layers} if activations.mode == "dynamic" else None
     return StageResult(changed=sum(len(nodes) for nodes in ctx.fired.values()), records={
