@@ -168,9 +168,9 @@ class ActivationArgs:
         group = parser.add_argument_group("activations")
         group.add_argument("--activations", choices=ACTIVATION_MODES, default="static",
                            help="static (default): calibrated INT8 Q/DQ that TensorRT fuses into its own layers; "
-                                "dynamic: a dynamically quantized source's MatMuls become trt-bridge's "
-                                "DynamicInt8Gemm plugin, which computes the activation scale per inference as the "
-                                "source did (no calibration data; engines need the plugin where they run)")
+                                "dynamic: a dynamically quantized source's MatMuls (or a float model's) become "
+                                "trt-bridge's DynamicInt8Gemm plugin, which computes the activation scale per "
+                                "inference (no calibration data; engines need the plugin where they run)")
         group.add_argument("--dynamic-granularity", choices=DYNAMIC_GRANULARITIES, default="tensor",
                            help="with --activations dynamic: one scale per tensor, the source's exact math "
                                 "(default), or one per token (row), usually more accurate")

@@ -15,6 +15,7 @@ from dataclasses import Field, dataclass, field
 
 from trt_bridge.calibrate.observers import CalibMethod
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.ir.dynamic_gemm import GRANULARITIES
 from trt_bridge.lower.precision import HighPrecision
 from trt_bridge.place.policies import PlacementOptions
 from trt_bridge.prepare.types import Bf16Policy
@@ -97,15 +98,16 @@ class PrecisionOptions:
 
 #: what --activations takes: calibrated Q/DQ, or trt-bridge's dynamic INT8 GEMM plugin
 ACTIVATION_MODES = ("static", "dynamic")
-#: what --dynamic-granularity takes (trt_bridge.ir.dynamic_gemm.GRANULARITIES)
-DYNAMIC_GRANULARITIES = ("tensor", "token")
+#: what --dynamic-granularity takes
+DYNAMIC_GRANULARITIES = GRANULARITIES
 
 
 @dataclass(frozen=True)
 class ActivationOptions:
-    """How the activations of a dynamically quantized source's MatMuls are quantized: ``static`` (calibrated
-    Q/DQ, TensorRT's own INT8 layers) or ``dynamic`` (trt-bridge's DynamicInt8Gemm plugin: scales computed per
-    inference as the source did, no calibration data), per tensor (the source's exact math) or per token."""
+    """How MatMul activations are quantized: ``static`` (calibrated Q/DQ, TensorRT's own INT8 layers) or
+    ``dynamic`` (trt-bridge's DynamicInt8Gemm plugin, for a dynamically quantized source's MatMuls and a float
+    model's: scales computed per inference, no calibration data), per tensor (a dynamic source's exact math) or
+    per token."""
 
     mode: str = field(default="static", metadata={"key": "activations"})
     granularity: str = field(default="tensor", metadata={"key": "dynamic_granularity"})

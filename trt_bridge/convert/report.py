@@ -47,7 +47,7 @@ class ConversionReport:
     #: non-finite source scales left in float): lift.Approximation as dicts
     approximated: list[dict] = field(default_factory=list)
     precision: dict | None = None  # layers by the precision TensorRT runs them in; --high-precision's fp32 keeps
-    #: --activations dynamic: the source's MatMulInteger nodes now trt-bridge's DynamicInt8Gemm plugin, and how
+    #: --activations dynamic: the MatMuls now trt-bridge's DynamicInt8Gemm plugin (name, version, granularity, layers)
     plugin: dict | None = None
 
     def __bool__(self) -> bool:

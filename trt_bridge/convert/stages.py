@@ -174,8 +174,9 @@ def calibrate(state: Conversion) -> StageResult:
     needed = ctx.annotations.needing_calibration()
     if needed:
         if feeds is None:
-            dynamic = (" --activations dynamic puts only dynamically quantized MatMuls with onnxruntime's epilogue "
-                       "into its plugin; these stay static INT8.") if options.activations.mode == "dynamic" else ""
+            dynamic = (" --activations dynamic puts only MatMuls into its plugin (onnxruntime's dynamically "
+                       "quantized ones, or a float model's); these stay static INT8.") \
+                if options.activations.mode == "dynamic" else ""
             raise CalibrationDataError(
                 f"{state.model_path}: {len(needed)} activation(s) (e.g. '{needed[0]}') have no static scale in "
                 "the model (dynamic quantization computes them at run time; block floating point has none "

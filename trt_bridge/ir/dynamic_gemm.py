@@ -35,7 +35,6 @@ OP_TYPE = "DynamicInt8Gemm"  # also the plugin's name
 PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = "trt_bridge"
 GRANULARITIES = ("tensor", "token")
-WEIGHT_ATTRS = ("weight", "weight_zero_point", "weight_scale", "bias")
 
 
 def _register_schema() -> None:
