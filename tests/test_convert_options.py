@@ -115,7 +115,7 @@ def test_a_manifest_takes_the_options_fields_as_keys(tmp_path):
 
 
 @pytest.mark.parametrize(("table", "message"), [
-    ("{calib_method: median}", "convert.calib_method: 'median' is not one of max, percentile, entropy, mse."),
+    ("{calib_method: median}", "convert.calib_method: 'median' is not one of max, percentile, entropy, mse, auto."),
     ("{percentile: high}", "convert.percentile: expected a number, got 'high'."),
     ("{percentile: .inf}", "convert.percentile: expected a number, got inf."),
     ("{recenter: 1}", "convert.recenter: expected true or false, got 1."),

@@ -5,9 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trt_bridge.calibrate.observers import CalibMethod, RangeObserver
+from trt_bridge.calibrate import observers
+from trt_bridge.calibrate.observers import HIST_SAMPLES, CalibMethod, RangeObserver
 
-METHODS = [m.value for m in CalibMethod]
+METHODS = [m.value for m in CalibMethod if m is not CalibMethod.AUTO]  # auto is the conversion's choice
 HIST_METHODS = ["percentile", "entropy", "mse"]
 BINS = 2048
 
@@ -51,7 +52,8 @@ def test_max_method_returns_largest_magnitude_over_all_chunks():
 
 
 @pytest.mark.parametrize("percentile", [50.0, 99.0, 99.9])
-def test_percentile_after_range_doubling_is_within_one_bin_of_numpy(percentile):
+def test_percentile_after_range_doubling_is_within_one_bin_of_numpy(percentile, monkeypatch):
+    monkeypatch.setattr(observers, "HIST_SAMPLES", 1 << 20)  # every value in the histogram
     chunks = chunks_with_growing_range()
     magnitudes = np.abs(np.concatenate(chunks))
     bin_width = 32.0 / BINS
@@ -62,6 +64,28 @@ def test_percentile_after_range_doubling_is_within_one_bin_of_numpy(percentile):
     assert abs(streamed - expected) <= bin_width, (streamed, expected, bin_width)
     assert abs(whole - expected) <= bin_width
     assert abs(streamed - whole) <= bin_width
+
+
+def test_a_large_feed_is_histogrammed_from_a_strided_subset_that_stands_for_all_of_it():
+    rng = np.random.default_rng(5)
+    big = rng.standard_t(4, 8 * HIST_SAMPLES + 3).astype(np.float32)  # heavy tails: the percentile is sensitive
+    obs = observe("percentile", [big], percentile=99.9)
+    assert obs.max == pytest.approx(float(np.abs(big).max()))  # min and max see every value
+    assert obs.hist.sum() == pytest.approx(big.size, rel=1e-4)  # each sampled value counts for its stride
+    expected = float(np.percentile(np.abs(big), 99.9))
+    assert obs.amax() == pytest.approx(expected, rel=0.03)
+
+
+def test_an_auto_observer_keeps_a_histogram_and_answers_for_any_method():
+    rng = np.random.default_rng(6)
+    x = rng.standard_t(2, 50_000).astype(np.float32)
+    auto = observe("auto", [x])
+    for method in HIST_METHODS + ["max"]:
+        assert auto.amax(method=method) == observe(method, [x]).amax()
+    with pytest.raises(ValueError, match="resolved by the conversion"):
+        auto.amax()
+    with pytest.raises(ValueError, match="kept no histogram"):
+        observe("max", [x]).amax(method="percentile")
 
 
 def test_percentile_100_is_the_max():

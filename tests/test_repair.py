@@ -14,11 +14,21 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, quantize_static, run_ort, save, snr_db  # noqa: E402
+from helpers import (  # noqa: E402
+    assert_qdq_contract,
+    assert_tensorrt_ready,
+    op_types,
+    quantize_dynamic,
+    quantize_static,
+    run_ort,
+    save,
+    snr_db,
+)
+from onnxruntime.quantization import QuantType  # noqa: E402
 
 from trt_bridge.checks import CheckOptions, TrtProbe, check_model  # noqa: E402
 from trt_bridge.convert import convert  # noqa: E402
-from trt_bridge.convert.options import ConvertOptions  # noqa: E402
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.ir.repair import dedupe_initializers, import_used_domains  # noqa: E402
 
 RNG = np.random.default_rng(3)
@@ -154,3 +164,44 @@ def test_com_microsoft_ops_without_an_opset_import(tmp_path, caplog):
     assert not op_types(out) & {"QLinearConv", "QLinearAdd"}
     held_out = _feeds(4, 12)
     assert snr_db(run_ort(source, held_out), run_ort(out, held_out)) > 30  # onnxruntime runs the source
+
+
+# --- an output written again in value_info without a shape (onnxruntime's 2019 quantizer: ddddocr's shipped
+#     common_old.onnx) ---------------------------------------------------------------------------------------
+#
+#   x ─ DynamicQuantizeLinear ─ MatInteger(W_u8) ─ Cast ─ Mul(x_scale·w_scale) ─ Reshape ─ y[1, 'seq']
+#   value_info: y (float, no shape)
+#
+# onnx-graphsurgeon took the value_info's type for the output, so the converted output lost its shape and
+# failed onnx's checks (an internal error). The input's own type wins; the value_info entry goes.
+
+def _output_in_value_info_model() -> onnx.ModelProto:
+    w = RNG.normal(size=(16, 8)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "W"], ["m"], "mm"),
+         helper.make_node("Reshape", ["m", "shape"], ["y"], "flatten")],
+        "dyn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", 16])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "seq8"])],
+        [numpy_helper.from_array(w, "W"), numpy_helper.from_array(np.array([1, -1], np.int64), "shape")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_an_output_repeated_in_value_info_without_a_shape_keeps_its_shape(tmp_path):
+    fpath = save(_output_in_value_info_model(), tmp_path / "float.onnx")
+    dpath = quantize_dynamic(fpath, tmp_path / "dynamic.onnx", weight_type=QuantType.QUInt8)
+    source = onnx.load(str(dpath))
+    source.graph.value_info.append(helper.make_tensor_value_info("y", TensorProto.FLOAT, None))
+    source.graph.value_info.append(helper.make_tensor_value_info("x", TensorProto.FLOAT, None))
+    onnx.save(source, str(dpath))
+    feeds = [{"x": RNG.normal(size=(1, 6, 16)).astype(np.float32)} for _ in range(8)]
+    np.savez(tmp_path / "calib.npz", x=np.stack([f["x"] for f in feeds]))
+    out = tmp_path / "converted.onnx"
+    convert(dpath, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                       progress=False))
+    converted = onnx.load(str(out))
+    dims = converted.graph.output[0].type.tensor_type.shape.dim
+    assert [d.dim_value or d.dim_param for d in dims] == [1, "seq8"]
+    assert [d.dim_value or d.dim_param for d in converted.graph.input[0].type.tensor_type.shape.dim] == [1, "seq", 16]
+    assert "MatMulInteger" in op_types(dpath) and not op_types(out) & {"MatMulInteger", "DynamicQuantizeLinear"}
+    assert snr_db(run_ort(fpath, feeds), run_ort(out, feeds)) > 30
+    assert_tensorrt_ready(out)

@@ -232,7 +232,7 @@ def _minilm():
     def feeds(count, seed):
         tok = tf.AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
         rng = np.random.default_rng(seed)
-        words = [w for w in tok.vocab if w.isalpha() and len(w) > 2]
+        words = sorted(w for w in tok.vocab if w.isalpha() and len(w) > 2)  # vocab order varies by process
         texts = [" ".join(rng.choice(words, size=rng.integers(8, 24))) for _ in range(count)]
         enc = tok(texts, padding="max_length", truncation=True, max_length=SEQ, return_tensors="np")
         return {k: enc[k].astype(np.int64)[:, None] for k in ("input_ids", "attention_mask", "token_type_ids")}

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import logging
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import onnx
@@ -29,9 +30,12 @@ class CalibrationResult:
     seconds: float
     method: CalibMethod
     skipped: int = 0  # feeds left out because a value was NaN or Inf
+    percentile: float | None = None  # for method percentile: None is the observers' own
+    keep_max: frozenset[str] = frozenset()  # tensors whose range is their max whatever the method
 
     def amax(self, tensor: str, center: float = 0.0) -> float:
-        return self.observers[tensor].amax(center)
+        method = CalibMethod.MAX if tensor in self.keep_max else self.method
+        return self.observers[tensor].amax(center, method, self.percentile)
 
     def scale(self, tensor: str, center: float = 0.0) -> float:
         """Symmetric int8 scale; a tensor that was all zeros gets scale 1/127 (any positive scale is exact), and
@@ -70,6 +74,61 @@ def finish(observers: dict[str, RangeObserver], count: int, seconds: float, meth
     return CalibrationResult(observers, count, seconds, CalibMethod(method), skipped)
 
 
+@dataclass
+class HeldOut:
+    """The last feeds of a calibration, held out to judge scales fitted on the ones before them. For each
+    held-out size ``h`` of ``sizes``, ``snapshots[h]`` holds the observers as they stood before feed
+    ``total − h``; where ``capture``, the last ``max(sizes)`` feeds are kept with the model's outputs on them.
+    Which size is used is decided afterwards, when the tensors' sizes are known (:meth:`choose`)."""
+
+    total: int
+    sizes: tuple[int, ...]
+    capture: bool = True
+    snapshots: dict = field(default_factory=dict)  # h → {tensor: observer before feed total − h}
+    feeds: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)  # per kept feed: {graph output name: value}
+
+    @staticmethod
+    def split(total: int | None, min_feeds: int = 8, most: int = 8) -> HeldOut | None:
+        """Held-out sizes 2, 4, 8 up to a quarter of ``total`` (and ``most``); None for fewer than
+        ``min_feeds`` feeds or an unknown count."""
+        if total is None or total < min_feeds:
+            return None
+        sizes, h = [], 2
+        while h <= min(most, total // 4):
+            sizes.append(h)
+            h *= 2
+        return HeldOut(total, tuple(sizes)) if sizes else None
+
+    def sibling(self) -> HeldOut:
+        """The same split for another pass over the feeds: its snapshots join these; nothing is captured."""
+        return HeldOut(self.total, self.sizes, False, self.snapshots)
+
+    def starts(self, index: int) -> int | None:
+        """The held-out size whose held-out feeds start at feed ``index``, if any."""
+        h = self.total - index
+        return h if h in self.sizes else None
+
+    def keeps(self, index: int) -> bool:
+        return self.capture and index >= self.total - max(self.sizes)
+
+    def snapshot(self, h: int, observers: dict) -> None:
+        taken = self.snapshots.setdefault(h, {})
+        for name, obs in observers.items():
+            inner = getattr(obs, "observer", obs)  # calibrate.smooth.Rescaled wraps the range observer
+            if isinstance(inner, RangeObserver):
+                taken[name] = copy.deepcopy(inner)
+
+    def choose(self, values_per_feed: dict[str, float], enough: int, share: float) -> int | None:
+        """The fewest held-out feeds in which at least ``share`` of the tensors (``values_per_feed`` each) hold
+        ``enough`` values; else the most this split has, if any tensor holds that many there."""
+        usable = [h for h in self.sizes if h <= len(self.feeds)]
+        for h in usable:
+            if sum(v * h >= enough for v in values_per_feed.values()) >= share * len(values_per_feed):
+                return h
+        return usable[-1] if usable and any(v * usable[-1] >= enough for v in values_per_feed.values()) else None
+
+
 class CalibrationSession:
     """One onnxruntime session over ``model`` that can fetch any of ``tensors``, feed by feed (``.session``
     for direct runs; ``simulate_qdq`` for a model with Q/DQ).
@@ -86,6 +145,7 @@ class CalibrationSession:
         if simulate_qdq:
             model = emulate_bfloat16(model) or model
         self.graph_inputs = {i.name for i in model.graph.input}
+        self.graph_outputs = [o.name for o in model.graph.output]
         present = {o.name for o in model.graph.output}
         added = [t for t in tensors if t not in self.graph_inputs and t not in present]
         known = {v.name: v.type.tensor_type.elem_type for v in model.graph.value_info}
@@ -117,13 +177,20 @@ class CalibrationSession:
         self.session = None
         self._workdir.cleanup()
 
-    def run(self, observers: dict, feeds: FeedSource, progress: bool = True, desc: str = "calibrating") -> int:
-        """Hand every feed's value of each observed tensor to ``observers[name].update``; return the feed count."""
+    def run(self, observers: dict, feeds: FeedSource, progress: bool = True, desc: str = "calibrating",
+            held_out: HeldOut | None = None) -> int:
+        """Hand every feed's value of each observed tensor to ``observers[name].update``; return the feed count.
+        With ``held_out``, snapshot the observers where its held-out feeds start (and keep feeds and outputs)."""
         fetch = [t for t in observers if t not in self.graph_inputs]
+        extra = [o for o in self.graph_outputs if o not in fetch] if held_out and held_out.capture else []
         count, first_bad = 0, None
         for index, feed in enumerate(_progress(feeds, progress, desc)):
+            if held_out is not None and (h := held_out.starts(index)) is not None:
+                held_out.snapshot(h, observers)
+            keep = held_out is not None and held_out.keeps(index)
+            names = fetch + extra if keep else fetch
             try:
-                outputs = self.session.run(fetch, feed) if fetch else []
+                outputs = self.session.run(names, feed) if names else []
             except Exception as exc:
                 raise CalibrationDataError(
                     f"onnxruntime failed on calibration feed {index} "
@@ -143,6 +210,10 @@ class CalibrationSession:
                 continue
             for name, value in values:
                 observers[name].update(value)
+            if keep:
+                got = dict(zip(names, outputs))
+                held_out.feeds.append({k: np.array(v, copy=True) for k, v in feed.items()})
+                held_out.outputs.append({o: got[o] for o in self.graph_outputs if o in got})
             count += 1
         if count == 0 and first_bad is not None:
             raise CalibrationDataError(

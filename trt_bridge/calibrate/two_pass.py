@@ -15,29 +15,30 @@ import onnx
 from trt_bridge.annotations import Annotations
 from trt_bridge.calibrate.feeds import FeedSource
 from trt_bridge.calibrate.observers import CalibMethod, RangeObserver
-from trt_bridge.calibrate.session import CalibrationResult, CalibrationSession, finish
+from trt_bridge.calibrate.session import CalibrationResult, CalibrationSession, HeldOut, finish
 from trt_bridge.calibrate.smooth import MIN_ROWS, ChannelMaxObserver, Rescaled, Smoothed, candidates, smooth
 
 log = logging.getLogger("trt_bridge.calibrate")
 
 
 def calibrate_graph(graph, annotations: Annotations, lifted: onnx.ModelProto, needed: list[str], feeds: FeedSource,
-                    method: CalibMethod, percentile: float, alpha: float | None, progress: bool = True
-                    ) -> tuple[CalibrationResult, list[Smoothed]]:
+                    method: CalibMethod, percentile: float, alpha: float | None, progress: bool = True,
+                    held_out: HeldOut | None = None) -> tuple[CalibrationResult, list[Smoothed]]:
     """Observe ``needed`` on the float model ``lifted`` (whose graph is ``graph``) over ``feeds``; with ``alpha``
     (SmoothQuant's), smooth the candidates that saw enough rows first. Returns the result and what was
-    smoothed."""
+    smoothed. ``held_out`` gets every observer as it stood where each held-out split starts, and the last
+    feeds with the model's outputs."""
     start = time.perf_counter()
     observers = {t: RangeObserver(method, percentile) for t in needed}
     todo = [] if alpha is None else [t for t in candidates(graph, annotations) if t in observers]
     smoothed = []
     with CalibrationSession(lifted, needed) as session:
         if not todo:
-            count = session.run(observers, feeds, progress)
+            count = session.run(observers, feeds, progress, held_out=held_out)
         else:
             maxima = {t: ChannelMaxObserver() for t in todo}
             count = session.run({**{t: o for t, o in observers.items() if t not in maxima}, **maxima}, feeds,
-                                progress, desc="calibrating (1/2)")
+                                progress, desc="calibrating (1/2)", held_out=held_out)
             enough = {t: m.max for t, m in maxima.items() if m.rows >= MIN_ROWS}
             for t in sorted(set(maxima) - set(enough)):
                 log.info("not smoothing %r: calibration saw %d row(s) per channel, fewer than %d", t,
@@ -45,6 +46,7 @@ def calibrate_graph(graph, annotations: Annotations, lifted: onnx.ModelProto, ne
             smoothed, factors = smooth(graph, annotations, enough, alpha)
             # the candidates left unsmoothed are observed as they are
             session.run({t: Rescaled(observers[t], 1.0 / factors[t]) if t in factors else observers[t]
-                         for t in todo}, feeds, progress, desc="calibrating (2/2)")
+                         for t in todo}, feeds, progress, desc="calibrating (2/2)",
+                        held_out=None if held_out is None else held_out.sibling())
         skipped = len(session.skipped)
     return finish(observers, count, time.perf_counter() - start, method, skipped), smoothed

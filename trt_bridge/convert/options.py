@@ -45,7 +45,8 @@ class CalibrationOptions:
 
     data: str | None = field(default=None, metadata={"key": "calib_data"})  # .npz, folder or loader.py[:fn]
     random: int | None = field(default=None, metadata={"key": "calib_random"})  # N random feeds (smoke tests)
-    method: CalibMethod = field(default=CalibMethod.MAX, metadata={"key": "calib_method"})
+    #: auto: max, percentile or mse, whichever gives the float outputs on held-out calibration feeds
+    method: CalibMethod = field(default=CalibMethod.AUTO, metadata={"key": "calib_method"})
     percentile: float = 99.99  # for CalibMethod.PERCENTILE
 
     def __post_init__(self) -> None:

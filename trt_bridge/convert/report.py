@@ -80,7 +80,8 @@ class ConversionReport:
                          "the plugin registered where they run")
         if self.calibration:
             c = self.calibration
-            lines.append(f"  calibration: {c['feeds']} feed(s), method {c['method']}, {c['seconds']:.2f} s")
+            method = c.get("auto") or c["method"]
+            lines.append(f"  calibration: {c['feeds']} feed(s), method {method}, {c['seconds']:.2f} s")
         if self.smoothed:
             by_mul = sum(1 for x in self.smoothed if x["through"] == "Mul")
             lines.append(f"  smoothed {len(self.smoothed)} MatMul input(s) into their weights "

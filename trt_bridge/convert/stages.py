@@ -4,7 +4,7 @@ contributes (:class:`trt_bridge.stage.StageResult`). Their order is ``trt_bridge
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,11 @@ from trt_bridge.calibrate import CalibMethod, model_inputs, open_feeds
 from trt_bridge.calibrate.feed_sources import source_path
 from trt_bridge.calibrate.ranges import observed_ranges
 from trt_bridge.calibrate.recenter import recenter
+from trt_bridge.calibrate.session import HeldOut
 from trt_bridge.calibrate.two_pass import calibrate_graph
 from trt_bridge.checks import CheckOptions, check_model
 from trt_bridge.checks.rules import is_int8
+from trt_bridge.convert import range_choice
 from trt_bridge.convert.options import ConvertOptions, ScalePolicy
 from trt_bridge.convert.report import FloatLeftover, RuleHits
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
@@ -183,17 +185,34 @@ def calibrate(state: Conversion) -> StageResult:
                 f"TensorRT can use).{dynamic} Pass --calib-data with "
                 "representative inputs, or --calib-random N for a quick smoke test."
             )
-        method = options.calibration.method
+        method, choice, held_out = options.calibration.method, None, None
+        if method is CalibMethod.AUTO:
+            held_out = HeldOut.split(feeds.total, range_choice.MIN_FEEDS)
+            if held_out is None:
+                choice = range_choice.fallback(f"{feeds.total or 'an unknown number of'} calibration feed(s), "
+                                               f"fewer than {range_choice.MIN_FEEDS} to judge by")
+            elif state.store is not None:
+                held_out, choice = None, range_choice.fallback("a model over 2 GB is not converted twice")
         result, smoothed = calibrate_graph(state.graph, ctx.annotations, state.lifted, needed, feeds, method,
-                                           options.calibration.percentile, options.ranges.smooth, options.progress)
+                                           options.calibration.percentile, options.ranges.smooth, options.progress,
+                                           held_out)
+        if method is CalibMethod.AUTO:
+            if choice is None:
+                choice = range_choice.choose_method(state.graph, ctx.annotations, needed, held_out,
+                                                    state.placement.shared_scales, options.ranges.recenter,
+                                                    result.observers, options.calibration.percentile)
+            result = replace(result, method=choice.method, percentile=choice.percentile, keep_max=choice.keep_max)
+            records["auto_method"] = choice.describe()
         state.calibration = result
         for name in needed:
             spec = ctx.annotations.activations[name]
             spec.scale, spec.source = result.scale(name), ScaleSource.CALIBRATION
         records["calibration"] = {
             "feeds": result.feeds, "skipped_feeds": result.skipped, "method": result.method.value,
+            "auto": records.pop("auto_method", None),
             "seconds": result.seconds,
-            "percentile": options.calibration.percentile if result.method is CalibMethod.PERCENTILE else None,
+            "percentile": (result.percentile or options.calibration.percentile)
+            if result.method is CalibMethod.PERCENTILE else None,
             "ranges": {k: {"min": o.lo, "max": o.hi, "amax": result.amax(k)}
                        for k, o in sorted(result.observers.items())}}
         records["smoothed"] = [asdict(x) for x in smoothed]

@@ -11,7 +11,7 @@ import onnx
 
 from trt_bridge.errors import ModelLoadError
 from trt_bridge.ir.files import check_name_lengths, external_locations
-from trt_bridge.ir.repair import dedupe_initializers, import_used_domains
+from trt_bridge.ir.repair import dedupe_initializers, drop_io_value_info, import_used_domains
 from trt_bridge.ir.types import declared_types, infer_shapes, skeleton
 
 log = logging.getLogger("trt_bridge.ir.model")
@@ -101,6 +101,7 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
     (``prepare.types``); ``declared`` receives the exporter's own ``value_info`` types first,
     because inference then replaces them with its guesses.
     """
+    drop_io_value_info(model, path)  # an input's or output's type is its own, not a value_info's
     if declared is not None:  # the exporter's own types, before inference fills in (and guesses) the rest
         declared.update(declared_types(model.graph.value_info))
     model = _upgrade_per_axis_qdq(model, path)

@@ -62,6 +62,22 @@ def dedupe_initializers(model: onnx.ModelProto, path="model", notes: list[str] |
     return touched
 
 
+def drop_io_value_info(model: onnx.ModelProto, path="model") -> list[str]:
+    """Drop ``value_info`` entries that name a graph input or output of the main graph; return their names.
+
+    Their types live on the input or output itself; onnxruntime's 2019 quantizer wrote the outputs again
+    in ``value_info`` without a shape (ddddocr's common_old.onnx), which onnx-graphsurgeon reads as the
+    output's type, so the converted model's output lost its shape and failed onnx's checks."""
+    io = {v.name for v in (*model.graph.input, *model.graph.output)}
+    dropped = [v.name for v in model.graph.value_info if v.name in io]
+    if dropped:
+        kept = [v for v in model.graph.value_info if v.name not in io]
+        del model.graph.value_info[:]
+        model.graph.value_info.extend(kept)
+        log.debug("%s: dropped value_info of graph inputs/outputs %s", path, ", ".join(dropped))
+    return dropped
+
+
 def import_used_domains(model: onnx.ModelProto, path="model", notes: list[str] | None = None) -> list[str]:
     """Import version 1 of every node domain the model uses but does not import (onnxruntime's assumption);
     return those domains. ``notes`` receives what the warning says."""
