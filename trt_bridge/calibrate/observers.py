@@ -17,7 +17,8 @@ Methods (the returned value is ``amax``; the scale is ``amax / 127``):
   (:mod:`trt_bridge.convert.range_choice`).
 
 A histogram needs no more than ``HIST_SAMPLES`` values of a feed to place a 99.99th
-percentile (a strided subset of larger tensors); the min and max see every value.
+percentile (a fixed pseudo-random subset of larger tensors); the min and max see every value,
+and a percentile of 100 is the max.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class CalibMethod(str, enum.Enum):
     AUTO = "auto"
 
 
-#: a histogram takes at most this many of one feed's values (evenly strided); min and max take them all
+#: a histogram takes at most this many of one feed's values (a fixed pseudo-random subset); min and max take them all
 HIST_SAMPLES = 1 << 15
 
 
@@ -81,10 +82,12 @@ class RangeObserver:
         peak = max(abs(lo), abs(hi))
         if self.method is CalibMethod.MAX:
             return
-        stride = -(-v.size // HIST_SAMPLES)  # each value of the subset stands for ``stride`` of the feed's
-        v = v[::stride]
+        weight = 1.0  # how many of the feed's values each histogrammed one stands for
+        if v.size > HIST_SAMPLES:
+            weight = v.size / HIST_SAMPLES
+            v = v[_sample(v.size)]
         if peak == 0.0 and self.R == 0.0:
-            self._zeros += v.size * stride
+            self._zeros += v.size * weight
             return
         if self.R == 0.0:
             self.R = peak
@@ -94,7 +97,7 @@ class RangeObserver:
             merged = self.hist.reshape(-1, 2).sum(axis=1)
             self.hist = np.concatenate([np.zeros(quarter), merged, np.zeros(quarter)])
             self.R *= 2.0
-        self.hist += _histogram(v, self.R, 2 * self.bins) * stride
+        self.hist += _histogram(v, self.R, 2 * self.bins) * weight
 
     def amax(self, center: float = 0.0, method: CalibMethod | None = None, percentile: float | None = None
              ) -> float:
@@ -109,7 +112,8 @@ class RangeObserver:
         if self.count == 0:
             return 0.0
         top = float(max(self.hi - center, center - self.lo, 0.0))
-        if method is CalibMethod.MAX or top == 0.0 or self.R == 0.0:
+        if method is CalibMethod.MAX or top == 0.0 or self.R == 0.0 or (
+                method is CalibMethod.PERCENTILE and percentile >= 100.0):
             return top
         key = (center, method, percentile if method is CalibMethod.PERCENTILE else None)
         if key not in self._amax:
@@ -119,10 +123,13 @@ class RangeObserver:
     def _histogram_amax(self, center: float, top: float, method: CalibMethod, percentile: float) -> float:
         width = self.R / self.bins
         mids = np.abs(-self.R + width * (np.arange(2 * self.bins) + 0.5) - center)
+        # the histogram of |x − center| over [0, top]; every value seen lies within top, so a bin whose middle
+        # lies beyond it (the one holding the max) goes into the last bin
         index = np.minimum((mids * (self.bins / top)).astype(np.intp), self.bins - 1)
-        # the histogram of |x − center| over [0, top] (a bin whose middle lies beyond top is left out)
-        hist = np.bincount(index, weights=np.where(mids <= top, self.hist, 0.0), minlength=self.bins)
+        hist = np.bincount(index, weights=self.hist, minlength=self.bins)
         fold_edges = np.linspace(0.0, top, self.bins + 1)
+        if not hist.any():
+            return top
         if method is CalibMethod.PERCENTILE:
             cdf = np.cumsum(hist) / hist.sum()
             idx = int(np.searchsorted(cdf, percentile / 100.0))
@@ -130,6 +137,22 @@ class RangeObserver:
         if method is CalibMethod.MSE:
             return float(min(_mse_amax(hist, fold_edges), top))
         return float(min(_entropy_amax(hist, fold_edges), top))
+
+
+def _sample(size: int) -> np.ndarray:
+    """``HIST_SAMPLES`` positions spread over a feed of ``size`` values, the same for every feed of that size
+    (deterministic) and not evenly strided: a stride would alias with interleaved data (every other column
+    scaled down, a Bayer pattern) and see only one phase of it."""
+    found = _SAMPLES.get(size)
+    if found is None:
+        found = np.sort(np.random.default_rng(size).integers(0, size, HIST_SAMPLES))
+        if len(_SAMPLES) >= 64:
+            _SAMPLES.pop(next(iter(_SAMPLES)))
+        _SAMPLES[size] = found
+    return found
+
+
+_SAMPLES: dict[int, np.ndarray] = {}
 
 
 def _histogram(v: np.ndarray, R: float, bins: int) -> np.ndarray:

@@ -82,23 +82,27 @@ class HeldOut:
     """The last feeds of a calibration, held out to judge scales fitted on the ones before them. For each
     held-out size ``h`` of ``sizes``, ``snapshots[h]`` holds the observers as they stood before feed
     ``total − h``; where ``capture``, the last ``max(sizes)`` feeds are kept with the model's outputs on them.
-    Which size is used is decided afterwards, when the tensors' sizes are known (:meth:`choose`)."""
+    Which size is used is decided afterwards, when the tensors' sizes are known (:meth:`choose`). A source
+    whose feed count is unknown until it ends (a data-loader script) keeps the observers as they stood before
+    each of its last feeds instead, and learns ``total`` at the end (:meth:`end`)."""
 
-    total: int
+    total: int | None
     sizes: tuple[int, ...]
     capture: bool = True
     snapshots: dict = field(default_factory=dict)  # h → {tensor: observer before feed total − h}
     feeds: list = field(default_factory=list)
     outputs: list = field(default_factory=list)  # per kept feed: {graph output name: value}
+    indices: list = field(default_factory=list)  # per kept feed: its index (feeds with NaN or Inf are not kept)
+    _recent: list = field(default_factory=list)  # unknown total: (index, observers before it), the newest
 
     @staticmethod
     def split(total: int | None, min_feeds: int = 8, most: int = 8) -> HeldOut | None:
         """Held-out sizes 2, 4, 8 up to a quarter of ``total`` (and ``most``); None for fewer than
-        ``min_feeds`` feeds or an unknown count."""
-        if total is None or total < min_feeds:
+        ``min_feeds`` feeds. An unknown ``total`` keeps every size until :meth:`end` knows it."""
+        if total is not None and total < min_feeds:
             return None
         sizes, h = [], 2
-        while h <= min(most, total // 4):
+        while h <= min(most, total // 4 if total is not None else most):
             sizes.append(h)
             h *= 2
         return HeldOut(total, tuple(sizes)) if sizes else None
@@ -109,27 +113,64 @@ class HeldOut:
 
     def starts(self, index: int) -> int | None:
         """The held-out size whose held-out feeds start at feed ``index``, if any."""
-        h = self.total - index
+        h = None if self.total is None else self.total - index
         return h if h in self.sizes else None
 
     def keeps(self, index: int) -> bool:
-        return self.capture and index >= self.total - max(self.sizes)
+        return self.capture and bool(self.sizes) and (self.total is None or index >= self.total - max(self.sizes))
 
-    def snapshot(self, h: int, observers: dict) -> None:
-        taken = self.snapshots.setdefault(h, {})
+    def before(self, index: int, observers: dict) -> None:
+        """Called before feed ``index`` is observed: snapshot where a split starts (or, with an unknown total,
+        before each of the newest feeds)."""
+        if self.total is None and self.sizes:
+            self._recent.append((index, self._copies(observers)))
+            del self._recent[:-(max(self.sizes) + 1)]
+        elif (h := self.starts(index)) is not None:
+            self.snapshots.setdefault(h, {}).update(self._copies(observers))
+
+    def kept(self, index: int, feed: dict, outputs: dict) -> None:
+        self.feeds.append({k: np.array(v, copy=True) for k, v in feed.items()})
+        self.outputs.append(outputs)
+        self.indices.append(index)
+        if self.total is None:  # only the newest max(sizes) can be held out
+            first = index - max(self.sizes) + 1
+            while self.indices and self.indices[0] < first:
+                del self.feeds[0], self.outputs[0], self.indices[0]
+
+    def end(self, iterated: int, min_feeds: int = 8) -> None:
+        """After a pass over ``iterated`` feeds: a split of unknown total learns it and takes its snapshots."""
+        if self.total is not None:
+            return
+        self.total = iterated
+        self.sizes = tuple(h for h in self.sizes if h <= iterated // 4) if iterated >= min_feeds else ()
+        for index, taken in self._recent:
+            if iterated - index in self.sizes:
+                self.snapshots.setdefault(iterated - index, {}).update(taken)
+        self._recent = []
+
+    @staticmethod
+    def _copies(observers: dict) -> dict:
+        taken = {}
         for name, obs in observers.items():
             inner = getattr(obs, "observer", obs)  # calibrate.smooth.Rescaled wraps the range observer
             if isinstance(inner, RangeObserver):
                 taken[name] = copy.deepcopy(inner)
+        return taken
+
+    def judged(self, h: int) -> list[int]:
+        """Positions in ``feeds``/``outputs`` of the kept feeds that split ``h`` holds out."""
+        return [k for k, index in enumerate(self.indices) if index >= self.total - h]
 
     def choose(self, values_per_feed: dict[str, float], enough: int, share: float) -> int | None:
-        """The fewest held-out feeds in which at least ``share`` of the tensors (``values_per_feed`` each) hold
-        ``enough`` values; else the most this split has, if any tensor holds that many there."""
-        usable = [h for h in self.sizes if h <= len(self.feeds)]
-        for h in usable:
-            if sum(v * h >= enough for v in values_per_feed.values()) >= share * len(values_per_feed):
+        """The smallest split whose kept held-out feeds give at least ``share`` of the tensors
+        (``values_per_feed`` each) ``enough`` values; else the largest, if any tensor gets that many there."""
+        usable = [(h, len(self.judged(h))) for h in self.sizes if self.judged(h)]
+        for h, kept in usable:
+            if sum(v * kept >= enough for v in values_per_feed.values()) >= share * len(values_per_feed):
                 return h
-        return usable[-1] if usable and any(v * usable[-1] >= enough for v in values_per_feed.values()) else None
+        if usable and any(v * usable[-1][1] >= enough for v in values_per_feed.values()):
+            return usable[-1][0]
+        return None
 
 
 class CalibrationSession:
@@ -187,9 +228,10 @@ class CalibrationSession:
         fetch = [t for t in observers if t not in self.graph_inputs]
         extra = [o for o in self.graph_outputs if o not in fetch] if held_out and held_out.capture else []
         count, first_bad = 0, None
+        index = -1
         for index, feed in enumerate(_progress(feeds, progress, desc)):
-            if held_out is not None and (h := held_out.starts(index)) is not None:
-                held_out.snapshot(h, observers)
+            if held_out is not None:
+                held_out.before(index, observers)
             keep = held_out is not None and held_out.keeps(index)
             names = fetch + extra if keep else fetch
             try:
@@ -215,9 +257,10 @@ class CalibrationSession:
                 observers[name].update(value)
             if keep:
                 got = dict(zip(names, outputs))
-                held_out.feeds.append({k: np.array(v, copy=True) for k, v in feed.items()})
-                held_out.outputs.append({o: got[o] for o in self.graph_outputs if o in got})
+                held_out.kept(index, feed, {o: got[o] for o in self.graph_outputs if o in got})
             count += 1
+        if held_out is not None:
+            held_out.end(index + 1)
         if count == 0 and first_bad is not None:
             raise CalibrationDataError(
                 f"every calibration feed ({len(self.skipped)}) holds or gives non-finite values (NaN or Inf; feed "

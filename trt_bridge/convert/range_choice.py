@@ -37,9 +37,12 @@ from trt_bridge.annotations import Annotations, ScaleSource, WeightSpec
 from trt_bridge.calibrate.observers import CalibMethod
 from trt_bridge.calibrate.recenter import recenter
 from trt_bridge.calibrate.session import CalibrationResult, CalibrationSession, HeldOut
+from trt_bridge.errors import CalibrationDataError, TrtBridgeError
 from trt_bridge.ir.export import export_model
+from trt_bridge.ir.finalize import finalize
+from trt_bridge.ir.model import default_opset
 from trt_bridge.lift.weights import float_type, weight_values
-from trt_bridge.lower.qdq import lower
+from trt_bridge.lower.qdq import lower, needs_opset
 from trt_bridge.place.shared import share_scales
 from trt_bridge.verify.metrics import snr_db
 
@@ -84,11 +87,15 @@ class MethodChoice:
 
 
 def label(method: CalibMethod, percentile: float | None) -> str:
-    return f"percentile {percentile:g}" if method is CalibMethod.PERCENTILE else method.value
+    return f"percentile {percentile:.12g}" if method is CalibMethod.PERCENTILE else method.value
 
 
 def fallback(reason: str) -> MethodChoice:
     return MethodChoice(CalibMethod.MAX, reason=reason)
+
+
+def too_few(total: int) -> MethodChoice:
+    return fallback(f"{total} calibration feed(s), fewer than {MIN_FEEDS} to judge by")
 
 
 def choose_method(graph, annotations: Annotations, needed: list[str], held_out: HeldOut,
@@ -97,40 +104,52 @@ def choose_method(graph, annotations: Annotations, needed: list[str], held_out: 
     """Score every candidate on ``held_out`` (see the module doc); the graph and annotations are not changed.
     ``observers``: the calibration's, over every feed (their counts size the held-out split); ``percentile``:
     the ``--percentile`` option, which the percentile candidates start from."""
+    if held_out.total is None or held_out.total < MIN_FEEDS or not held_out.sizes:
+        return too_few(held_out.total or 0)
     if not held_out.outputs:
-        return fallback("no held-out feed was observed")
+        return fallback("every held-out feed was left out (NaN or Inf)")
     seen = {t: observers[t].count / max(held_out.total, 1) for t in needed}
     h = held_out.choose(seen, HELD_OUT_VALUES, JUDGED_SHARE)
     if h is None:
         largest = max(seen, key=seen.get, default=None)
+        kept = len(held_out.judged(max(held_out.sizes)))
         return fallback(f"the largest activation ('{largest}', {int(seen.get(largest, 0))} value(s) per feed) "
-                        f"holds fewer than {HELD_OUT_VALUES} values in {max(held_out.sizes)} held-out feed(s), "
+                        f"holds fewer than {HELD_OUT_VALUES} values in the {kept} held-out feed(s) kept, "
                         "too few to judge clipping by")
-    small = frozenset(t for t, v in seen.items() if v * h < HELD_OUT_VALUES)
+    positions = held_out.judged(h)
+    small = frozenset(t for t, v in seen.items() if v * len(positions) < HELD_OUT_VALUES)
     snapshots = held_out.snapshots.get(h, {})
     missing = [t for t in needed if t not in snapshots]
     if missing:
         return fallback(f"'{missing[0]}' was not observed before the held-out feeds")
-    feeds, outputs = held_out.feeds[-h:], held_out.outputs[-h:]
+    feeds = [held_out.feeds[k] for k in positions]
+    outputs = [held_out.outputs[k] for k in positions]
     weights = _quantized_weights(graph, annotations)
     scores: dict[str, float] = {}
-    tried: dict[str, tuple[CalibMethod, float | None]] = {}
+    tried: dict[tuple, str] = {}
     for method, clipped in CANDIDATES:
         pct = None if clipped is None else 100.0 - (100.0 - percentile) * clipped
-        name = label(method, pct)
-        if name in tried:  # --percentile 100: both percentiles are the max
+        key = (method, None if pct is None or pct < 100.0 else 100.0)  # every percentile ≥ 100 is the max
+        if key in tried or (method is CalibMethod.PERCENTILE and pct >= 100.0):
             continue
+        key, name = (method, pct), label(method, pct)
         fitted = CalibrationResult(snapshots, held_out.total - h, 0.0, method, percentile=pct, keep_max=small)
-        model = _candidate(graph, annotations, weights, needed, fitted, shared, recentre)
-        score = _score(model, feeds, outputs)
+        try:
+            model = _candidate(graph, annotations, weights, needed, fitted, shared, recentre)
+            score = _score(model, feeds, outputs)
+        except TrtBridgeError as exc:  # a candidate onnxruntime cannot run: judge nothing, keep max
+            return fallback(f"the {name} candidate did not run ({str(exc).splitlines()[0]})")
         if score is None:
             return fallback("the model has no float output to judge by")
-        scores[name], tried[name] = score, (method, pct)
+        scores[name], tried[key] = score, name
         log.info("calibration range %s: held-out SNR %.2f dB", name, score)
+    if all(np.isneginf(v) for v in scores.values()):
+        return fallback("the held-out outputs hold NaN or Inf where the float model's do not (or the reverse)")
     best = max(scores, key=scores.get)
     if scores[best] < scores[CalibMethod.MAX.value] + MARGIN_DB:
         best = CalibMethod.MAX.value
-    return MethodChoice(*tried[best], scores=scores, held_out=h, keep_max=small)
+    method, pct = next(k for k, n in tried.items() if n == best)
+    return MethodChoice(method, pct, scores=scores, held_out=len(positions), keep_max=small)
 
 
 def _quantized_weights(graph, annotations: Annotations) -> dict[str, WeightSpec]:
@@ -158,21 +177,31 @@ def _candidate(graph, annotations: Annotations, weights: dict[str, WeightSpec], 
     if recentre:
         recenter(work, ann, fitted, skip={t for group in shared for t in group})
     share_scales(ann, shared)
-    lower(work, ann)
-    return export_model(work)
+    quantized = lower(work, ann)
+    exported = export_model(work)  # with float16 Q/DQ, opset 19 as the written model will have
+    return finalize(exported, default_opset(exported), check=False, min_opset=needs_opset(quantized))
 
 
 def _score(model, feeds: list, outputs: list) -> float | None:
-    """The worst float output's SNR (dB) against the float model's ``outputs`` on ``feeds``."""
+    """The worst float output's SNR (dB) against the float model's ``outputs`` on ``feeds``, over the values
+    finite in both; -inf for an output whose NaN/Inf positions differ from the float model's (the SNR of the
+    rest would hide that). None: no float output."""
     names = sorted({name for out in outputs for name, v in out.items()
                     if np.issubdtype(np.asarray(v).dtype, np.floating)})
     if not names:
         return None
     with CalibrationSession(model, [], simulate_qdq=True, what="a candidate of --calib-method auto") as session:
-        got = [dict(zip(names, session.session.run(names, feed))) for feed in feeds]
+        try:
+            got = [dict(zip(names, session.session.run(names, feed))) for feed in feeds]
+        except Exception as exc:  # onnxruntime's own errors: the caller falls back to max, naming it
+            raise CalibrationDataError(f"onnxruntime failed on it: {exc}") from exc
     worst = np.inf
     for name in names:
         ref = np.concatenate([np.asarray(o[name], np.float64).ravel() for o in outputs])
         out = np.concatenate([np.asarray(g[name], np.float64).ravel() for g in got])
-        worst = min(worst, snr_db(ref, out))
+        finite = np.isfinite(ref)
+        if not np.array_equal(finite, np.isfinite(out)) or not np.array_equal(ref[~finite], out[~finite],
+                                                                               equal_nan=True):
+            return -np.inf
+        worst = min(worst, snr_db(ref[finite], out[finite]) if finite.any() else np.inf)
     return float(worst)

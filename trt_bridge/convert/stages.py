@@ -189,8 +189,7 @@ def calibrate(state: Conversion) -> StageResult:
         if method is CalibMethod.AUTO:
             held_out = HeldOut.split(feeds.total, range_choice.MIN_FEEDS)
             if held_out is None:
-                choice = range_choice.fallback(f"{feeds.total or 'an unknown number of'} calibration feed(s), "
-                                               f"fewer than {range_choice.MIN_FEEDS} to judge by")
+                choice = range_choice.too_few(feeds.total)
             elif state.store is not None:
                 held_out, choice = None, range_choice.fallback("a model over 2 GB is not converted twice")
         result, smoothed = calibrate_graph(state.graph, ctx.annotations, state.lifted, needed, feeds, method,
