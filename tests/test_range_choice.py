@@ -170,13 +170,13 @@ def test_a_float16_model_below_opset_19_gets_its_candidates_at_opset_19(tmp_path
     out = tmp_path / "out.onnx"
     report = convert(fpath, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
                                                 progress=False))
-    assert "held-out SNR on 2 feed(s)" in report.calibration["auto"], report.calibration["auto"]
+    assert "held-out SNR on 4 feed(s)" in report.calibration["auto"], report.calibration["auto"]
     held_out = [{"x": f} for f in gaussian(4, 2).astype(np.float16)]
     assert snr_db(run_ort(fpath, held_out), run_ort(out, held_out)) > 30
     assert_tensorrt_ready(out)
 
 
-@pytest.mark.parametrize("bad, judged", [([31], "held-out SNR on 3 feed(s)"),  # 4 held out, 1 left out
+@pytest.mark.parametrize("bad, judged", [([31], "held-out SNR on 7 feed(s)"),  # 8 held out, 1 left out
                                          (list(range(24, 32)), "every held-out feed was left out (NaN or Inf)")])
 def test_held_out_feeds_left_out_for_nan_are_not_judged_on_nor_replaced_by_fitted_ones(tmp_path, bad, judged):
     feeds = gaussian(32, 1)
@@ -203,7 +203,7 @@ def test_a_data_loader_of_unknown_length_is_judged_like_the_same_feeds_in_a_file
         outs[name] = tmp_path / f"{name}.onnx"
         report = convert(fpath, outs[name], ConvertOptions(calibration=CalibrationOptions(data=data),
                                                            progress=False))
-        assert "held-out SNR on 2 feed(s)" in report.calibration["auto"], report.calibration["auto"]
+        assert "held-out SNR on 8 feed(s)" in report.calibration["auto"], report.calibration["auto"]
     assert outs["loader"].read_bytes() == outs["file"].read_bytes()
     report = convert(fpath, tmp_path / "few.onnx", ConvertOptions(
         calibration=CalibrationOptions(data=f"{tmp_path / 'loader.py'}:load_few"), progress=False))

@@ -161,17 +161,13 @@ class HeldOut:
         """Positions in ``feeds``/``outputs`` of the kept feeds that split ``h`` holds out."""
         return [k for k, index in enumerate(self.indices) if index >= self.total - h]
 
-    def choose(self, values_per_feed: dict[str, float], enough: int, share: float) -> int | None:
-        """The smallest split whose kept held-out feeds give at least ``share`` of the tensors
-        (``values_per_feed`` each) ``enough`` values; else the largest, if any tensor gets that many there."""
+    def choose(self, values_per_feed: dict[str, float], enough: int) -> int | None:
+        """The largest split with a kept feed (the most held-out data: the least noisy judge), if any tensor
+        (``values_per_feed`` each) holds ``enough`` values in its kept feeds."""
         usable = [(h, len(self.judged(h))) for h in self.sizes if self.judged(h)]
-        for h, kept in usable:
-            if sum(v * kept >= enough for v in values_per_feed.values()) >= share * len(values_per_feed):
-                return h
         if usable and any(v * usable[-1][1] >= enough for v in values_per_feed.values()):
             return usable[-1][0]
         return None
-
 
 class CalibrationSession:
     """One onnxruntime session over ``model`` that can fetch any of ``tensors``, feed by feed (``.session``
