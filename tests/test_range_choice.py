@@ -8,7 +8,7 @@ import pytest
 from helpers import assert_tensorrt_ready, run_ort, save, snr_db
 from onnx import helper, numpy_helper
 
-from trt_bridge.calibrate.observers import CalibMethod
+from trt_bridge.calibrate.observers import CalibMethod, RangeObserver
 from trt_bridge.calibrate.session import HeldOut
 from trt_bridge.cli import main
 from trt_bridge.convert import convert, range_choice
@@ -133,14 +133,17 @@ def test_auto_is_deterministic(tmp_path):
     assert a.read_bytes() == b.read_bytes()
 
 
-@pytest.mark.parametrize("total, sizes", [(None, (2, 4, 8)), (7, None), (8, (2,)), (16, (2, 4)), (64, (2, 4, 8)),
-                                          (1000, (2, 4, 8))])
-def test_held_out_sizes_are_powers_of_two_up_to_a_quarter(total, sizes):
+@pytest.mark.parametrize("total, size", [(None, 8), (7, None), (8, 2), (16, 4), (31, 4), (64, 8), (1000, 8)])
+def test_the_held_out_size_is_a_power_of_two_up_to_a_quarter(total, size):
     split = HeldOut.split(total)
-    assert (split.sizes if split else None) == sizes
+    assert (split.size if split else None) == size
     if split and total:
-        assert split.starts(total - 2) == 2 and split.starts(total - 3) is None
-        assert split.keeps(total - max(sizes)) and not split.keeps(total - max(sizes) - 1)
+        observers = {"t": RangeObserver("auto")}
+        for index in range(total):
+            split.before(index, observers)
+            observers["t"].update(np.full(4, float(index + 1), np.float32))
+        assert split.snapshot["t"].max == total - size  # the observers as they stood before the held-out feeds
+        assert split.keeps(total - size) and not split.keeps(total - size - 1)
 
 
 def test_the_cli_defaults_to_auto_and_still_takes_max(tmp_path, capsys):

@@ -79,74 +79,78 @@ def finish(observers: dict[str, RangeObserver], count: int, seconds: float, meth
 
 @dataclass
 class HeldOut:
-    """The last feeds of a calibration, held out to judge scales fitted on the ones before them. For each
-    held-out size ``h`` of ``sizes``, ``snapshots[h]`` holds the observers as they stood before feed
-    ``total − h``; where ``capture``, the last ``max(sizes)`` feeds are kept with the model's outputs on them.
-    Which size is used is decided afterwards, when the tensors' sizes are known (:meth:`choose`). A source
-    whose feed count is unknown until it ends (a data-loader script) keeps the observers as they stood before
-    each of its last feeds instead, and learns ``total`` at the end (:meth:`end`)."""
+    """The last ``size`` feeds of a calibration, held out to judge scales fitted on the feeds before them:
+    ``snapshot`` holds the observers as they stood before feed ``total − size``; where ``capture``, the held-out
+    feeds are kept with the model's outputs on them. A source whose feed count is unknown until it ends (a
+    data-loader script) keeps the observers as they stood before each of its newest feeds instead, and learns
+    ``total`` at the end (:meth:`end`)."""
 
     total: int | None
-    sizes: tuple[int, ...]
+    size: int
+    min_feeds: int = 8
     capture: bool = True
-    snapshots: dict = field(default_factory=dict)  # h → {tensor: observer before feed total − h}
+    snapshot: dict = field(default_factory=dict)  # {tensor: observer before feed total − size}
     feeds: list = field(default_factory=list)
     outputs: list = field(default_factory=list)  # per kept feed: {graph output name: value}
     indices: list = field(default_factory=list)  # per kept feed: its index (feeds with NaN or Inf are not kept)
     _recent: list = field(default_factory=list)  # unknown total: (index, observers before it), the newest
 
     @staticmethod
+    def size_for(total: int, most: int = 8) -> int:
+        """The held-out size: the largest power of two up to a quarter of ``total`` and ``most``; 0 for none."""
+        h = 0
+        while max(h * 2, 2) <= min(most, total // 4):
+            h = max(h * 2, 2)
+        return h
+
+    @staticmethod
     def split(total: int | None, min_feeds: int = 8, most: int = 8) -> HeldOut | None:
-        """Held-out sizes 2, 4, 8 up to a quarter of ``total`` (and ``most``); None for fewer than
-        ``min_feeds`` feeds. An unknown ``total`` keeps every size until :meth:`end` knows it."""
+        """None for fewer than ``min_feeds`` feeds; an unknown ``total`` holds out ``most`` until :meth:`end`
+        knows it."""
         if total is not None and total < min_feeds:
             return None
-        sizes, h = [], 2
-        while h <= min(most, total // 4 if total is not None else most):
-            sizes.append(h)
-            h *= 2
-        return HeldOut(total, tuple(sizes)) if sizes else None
+        size = HeldOut.size_for(total, most) if total is not None else most
+        return HeldOut(total, size, min_feeds) if size else None
 
     def sibling(self) -> HeldOut:
-        """The same split for another pass over the feeds: its snapshots join these; nothing is captured."""
-        return HeldOut(self.total, self.sizes, False, self.snapshots)
-
-    def starts(self, index: int) -> int | None:
-        """The held-out size whose held-out feeds start at feed ``index``, if any."""
-        h = None if self.total is None else self.total - index
-        return h if h in self.sizes else None
+        """The same split for another pass over the feeds: its snapshot joins this one; nothing is captured."""
+        return HeldOut(self.total, self.size, self.min_feeds, False, self.snapshot)
 
     def keeps(self, index: int) -> bool:
-        return self.capture and bool(self.sizes) and (self.total is None or index >= self.total - max(self.sizes))
+        return self.capture and self.size > 0 and (self.total is None or index >= self.total - self.size)
 
     def before(self, index: int, observers: dict) -> None:
-        """Called before feed ``index`` is observed: snapshot where a split starts (or, with an unknown total,
-        before each of the newest feeds)."""
-        if self.total is None and self.sizes:
+        """Called before feed ``index`` is observed: snapshot where the held-out feeds start (or, with an
+        unknown total, before each of the newest feeds)."""
+        if self.total is None and self.size:
             self._recent.append((index, self._copies(observers)))
-            del self._recent[:-(max(self.sizes) + 1)]
-        elif (h := self.starts(index)) is not None:
-            self.snapshots.setdefault(h, {}).update(self._copies(observers))
+            del self._recent[:-(self.size + 1)]
+        elif self.size and index == self.total - self.size:
+            self.snapshot.update(self._copies(observers))
 
     def kept(self, index: int, feed: dict, outputs: dict) -> None:
         self.feeds.append({k: np.array(v, copy=True) for k, v in feed.items()})
         self.outputs.append(outputs)
         self.indices.append(index)
-        if self.total is None:  # only the newest max(sizes) can be held out
-            first = index - max(self.sizes) + 1
+        if self.total is None:  # only the newest ``size`` can be held out
+            first = index - self.size + 1
             while self.indices and self.indices[0] < first:
                 del self.feeds[0], self.outputs[0], self.indices[0]
 
-    def end(self, iterated: int, min_feeds: int = 8) -> None:
-        """After a pass over ``iterated`` feeds: a split of unknown total learns it and takes its snapshots."""
+    def end(self, iterated: int) -> None:
+        """After a pass over ``iterated`` feeds: a split of unknown total learns it and takes its snapshot."""
         if self.total is not None:
             return
         self.total = iterated
-        self.sizes = tuple(h for h in self.sizes if h <= iterated // 4) if iterated >= min_feeds else ()
+        self.size = min(self.size, self.size_for(iterated)) if iterated >= self.min_feeds else 0
         for index, taken in self._recent:
-            if iterated - index in self.sizes:
-                self.snapshots.setdefault(iterated - index, {}).update(taken)
+            if self.size and index == iterated - self.size:
+                self.snapshot.update(taken)
         self._recent = []
+        first = iterated - self.size
+        keep = [k for k, index in enumerate(self.indices) if index >= first and self.size]
+        self.feeds, self.outputs = [self.feeds[k] for k in keep], [self.outputs[k] for k in keep]
+        self.indices = [self.indices[k] for k in keep]
 
     @staticmethod
     def _copies(observers: dict) -> dict:
@@ -157,17 +161,6 @@ class HeldOut:
                 taken[name] = copy.deepcopy(inner)
         return taken
 
-    def judged(self, h: int) -> list[int]:
-        """Positions in ``feeds``/``outputs`` of the kept feeds that split ``h`` holds out."""
-        return [k for k, index in enumerate(self.indices) if index >= self.total - h]
-
-    def choose(self, values_per_feed: dict[str, float], enough: int) -> int | None:
-        """The largest split with a kept feed (the most held-out data: the least noisy judge), if any tensor
-        (``values_per_feed`` each) holds ``enough`` values in its kept feeds."""
-        usable = [(h, len(self.judged(h))) for h in self.sizes if self.judged(h)]
-        if usable and any(v * usable[-1][1] >= enough for v in values_per_feed.values()):
-            return usable[-1][0]
-        return None
 
 class CalibrationSession:
     """One onnxruntime session over ``model`` that can fetch any of ``tensors``, feed by feed (``.session``

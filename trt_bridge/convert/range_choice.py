@@ -104,26 +104,22 @@ def choose_method(graph, annotations: Annotations, needed: list[str], held_out: 
     """Score every candidate on ``held_out`` (see the module doc); the graph and annotations are not changed.
     ``observers``: the calibration's, over every feed (their counts size the held-out split); ``percentile``:
     the ``--percentile`` option, which the percentile candidates start from."""
-    if held_out.total is None or held_out.total < MIN_FEEDS or not held_out.sizes:
+    if held_out.total is None or held_out.total < MIN_FEEDS or not held_out.size:
         return too_few(held_out.total or 0)
     if not held_out.outputs:
         return fallback("every held-out feed was left out (NaN or Inf)")
+    kept = len(held_out.outputs)
     seen = {t: observers[t].count / max(held_out.total, 1) for t in needed}
-    h = held_out.choose(seen, HELD_OUT_VALUES)
-    if h is None:
+    if not any(v * kept >= HELD_OUT_VALUES for v in seen.values()):
         largest = max(seen, key=seen.get, default=None)
-        kept = len(held_out.judged(max(held_out.sizes)))
         return fallback(f"the largest activation ('{largest}', {int(seen.get(largest, 0))} value(s) per feed) "
                         f"holds fewer than {HELD_OUT_VALUES} values in the {kept} held-out feed(s) kept, "
                         "too few to judge clipping by")
-    positions = held_out.judged(h)
-    small = frozenset(t for t, v in seen.items() if v * len(positions) < HELD_OUT_VALUES)
-    snapshots = held_out.snapshots.get(h, {})
-    missing = [t for t in needed if t not in snapshots]
+    small = frozenset(t for t, v in seen.items() if v * kept < HELD_OUT_VALUES)
+    missing = [t for t in needed if t not in held_out.snapshot]
     if missing:
         return fallback(f"'{missing[0]}' was not observed before the held-out feeds")
-    feeds = [held_out.feeds[k] for k in positions]
-    outputs = [held_out.outputs[k] for k in positions]
+    feeds, outputs, h = held_out.feeds, held_out.outputs, held_out.size
     weights = _quantized_weights(graph, annotations)
     candidates = []
     for method, clipped in CANDIDATES:
@@ -136,7 +132,8 @@ def choose_method(graph, annotations: Annotations, needed: list[str], held_out: 
     with ThreadPoolExecutor(max_workers=1) as pool:
         jobs = []
         for method, pct, name in candidates:
-            fitted = CalibrationResult(snapshots, held_out.total - h, 0.0, method, percentile=pct, keep_max=small)
+            fitted = CalibrationResult(held_out.snapshot, held_out.total - h, 0.0, method, percentile=pct,
+                                       keep_max=small)
             try:
                 model = _candidate(graph, annotations, weights, needed, fitted, shared, recentre)
             except TrtBridgeError as exc:
@@ -157,7 +154,7 @@ def choose_method(graph, annotations: Annotations, needed: list[str], held_out: 
     if scores[best] < scores[CalibMethod.MAX.value] + MARGIN_DB:
         best = CalibMethod.MAX.value
     method, pct = next((m, p) for m, p, n in candidates if n == best)
-    return MethodChoice(method, pct, scores=scores, held_out=len(positions), keep_max=small)
+    return MethodChoice(method, pct, scores=scores, held_out=kept, keep_max=small)
 
 
 def _quantized_weights(graph, annotations: Annotations) -> dict[str, WeightSpec]:
