@@ -35,9 +35,9 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from trt_bridge.annotations import Annotations, ScaleSource, WeightSpec
+from trt_bridge.annotations import Annotations, WeightSpec
+from trt_bridge.calibrate.apply import apply_ranges
 from trt_bridge.calibrate.observers import CalibMethod
-from trt_bridge.calibrate.recenter import recenter
 from trt_bridge.calibrate.session import CalibrationResult, CalibrationSession, HeldOut
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
 from trt_bridge.ir.export import export_model
@@ -45,7 +45,6 @@ from trt_bridge.ir.finalize import finalize
 from trt_bridge.ir.model import default_opset
 from trt_bridge.lift.weights import float_type, weight_values
 from trt_bridge.lower.qdq import lower, needs_opset
-from trt_bridge.place.shared import share_scales
 from trt_bridge.verify.metrics import snr_db
 
 log = logging.getLogger("trt_bridge.convert")
@@ -176,12 +175,7 @@ def _candidate(graph, annotations: Annotations, weights: dict[str, WeightSpec], 
     work = graph.copy()
     ann = Annotations(activations=copy.deepcopy(annotations.activations),
                       weights={k: replace(v, sites=list(v.sites)) for k, v in weights.items()})
-    for name in needed:
-        ann.activations[name].scale = fitted.scale(name)
-        ann.activations[name].source = ScaleSource.CALIBRATION
-    if recentre:
-        recenter(work, ann, fitted, skip={t for group in shared for t in group})
-    share_scales(ann, shared)
+    apply_ranges(work, ann, fitted, needed, shared, recentre)
     quantized = lower(work, ann)
     exported = export_model(work)  # with float16 Q/DQ, opset 19 as the written model will have
     return finalize(exported, default_opset(exported), check=False, min_opset=needs_opset(quantized))

@@ -11,11 +11,10 @@ from typing import Any
 import onnx
 import onnx_graphsurgeon as gs
 
-from trt_bridge.annotations import ScaleSource
 from trt_bridge.calibrate import CalibMethod, model_inputs, open_feeds
+from trt_bridge.calibrate.apply import apply_ranges
 from trt_bridge.calibrate.feed_sources import source_path
 from trt_bridge.calibrate.ranges import observed_ranges
-from trt_bridge.calibrate.recenter import recenter
 from trt_bridge.calibrate.session import HeldOut
 from trt_bridge.calibrate.two_pass import calibrate_graph
 from trt_bridge.checks import CheckOptions, check_model
@@ -43,7 +42,6 @@ from trt_bridge.lower.layer_precisions import precision_report
 from trt_bridge.lower.precision import to_low_precision
 from trt_bridge.lower.qdq import check_quantizable, lower, needs_opset
 from trt_bridge.place.policies import place
-from trt_bridge.place.shared import share_scales
 from trt_bridge.prepare.types import feed_types
 from trt_bridge.scales.apply import apply, check_against_data, load_sources
 from trt_bridge.stage import StageResult
@@ -203,9 +201,6 @@ def calibrate(state: Conversion) -> StageResult:
             result = replace(result, method=choice.method, percentile=choice.percentile, keep_max=choice.keep_max)
             records["auto_method"] = choice.describe()
         state.calibration = result
-        for name in needed:
-            spec = ctx.annotations.activations[name]
-            spec.scale, spec.source = result.scale(name), ScaleSource.CALIBRATION
         records["calibration"] = {
             "feeds": result.feeds, "skipped_feeds": result.skipped, "method": result.method.value,
             "auto": records.pop("auto_method", None),
@@ -216,12 +211,9 @@ def calibrate(state: Conversion) -> StageResult:
                        for k, o in sorted(result.observers.items())}}
         records["smoothed"] = [asdict(x) for x in smoothed]
     shared = state.placement.shared_scales
-    if options.ranges.recenter:
-        high = options.precision.high_precision
-        state.recentered = recenter(state.graph, ctx.annotations, state.calibration,
-                                    skip={t for group in shared for t in group},
-                                    center_type=None if high == "fp32" else high)
-    share_scales(ctx.annotations, shared)
+    high = options.precision.high_precision
+    state.recentered = apply_ranges(state.graph, ctx.annotations, state.calibration, needed, shared,
+                                    options.ranges.recenter, center_type=None if high == "fp32" else high)
     if state.imported is not None and feeds is not None:  # after sharing: the scales the output will have
         keep = frozenset({t for group in shared for t in group} | {r.tensor for r in state.recentered})
         check_against_data(state.lifted, ctx.annotations, state.imported, feeds, options.progress, keep)
