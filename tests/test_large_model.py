@@ -133,3 +133,20 @@ def test_a_weight_store_maps_what_it_holds_and_serves_onnxruntime(tmp_path):
         folder = store.folder
     assert not folder.exists()
     assert store_of(model) is None
+
+
+@pytest.mark.parametrize("data_type", [onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16,
+                                       onnx.TensorProto.INT8, onnx.TensorProto.INT64, onnx.TensorProto.BOOL,
+                                       onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT8E4M3FN,
+                                       onnx.TensorProto.INT4, onnx.TensorProto.UINT4])
+def test_a_tensors_size_is_read_from_its_shape_and_type_as_its_raw_data_holds_it(data_type):
+    from trt_bridge.ir.size import tensor_bytes
+
+    tensor = onnx.TensorProto(data_type=data_type, dims=[3, 5])
+    packed = data_type in (onnx.TensorProto.INT4, onnx.TensorProto.UINT4)
+    tensor.raw_data = b"x" * (8 if packed else 15 * onnx.helper.tensor_dtype_to_np_dtype(data_type).itemsize)
+    assert tensor_bytes(tensor) == len(tensor.raw_data)
+    typed = onnx.numpy_helper.from_array(np.arange(4, dtype=np.int32))
+    typed.ClearField("raw_data")
+    typed.int32_data.extend(range(4))
+    assert tensor_bytes(typed) == typed.ByteSize()  # values in a typed field: sized by protobuf

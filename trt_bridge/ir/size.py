@@ -41,22 +41,18 @@ def tensor_bytes(tensor: onnx.TensorProto) -> int:
         count = 1
         for dim in tensor.dims:
             count *= dim
-        bits = _ELEMENT_BITS.get(tensor.data_type)
-        if bits is not None:
-            return (count * bits + 7) // 8
+        if tensor.data_type in _PACKED_4BIT:
+            return (count + 1) // 2
+        try:
+            return count * onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type).itemsize
+        except (KeyError, ValueError, TypeError):  # a type this onnx does not map to numpy
+            pass
     return tensor.ByteSize()
 
 
-#: element sizes in bits (4-bit and 2-bit types pack), by TensorProto data type
-_ELEMENT_BITS = {
-    onnx.TensorProto.FLOAT: 32, onnx.TensorProto.UINT8: 8, onnx.TensorProto.INT8: 8, onnx.TensorProto.UINT16: 16,
-    onnx.TensorProto.INT16: 16, onnx.TensorProto.INT32: 32, onnx.TensorProto.INT64: 64, onnx.TensorProto.BOOL: 8,
-    onnx.TensorProto.FLOAT16: 16, onnx.TensorProto.DOUBLE: 64, onnx.TensorProto.UINT32: 32,
-    onnx.TensorProto.UINT64: 64, onnx.TensorProto.COMPLEX64: 64, onnx.TensorProto.COMPLEX128: 128,
-    onnx.TensorProto.BFLOAT16: 16, onnx.TensorProto.FLOAT8E4M3FN: 8, onnx.TensorProto.FLOAT8E4M3FNUZ: 8,
-    onnx.TensorProto.FLOAT8E5M2: 8, onnx.TensorProto.FLOAT8E5M2FNUZ: 8, onnx.TensorProto.UINT4: 4,
-    onnx.TensorProto.INT4: 4,
-}
+#: 4-bit types pack two values per byte of raw data
+_PACKED_4BIT = {getattr(onnx.TensorProto, name) for name in ("INT4", "UINT4", "FLOAT4E2M1")
+                if hasattr(onnx.TensorProto, name)}
 
 
 def release_memory() -> None:
