@@ -89,6 +89,9 @@ def test_a_candidate_must_beat_max_by_the_margin(tmp_path, monkeypatch, scores, 
     if chosen == "max":  # the same scales as --calib-method max: the same model
         _, out_max, _ = _convert(tmp_path, gaussian(32, 1), "max", "max.onnx")
         assert out.read_bytes() == out_max.read_bytes()
+    held_out = [{"x": f} for f in gaussian(4, 2)]
+    assert snr_db(run_ort(fpath, held_out), run_ort(out, held_out)) > 30
+    assert_tensorrt_ready(out)
 
 
 def test_too_few_feeds_or_values_fall_back_to_max_and_say_why(tmp_path):
@@ -208,6 +211,7 @@ def test_a_data_loader_of_unknown_length_is_judged_like_the_same_feeds_in_a_file
                                                            progress=False))
         assert "held-out SNR on 8 feed(s)" in report.calibration["auto"], report.calibration["auto"]
     assert outs["loader"].read_bytes() == outs["file"].read_bytes()
+    assert_tensorrt_ready(outs["loader"])
     report = convert(fpath, tmp_path / "few.onnx", ConvertOptions(
         calibration=CalibrationOptions(data=f"{tmp_path / 'loader.py'}:load_few"), progress=False))
     assert report.calibration["auto"] == f"auto: max (5 calibration feed(s), fewer than {MIN_FEEDS} to judge by)"
