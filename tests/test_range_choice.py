@@ -81,7 +81,7 @@ def test_long_tails_choose_a_clipping_range_that_is_more_accurate_on_new_inputs(
 ])
 def test_a_candidate_must_beat_max_by_the_margin(tmp_path, monkeypatch, scores, chosen):
     judged = iter(scores.values())
-    monkeypatch.setattr(range_choice, "_score", lambda model, feeds, outputs: next(judged))
+    monkeypatch.setattr(range_choice, "score", lambda model, feeds, outputs: next(judged))
     fpath, out, report = _convert(tmp_path, gaussian(32, 1))
     assert report.calibration["auto"].startswith(f"auto: {chosen} (held-out SNR on ")
     assert report.calibration["method"] == chosen.split()[0]

@@ -92,3 +92,14 @@ class Annotations:
 
     def needing_calibration(self) -> list[str]:
         return sorted(name for name, spec in self.activations.items() if spec.scale is None)
+
+
+def drop_layers(annotations: Annotations, layers) -> None:
+    """Remove every quantization site of ``layers`` (node names) in place: their inputs stay float."""
+    layers = set(layers)
+    for table in (annotations.activations, annotations.weights):
+        for name in list(table):
+            spec = table[name]
+            spec.sites = [s for s in spec.sites if s.node not in layers]
+            if not spec.sites:
+                del table[name]

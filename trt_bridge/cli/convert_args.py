@@ -49,10 +49,15 @@ class CalibrationArgs:
         group.add_argument("--percentile", type=float, default=99.99,
                            help="percentile for --calib-method percentile, and the first of auto's two "
                                 "percentile candidates (the second clips a tenth as much: 99.999) (default: 99.99)")
+        group.add_argument("--no-give-back", dest="give_back", action="store_false",
+                           help="with --calib-method auto, keep every layer INT8: by default the few layers (at "
+                                "most 5%%) whose own error stands 6 dB below the median layer's go back to float "
+                                "where the held-out feeds gain 1 dB per layer")
 
     def parse(self, args: argparse.Namespace) -> CalibrationOptions:
         return CalibrationOptions(data=args.calib_data, random=args.calib_random,
-                                  method=CalibMethod(args.calib_method), percentile=args.percentile)
+                                  method=CalibMethod(args.calib_method), percentile=args.percentile,
+                                  give_back=args.give_back)
 
 
 class ScaleArgs:
@@ -105,7 +110,7 @@ class PlacementArgs:
 
 
 class RangeArgs:
-    """--smooth, --no-smooth, --no-recenter: :class:`RangeOptions`."""
+    """--smooth, --no-smooth, --no-split-outliers, --no-recenter: :class:`RangeOptions`."""
 
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group("accuracy")
@@ -113,11 +118,15 @@ class RangeArgs:
                            help="SmoothQuant strength for MatMul inputs: move activation outlier channels into the "
                                 "per-channel weights (0 < ALPHA < 1; default 0.65)")
         group.add_argument("--no-smooth", action="store_true", help="do not smooth MatMul inputs")
+        group.add_argument("--no-split-outliers", dest="split_outliers", action="store_false",
+                           help="keep a MatMul input's massive channels (over 3x every other channel's maximum) in "
+                                "the int8 path instead of a float side path (with smoothing only)")
         group.add_argument("--no-recenter", action="store_true",
                            help="do not re-centre one-sided activations (keeps the graph free of the extra Sub/Add)")
 
     def parse(self, args: argparse.Namespace) -> RangeOptions:
-        options = RangeOptions(smooth=args.smooth, recenter=not args.no_recenter)  # --smooth is checked either way
+        options = RangeOptions(smooth=args.smooth, recenter=not args.no_recenter,  # --smooth is checked either way
+                               split_outliers=args.split_outliers)
         return replace(options, smooth=None) if args.no_smooth else options
 
 

@@ -48,6 +48,8 @@ class CalibrationOptions:
     #: auto: max, percentile or mse, whichever gives the float outputs on held-out calibration feeds
     method: CalibMethod = field(default=CalibMethod.AUTO, metadata={"key": "calib_method"})
     percentile: float = 99.99  # for CalibMethod.PERCENTILE
+    #: with auto: the few layers whose INT8 costs most on the held-out feeds go back to float (convert/give_back.py)
+    give_back: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.percentile <= 100:
@@ -71,6 +73,7 @@ class RangeOptions:
 
     smooth: float | None = 0.65  # SmoothQuant alpha for MatMul inputs; None: off
     recenter: bool = True
+    split_outliers: bool = True  # a MatMul input's massive channels computed in float (with smooth only)
 
     def __post_init__(self) -> None:
         if self.smooth is not None and not 0 < self.smooth < 1:

@@ -32,10 +32,11 @@ import copy
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
-from trt_bridge.annotations import Annotations, WeightSpec
+from trt_bridge.annotations import Annotations, WeightSpec, drop_layers
 from trt_bridge.calibrate.apply import apply_ranges
 from trt_bridge.calibrate.observers import CalibMethod
 from trt_bridge.calibrate.session import CalibrationResult, CalibrationSession, HeldOut
@@ -72,6 +73,8 @@ class MethodChoice:
     held_out: int = 0  # feeds judged on
     reason: str = ""  # why auto fell back to max without judging, if it did
     keep_max: frozenset[str] = frozenset()  # activations too small to judge clipping on: max whatever the method
+    #: the chosen candidate's Q/DQ model (ranges fitted before the held-out split), for give_back to rank layers on
+    model: Any = field(default=None, repr=False, compare=False)
 
     @property
     def label(self) -> str:
@@ -118,8 +121,8 @@ def choose_method(graph, annotations: Annotations, needed: list[str], held_out: 
     missing = [t for t in needed if t not in held_out.snapshot]
     if missing:
         return fallback(f"'{missing[0]}' was not observed before the held-out feeds")
-    feeds, outputs, h = held_out.feeds, held_out.outputs, held_out.size
-    weights = _quantized_weights(graph, annotations)
+    feeds, outputs = held_out.feeds, held_out.outputs
+    weights = quantized_weights(graph, annotations)
     candidates = []
     for method, clipped in CANDIDATES:
         pct = None if clipped is None else 100.0 - (100.0 - percentile) * clipped
@@ -131,32 +134,40 @@ def choose_method(graph, annotations: Annotations, needed: list[str], held_out: 
     with ThreadPoolExecutor(max_workers=1) as pool:
         jobs = []
         for method, pct, name in candidates:
-            fitted = CalibrationResult(held_out.snapshot, held_out.total - h, 0.0, method, percentile=pct,
-                                       keep_max=small)
+            fitted = fitted_on(held_out, method, pct, small)
             try:
-                model = _candidate(graph, annotations, weights, needed, fitted, shared, recentre)
+                model = candidate_model(graph, annotations, weights, needed, fitted, shared, recentre)
             except TrtBridgeError as exc:
                 return fallback(f"the {name} candidate could not be made ({str(exc).splitlines()[0]})")
-            jobs.append((name, pool.submit(_score, model, feeds, outputs)))
-        for name, job in jobs:
+            jobs.append((name, model, pool.submit(score, model, feeds, outputs)))
+        models = {}
+        for name, model, job in jobs:
+            models[name] = model
             try:
-                score = job.result()
+                got = job.result()
             except TrtBridgeError as exc:  # a candidate onnxruntime cannot run: judge nothing, keep max
                 return fallback(f"the {name} candidate did not run ({str(exc).splitlines()[0]})")
-            if score is None:
+            if got is None:
                 return fallback("the model has no float output to judge by")
-            scores[name] = score
-            log.info("calibration range %s: held-out SNR %.2f dB", name, score)
+            scores[name] = got
+            log.info("calibration range %s: held-out SNR %.2f dB", name, got)
     if all(np.isneginf(v) for v in scores.values()):
         return fallback("the held-out outputs hold NaN or Inf where the float model's do not (or the reverse)")
     best = max(scores, key=scores.get)
     if scores[best] < scores[CalibMethod.MAX.value] + MARGIN_DB:
         best = CalibMethod.MAX.value
     method, pct = next((m, p) for m, p, n in candidates if n == best)
-    return MethodChoice(method, pct, scores=scores, held_out=kept, keep_max=small)
+    return MethodChoice(method, pct, scores=scores, held_out=kept, keep_max=small, model=models[best])
 
 
-def _quantized_weights(graph, annotations: Annotations) -> dict[str, WeightSpec]:
+def fitted_on(held_out: HeldOut, method: CalibMethod, percentile: float | None, keep_max: frozenset[str]
+              ) -> CalibrationResult:
+    """The ranges ``method`` fits on the feeds before the held-out split (the observers' snapshot)."""
+    return CalibrationResult(held_out.snapshot, held_out.total - held_out.size, 0.0, method, percentile=percentile,
+                             keep_max=keep_max)
+
+
+def quantized_weights(graph, annotations: Annotations) -> dict[str, WeightSpec]:
     """Copies of the weight annotations with their int8 values filled in once (the same for every candidate:
     quantizing them for each would cost more than the rest of the candidate)."""
     tensors = graph.tensors()
@@ -169,19 +180,23 @@ def _quantized_weights(graph, annotations: Annotations) -> dict[str, WeightSpec]
     return done
 
 
-def _candidate(graph, annotations: Annotations, weights: dict[str, WeightSpec], needed: list[str],
-               fitted: CalibrationResult, shared: list[list[str]], recentre: bool):
-    """The Q/DQ model the conversion would write with ``fitted``'s scales (on copies; float32 throughout)."""
+def candidate_model(graph, annotations: Annotations, weights: dict[str, WeightSpec], needed: list[str],
+                    fitted: CalibrationResult, shared: list[list[str]], recentre: bool, drop=()):
+    """The Q/DQ model the conversion would write with ``fitted``'s scales, the layers ``drop`` left in float (on
+    copies; float32 throughout)."""
     work = graph.copy()
     ann = Annotations(activations=copy.deepcopy(annotations.activations),
                       weights={k: replace(v, sites=list(v.sites)) for k, v in weights.items()})
+    if drop:
+        drop_layers(ann, drop)
+        needed = [t for t in needed if t in ann.activations]
     apply_ranges(work, ann, fitted, needed, shared, recentre)
     quantized = lower(work, ann)
     exported = export_model(work)  # with float16 Q/DQ, opset 19 as the written model will have
     return finalize(exported, default_opset(exported), check=False, min_opset=needs_opset(quantized))
 
 
-def _score(model, feeds: list, outputs: list) -> float | None:
+def score(model, feeds: list, outputs: list) -> float | None:
     """The worst float output's SNR (dB) against the float model's ``outputs`` on ``feeds``, over the values
     finite in both; -inf for an output whose NaN/Inf positions differ from the float model's (the SNR of the
     rest would hide that). None: no float output."""

@@ -36,6 +36,8 @@ class ConversionReport:
     remaining_blockers: list[str] = field(default_factory=list)
     recentered: list[dict] = field(default_factory=list)  # recenter.Recentered as dicts
     smoothed: list[dict] = field(default_factory=list)  # smooth.Smoothed as dicts
+    split_outliers: list[dict] = field(default_factory=list)  # outliers.Split as dicts
+    given_back: dict | None = None  # give_back.GiveBack as a dict (auto only): the layers left in float, and why
     placement: str = "tensorrt"
     scales: str = "model"  # where the source model's activation scales were taken from (model | data)
     sanitized: list[dict] = field(default_factory=list)  # prepare.Change as dicts: casts, Dropout, Identity, ...
@@ -87,6 +89,15 @@ class ConversionReport:
             lines.append(f"  smoothed {len(self.smoothed)} MatMul input(s) into their weights "
                          f"(alpha {self.smoothed[0]['alpha']}; {len(self.smoothed) - by_mul} folded into "
                          f"LayerNormalization, {by_mul} through a Mul)")
+        if self.given_back and self.given_back["layers"]:
+            g = self.given_back
+            worst = ", ".join(f"{n} ({g['isolated_db'][n]:.1f} dB)" for n in g["layers"])
+            lines.append(f"  gave {len(g['layers'])} layer(s) back to float, their INT8 error far above the median "
+                         f"layer's {g['median_db']:.1f} dB: {worst}")
+        if self.split_outliers:
+            channels = sum(len(x["channels"]) for x in self.split_outliers)
+            lines.append(f"  split {channels} massive channel(s) of {len(self.split_outliers)} MatMul input(s) into "
+                         "float side paths, so int8 covers the rest")
         if self.recentered:
             lines.append(f"  re-centred {len(self.recentered)} one-sided activation(s) "
                          "so symmetric int8 keeps all 8 bits")

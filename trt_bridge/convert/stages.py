@@ -11,6 +11,7 @@ from typing import Any
 import onnx
 import onnx_graphsurgeon as gs
 
+from trt_bridge.annotations import drop_layers
 from trt_bridge.calibrate import CalibMethod, model_inputs, open_feeds
 from trt_bridge.calibrate.apply import apply_ranges
 from trt_bridge.calibrate.feed_sources import source_path
@@ -19,7 +20,7 @@ from trt_bridge.calibrate.session import HeldOut
 from trt_bridge.calibrate.two_pass import calibrate_graph
 from trt_bridge.checks import CheckOptions, check_model
 from trt_bridge.checks.rules import is_int8
-from trt_bridge.convert import range_choice
+from trt_bridge.convert import give_back, range_choice
 from trt_bridge.convert.options import ConvertOptions, ScalePolicy
 from trt_bridge.convert.report import FloatLeftover, RuleHits
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
@@ -170,7 +171,7 @@ def calibrate(state: Conversion) -> StageResult:
     """Scales for what has none (calibration, with smoothing), re-centring, shared scales, imported scales checked
     against the data, and the float layers' ranges for fp16."""
     options, ctx, feeds = state.options, state.ctx, state.feeds
-    records: dict[str, Any] = {"calibration": None, "smoothed": []}
+    records: dict[str, Any] = {"calibration": None, "smoothed": [], "split_outliers": [], "given_back": None}
     needed = ctx.annotations.needing_calibration()
     if needed:
         if feeds is None:
@@ -190,9 +191,9 @@ def calibrate(state: Conversion) -> StageResult:
                 choice = range_choice.too_few(feeds.total)
             elif state.store is not None:
                 held_out, choice = None, range_choice.fallback("a model over 2 GB is not converted twice")
-        result, smoothed = calibrate_graph(state.graph, ctx.annotations, state.lifted, needed, feeds, method,
-                                           options.calibration.percentile, options.ranges.smooth, options.progress,
-                                           held_out)
+        result, smoothed, splits = calibrate_graph(
+            state.graph, ctx.annotations, state.lifted, needed, feeds, method, options.calibration.percentile,
+            options.ranges.smooth, options.progress, held_out, options.ranges.split_outliers)
         if method is CalibMethod.AUTO:
             if choice is None:
                 choice = range_choice.choose_method(state.graph, ctx.annotations, needed, held_out,
@@ -200,6 +201,15 @@ def calibrate(state: Conversion) -> StageResult:
                                                     result.observers, options.calibration.percentile)
             result = replace(result, method=choice.method, percentile=choice.percentile, keep_max=choice.keep_max)
             records["auto_method"] = choice.describe()
+            if choice.scores and options.calibration.give_back:
+                given = give_back.choose_layers(
+                    state.graph, ctx.annotations, needed, held_out,
+                    range_choice.fitted_on(held_out, choice.method, choice.percentile, choice.keep_max),
+                    choice.scores[choice.label], state.placement.shared_scales, options.ranges.recenter, choice.model)
+                records["given_back"] = asdict(given)
+                if given.layers:
+                    drop_layers(ctx.annotations, given.layers)
+                    needed = [t for t in needed if t in ctx.annotations.activations]
         state.calibration = result
         records["calibration"] = {
             "feeds": result.feeds, "skipped_feeds": result.skipped, "method": result.method.value,
@@ -210,6 +220,7 @@ def calibrate(state: Conversion) -> StageResult:
             "ranges": {k: {"min": o.lo, "max": o.hi, "amax": result.amax(k)}
                        for k, o in sorted(result.observers.items())}}
         records["smoothed"] = [asdict(x) for x in smoothed]
+        records["split_outliers"] = [asdict(x) for x in splits]
     shared = state.placement.shared_scales
     high = options.precision.high_precision
     state.recentered = apply_ranges(state.graph, ctx.annotations, state.calibration, needed, shared,
