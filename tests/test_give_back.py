@@ -52,12 +52,17 @@ def test_the_hostile_layer_goes_back_to_float_by_default(tmp_path):
     assert_tensorrt_ready(out)
 
 
-def test_nothing_is_given_back_where_no_layer_stands_out(tmp_path):
-    src = save(samples.conv_net(), tmp_path / "net.onnx")
+def _converted(tmp_path, model):
+    """(source, output, report) of the default conversion of ``model`` calibrated on 16 feeds."""
+    src = save(model, tmp_path / "src.onnx")
     np.savez(tmp_path / "calib.npz", x=samples.image_feeds(16, 1))
     out = tmp_path / "out.onnx"
-    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
-                                              progress=False))
+    return src, out, convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                                      progress=False))
+
+
+def test_nothing_is_given_back_where_no_layer_stands_out(tmp_path):
+    src, out, report = _converted(tmp_path, samples.conv_net())
     assert report.given_back["layers"] == () and "dB below the median layer's" in report.given_back["reason"]
     assert all(_weight_readers(out).values())
     assert snr_db(run_ort(src, HELD_OUT), run_ort(out, HELD_OUT)) > 30
@@ -67,11 +72,7 @@ def test_nothing_is_given_back_where_no_layer_stands_out(tmp_path):
 def test_the_held_out_feeds_must_confirm_it(tmp_path, monkeypatch):
     """A give-back that does not win on the held-out feeds is not made, and the report says why."""
     monkeypatch.setattr(give_back, "score", lambda model, feeds, outputs: -1.0)
-    src = save(_hostile(), tmp_path / "hostile.onnx")
-    np.savez(tmp_path / "calib.npz", x=samples.image_feeds(16, 1))
-    out = tmp_path / "out.onnx"
-    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
-                                              progress=False))
+    _, out, report = _converted(tmp_path, _hostile())
     assert report.given_back["layers"] == () and "did not win on the held-out feeds" in report.given_back["reason"]
     assert all(_weight_readers(out).values())
 
@@ -97,3 +98,22 @@ def test_drop_layers_removes_only_their_sites():
     drop_layers(ann, ["b"])
     assert {k: v.sites for k, v in ann.activations.items()} == {"x": [Site("a", 0)]}
     assert list(ann.weights) == ["Wa"]
+
+
+def test_the_accuracy_target_search_keeps_what_give_back_gave(tmp_path):
+    """--accuracy-target on top of give-back: the plain conversion gives conv2 back; every later probe excludes it
+    too (with give-back off), so excluding more layers never quantizes conv2 again, and a high target is met."""
+    from trt_bridge.convert.accuracy import convert_to_target
+
+    src = save(_hostile(), tmp_path / "hostile.onnx")
+    np.savez(tmp_path / "calib.npz", x=samples.image_feeds(16, 1))
+    np.savez(tmp_path / "eval.npz", x=samples.image_feeds(16, 2))
+    out = tmp_path / "out.onnx"
+    report, result = convert_to_target(src, out, ConvertOptions(
+        calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), progress=False), 50.0,
+        str(tmp_path / "eval.npz"))
+    assert "conv2" not in result.ranking and result.probes[0].snr_db > 40
+    assert result.met and result.chosen.snr_db >= 50, result.summary()
+    assert not _weight_readers(out)["conv2"]
+    assert min(p.snr_db for p in result.probes) > 40  # no probe quantized conv2 again (it scored 11 dB)
+    assert_tensorrt_ready(out)

@@ -4,6 +4,7 @@ the accuracy it wins on an encoder-like model with a massive activation, built b
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 import pytest
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save, snr_db
@@ -132,3 +133,83 @@ def test_a_massive_activation_is_split_and_wins_accuracy(tmp_path):
     assert got_split > got_plain, (got_plain, got_split)
     assert_qdq_contract(split)
     assert_tensorrt_ready(split)
+
+
+def test_one_channel_of_a_rank_1_input_broadcasts_to_its_rank():
+    """x[64] ─ Gelu ─ MatMul(W[64, 6]) ─ y[6]: the side path's row is a vector, so [1] · [6] stays rank 1."""
+    rng = np.random.default_rng(6)
+    x, g, y = gs.Variable("x", np.float32, [64]), gs.Variable("g", np.float32, [64]), gs.Variable("y", np.float32, [6])
+    w = gs.Constant("W", rng.normal(0, 0.3, (64, 6)).astype(np.float32))
+    graph = gs.Graph([gs.Node("Gelu", "gelu", {}, [x], [g]), gs.Node("MatMul", "mm", {}, [g, w], [y])], [x], [y],
+                     opset=20)
+    ann = Annotations()
+    ann.add_activation("g", Site("mm", 0), "mm")
+    ann.add_weight(WeightSpec("W", [Site("mm", 1)], 1, "mm"))
+    before = gs.export_onnx(graph.copy())
+    cmax = rng.uniform(0.5, 2.0, 64)
+    cmax[11] = 40.0
+    assert [d.channels for d in split_outliers(graph, ann, {"g": cmax})] == [(11,)]
+    after = gs.export_onnx(graph)
+    onnx.checker.check_model(after)
+    feeds = [{"x": (rng.standard_normal(64) * 3).astype(np.float32)} for _ in range(3)]
+    for want, got in zip(run_ort(before, feeds), run_ort(after, feeds), strict=True):
+        assert got.shape == (6,)
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_weight_two_readers_share_is_zeroed_once():
+    rng = np.random.default_rng(7)
+    graph, ann = _ffn_graph(rng)
+    mm1, mm2 = (n for n in graph.nodes if n.op == "MatMul")
+    mm2.inputs[1] = mm1.inputs[1]  # both read W1
+    mm2.outputs[0].shape = [2, 4, 6]
+    del ann.weights["W2"]
+    ann.weights["W1"].sites.append(Site("mm2", 1))
+    cmax = rng.uniform(0.5, 2.0, 64)
+    cmax[5] = 30.0
+    split_outliers(graph, ann, {"g": cmax})
+    assert mm1.inputs[1] is mm2.inputs[1] and list(ann.weights) == ["W1_bulk"]
+    assert ann.weights["W1_bulk"].sites == [Site("mm1", 1), Site("mm2", 1)]
+
+
+def test_fp16_keeps_a_side_path_beyond_float16_in_float32(tmp_path):
+    """--high-precision fp16: a side path whose product passes float16's range (massive channel ~2000 times weights
+    of 50: 1e5) has its range observed on the split graph, so it stays float32 and the output stays finite in true
+    float16 arithmetic (onnx.reference; onnxruntime's CPU upcasts float16)."""
+    from onnx import helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    from trt_bridge.convert.options import PrecisionOptions
+
+    path, _ = _massive_activation_model(tmp_path)
+    model = onnx.load(str(path))
+    for init in model.graph.initializer:
+        if init.name == "W2":
+            w2 = numpy_helper.to_array(init).copy()
+            w2[9] = 50.0
+            w2[9, ::2] = -50.0
+            init.CopyFrom(numpy_helper.from_array(w2, "W2"))
+    model.graph.output[0].name = "z"
+    model.graph.initializer.append(numpy_helper.from_array(np.array(1e-3, np.float32), "k"))
+    model.graph.node.append(helper.make_node("Mul", ["y", "k"], ["z"], "scale_down"))
+    src = save(model, tmp_path / "big.onnx")
+
+    def feeds(n, seed):
+        x = np.random.default_rng(seed).standard_normal((n, 1, 16, 64)).astype(np.float32)
+        x[:, 0, 0, 63] = 2000.0
+        return x
+
+    np.savez(tmp_path / "calib.npz", x=feeds(16, 1))
+    out = tmp_path / "fp16.onnx"
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                              precision=PrecisionOptions(high_precision="fp16"), progress=False))
+    assert report.split_outliers and report.split_outliers[0]["channels"] == (9,)
+    kept = {k["node"] for k in report.precision["kept_in_float32"]}
+    assert any(n.endswith("_outliers/Mul") for n in kept), kept
+    evaluator = ReferenceEvaluator(onnx.load(str(out)))
+    for x in feeds(2, 2):
+        # the int8 path's Q clips the split channel (its weight row is zero): x / scale passes float16's range there,
+        # which onnx.reference computes in float16 before saturating (a warning, and a code times a zero row)
+        with np.errstate(over="ignore", invalid="ignore"):
+            assert np.isfinite(evaluator.run(None, {"x": x})[0]).all()
+    assert_tensorrt_ready(out)

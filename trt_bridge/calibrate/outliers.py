@@ -81,8 +81,9 @@ def split_outliers(graph: gs.Graph, annotations: Annotations, channel_max: dict[
                           {"axis": -1})
         if channels.size > 1:
             picked = build.unsqueeze(picked, [-1], ftype)
+        bulk_weights: dict[str, gs.Constant] = {}  # a weight two readers share is zeroed once
         for node in sites:
-            _split_site(graph, names, annotations, node, channels, picked, ftype)
+            _split_site(graph, names, annotations, node, channels, picked, ftype, bulk_weights)
         bulk = np.delete(channel_max[name], channels)
         done.append(Split(name, tuple(int(c) for c in channels),
                           tuple(float(channel_max[name][c]) for c in channels), float(bulk.max()),
@@ -94,24 +95,29 @@ def split_outliers(graph: gs.Graph, annotations: Annotations, channel_max: dict[
 
 
 def _split_site(graph: gs.Graph, names: NameAllocator, annotations: Annotations, node: gs.Node,
-                channels: np.ndarray, picked: gs.Tensor, ftype) -> None:
-    """Zero rows ``channels`` of ``node``'s weight and add ``picked · W[channels, :]`` after it."""
+                channels: np.ndarray, picked: gs.Tensor, ftype, bulk_weights: dict[str, gs.Constant]) -> None:
+    """Zero rows ``channels`` of ``node``'s weight (once per weight: ``bulk_weights``) and add
+    ``picked · W[channels, :]`` after it."""
     old = node.inputs[1]
     w = np.asarray(old.values)
-    rows = w[channels, :].astype(ftype)
-    kept = w.copy()
-    kept[channels, :] = 0
-    new = gs.Constant(names(f"{old.name}_bulk"), kept)
+    # one channel: its row as a vector, so [..., 1] · [N] broadcasts to the output's rank (a rank-1 input too)
+    rows = (w[channels[0], :] if channels.size == 1 else w[channels, :]).astype(ftype)
     old_spec = annotations.weights[old.name]
+    new = bulk_weights.get(old.name)
+    if new is None:
+        kept = w.copy()
+        kept[channels, :] = 0
+        new = bulk_weights[old.name] = gs.Constant(names(f"{old.name}_bulk"), kept)
+        spec = WeightSpec(new.name, [], old_spec.axis, old_spec.origin)
+        if old_spec.int8 is not None and old_spec.scale is not None:  # exact source integers stay exact
+            spec.int8 = old_spec.int8.copy()
+            spec.int8[channels, :] = 0
+            spec.scale, spec.source = old_spec.scale, ScaleSource.EXACT_WEIGHTS
+        annotations.add_weight(spec)
+    annotations.weights[new.name].sites.append(Site(node.name, 1))
     old_spec.sites = [s for s in old_spec.sites if s.node != node.name]
     if not old_spec.sites:
         del annotations.weights[old.name]
-    spec = WeightSpec(new.name, [Site(node.name, 1)], old_spec.axis, old_spec.origin)
-    if old_spec.int8 is not None and old_spec.scale is not None:  # exact source integers stay exact
-        spec.int8 = old_spec.int8.copy()
-        spec.int8[channels, :] = 0
-        spec.scale, spec.source = old_spec.scale, ScaleSource.EXACT_WEIGHTS
-    annotations.add_weight(spec)
     node.inputs[1] = new
     build = GraphBuilder(graph, names, f"{node.name}_outliers", ftype)
     side = build.op("Mul", [picked, gs.Constant(names(f"{node.name}_outlier_rows"), rows)])

@@ -263,7 +263,8 @@ def _finite(value) -> bool:
 
 
 def _has_nan(value) -> bool:
-    return np.issubdtype(value.dtype, np.inexact) and bool(np.isnan(value).any())
+    """A NaN anywhere in ``value``: its max is NaN (one pass, no temporary; Inf of either sign is no NaN)."""
+    return np.issubdtype(value.dtype, np.inexact) and value.size > 0 and bool(np.isnan(value.max()))
 
 
 def _as_float32(value):

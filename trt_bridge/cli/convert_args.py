@@ -51,8 +51,9 @@ class CalibrationArgs:
                                 "percentile candidates (the second clips a tenth as much: 99.999) (default: 99.99)")
         group.add_argument("--no-give-back", dest="give_back", action="store_false",
                            help="with --calib-method auto, keep every layer INT8: by default the few layers (at "
-                                "most 5%%) whose own error stands 6 dB below the median layer's go back to float "
-                                "where the held-out feeds gain 1 dB per layer")
+                                "most 5%% of the weighted ones, at least one) whose isolated INT8 SNR is 6 dB or "
+                                "more below the median layer's go back to float where the held-out feeds confirm "
+                                "a gain")
 
     def parse(self, args: argparse.Namespace) -> CalibrationOptions:
         return CalibrationOptions(data=args.calib_data, random=args.calib_random,

@@ -17,6 +17,10 @@ layers INT8 wins (then the higher SNR). A ranking is an estimate and errors inte
 are then tried in INT8 again one at a time, least harmful first (at most ``REFINE_PROBES``), each kept INT8
 if the target still holds. If even excluding every ranked layer misses the target, the most accurate model
 seen is written and the result says so.
+
+The plain conversion is the user's, give-back included (``convert/give_back.py``, with ``--calib-method auto``);
+the layers it gave back stay excluded in every later probe, which runs with give-back off (judged again with more
+layers excluded, it could quantize one it gave back).
 """
 
 from __future__ import annotations
@@ -86,14 +90,25 @@ def convert_to_target(model_path: str | Path, output_path: str | Path, options, 
         raise ValueError(f"metric must be 'snr' or 'cosine', not {metric!r}")
     result = TargetResult(target_db, False, metric=metric)
     measured: dict[frozenset, Probe] = {}
+    given_back: list[str] = []  # what the plain conversion's give-back left in float: excluded in every later probe
+
+    def probe_options(excluded: tuple[str, ...]):
+        """The plain conversion as the user asked; every other probe with give-back's layers excluded and
+        give-back itself off (it would judge the rest again, and could quantize a layer it gave back)."""
+        if not excluded:
+            return options
+        return replace(options, calibration=replace(options.calibration, give_back=False),
+                       placement=_excluding(options.placement, (*given_back, *excluded)))
+
     with tempfile.TemporaryDirectory(prefix="trt-bridge-target-") as tmp:
         def probe(excluded: tuple[str, ...], ranking: str = "") -> Probe:
             if frozenset(excluded) in measured:
                 return measured[frozenset(excluded)]
             path = Path(tmp) / f"probe{len(result.probes)}.onnx"
-            report = convert(model_path, path, replace(options, placement=_excluding(options.placement, excluded),
-                                                       check=False))
+            report = convert(model_path, path, replace(probe_options(excluded), check=False))
             first = not result.probes
+            if first:
+                given_back.extend((report.given_back or {}).get("layers") or ())
             # the first probe keeps the feeds and the source's outputs; the others load them instead of reading
             # the feeds and running the source again (verify --save-inputs/--save-outputs, --load-*)
             saved = dict(load_inputs=str(Path(tmp) / "inputs.json"), load_outputs=str(Path(tmp) / "source.json"))
@@ -124,8 +139,7 @@ def convert_to_target(model_path: str | Path, output_path: str | Path, options, 
             result.ranking = result.rankings.get(name, [])
         result.met, result.chosen = best.score >= target_db, best
     # the chosen probe, written where the user asked, the way convert writes (atomically, external data, check)
-    report = convert(model_path, output_path, replace(options, placement=_excluding(options.placement,
-                                                                                    best.excluded)))
+    report = convert(model_path, output_path, probe_options(best.excluded))
     return report, result
 
 

@@ -69,11 +69,13 @@ def choose_layers(graph, annotations: Annotations, needed: list[str], held_out: 
         isolated = isolated_errors(model, held_out.feeds[:RANK_FEEDS], batch=2 * RANK_LAYERS)
     except (TrtBridgeError, RuntimeError, ValueError) as exc:  # onnxruntime's errors too: every layer stays INT8
         return GiveBack(reason=f"the layers could not be measured ({str(exc).splitlines()[0]})")
-    ranked = sorted((n for n, v in isolated.items() if v is not None and np.isfinite(v)),
+    # -inf: a layer whose output turns NaN under INT8 (verify.layers), the worst of all
+    ranked = sorted((n for n, v in isolated.items() if v is not None and not np.isnan(v)),
                     key=lambda n: (isolated[n], n))
-    if sum(1 for n in ranked if n in weighted) < 2:
+    finite = [isolated[n] for n in ranked if n in weighted and np.isfinite(isolated[n])]
+    if len(finite) < 2:
         return GiveBack(reason="fewer than 2 weighted layers to compare")
-    median = float(np.median([isolated[n] for n in ranked if n in weighted]))
+    median = float(np.median(finite))
     most = max(1, int(MAX_SHARE * len(weighted)))
     suspects = [n for n in ranked if isolated[n] <= median - GAP_DB][:most]
     if not suspects:

@@ -92,8 +92,8 @@ class ConversionReport:
         if self.given_back and self.given_back["layers"]:
             g = self.given_back
             worst = ", ".join(f"{n} ({g['isolated_db'][n]:.1f} dB)" for n in g["layers"])
-            lines.append(f"  gave {len(g['layers'])} layer(s) back to float, their INT8 error far above the median "
-                         f"layer's {g['median_db']:.1f} dB: {worst}")
+            lines.append(f"  gave {len(g['layers'])} layer(s) back to float, their isolated INT8 SNR far below the "
+                         f"median layer's {g['median_db']:.1f} dB: {worst}")
         if self.split_outliers:
             channels = sum(len(x["channels"]) for x in self.split_outliers)
             lines.append(f"  split {channels} massive channel(s) of {len(self.split_outliers)} MatMul input(s) into "

@@ -33,6 +33,7 @@ from trt_bridge.ir.model import default_opset, load_model
 from trt_bridge.ir.save import save_model
 from trt_bridge.ir.size import is_large, release_memory
 from trt_bridge.ir.store import WeightStore
+from trt_bridge.ir.types import infer_shapes
 from trt_bridge.ir.values import check_output_finite, check_source_scales, check_source_weights, nonfinite_count
 from trt_bridge.lift import LIFT_RULES
 from trt_bridge.lift.dynamic_gemm_plugin import DynamicGemmPlugin
@@ -229,7 +230,11 @@ def calibrate(state: Conversion) -> StageResult:
         keep = frozenset({t for group in shared for t in group} | {r.tensor for r in state.recentered})
         check_against_data(state.lifted, ctx.annotations, state.imported, feeds, options.progress, keep)
     if options.precision.high_precision == "fp16" and feeds is not None:
-        state.ranges = observed_ranges(state.lifted, feeds, options.progress)
+        # on the graph as it is now: the tensors that splitting, smoothing and re-centring added (a side path's
+        # product, an unsmoothed producer output) need their range too, or float16 could overflow there (a model
+        # over 2 GB keeps the lifted model's ranges)
+        current = state.lifted if state.store is not None else infer_shapes(export_model(state.graph))
+        state.ranges = observed_ranges(current, feeds, options.progress)
     records["recentered"] = [asdict(r) for r in state.recentered]
     return StageResult(changed=len(needed), records=records)
 
