@@ -9,7 +9,7 @@ needs to know about the others.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -89,6 +89,15 @@ class Annotations:
             self.weights[spec.tensor] = spec
         else:
             existing.sites.extend(s for s in spec.sites if s not in existing.sites)
+
+    def move_weight_site(self, old: str, site: Site, new: WeightSpec) -> None:
+        """``site`` now reads the weight ``new`` (added if new) instead of ``old``; ``old`` goes once no site reads
+        it."""
+        self.add_weight(replace(new, sites=[site]))
+        spec = self.weights[old]
+        spec.sites = [s for s in spec.sites if s != site]
+        if not spec.sites:
+            del self.weights[old]
 
     def needing_calibration(self) -> list[str]:
         return sorted(name for name, spec in self.activations.items() if spec.scale is None)

@@ -88,7 +88,8 @@ def split_outliers(graph: gs.Graph, annotations: Annotations, channel_max: dict[
         done.append(Split(name, tuple(int(c) for c in channels),
                           tuple(float(channel_max[name][c]) for c in channels), float(bulk.max()),
                           tuple(node.name for node in sites)))
-        channel_max[name] = np.where(np.isin(np.arange(channel_max[name].size), channels), 0.0, channel_max[name])
+        channel_max[name] = channel_max[name].copy()
+        channel_max[name][channels] = 0.0
     if done:
         graph.cleanup().toposort()
     return done
@@ -104,20 +105,17 @@ def _split_site(graph: gs.Graph, names: NameAllocator, annotations: Annotations,
     rows = (w[channels[0], :] if channels.size == 1 else w[channels, :]).astype(ftype)
     old_spec = annotations.weights[old.name]
     new = bulk_weights.get(old.name)
+    spec = WeightSpec("", [], old_spec.axis, old_spec.origin)
     if new is None:
         kept = w.copy()
         kept[channels, :] = 0
         new = bulk_weights[old.name] = gs.Constant(names(f"{old.name}_bulk"), kept)
-        spec = WeightSpec(new.name, [], old_spec.axis, old_spec.origin)
         if old_spec.int8 is not None and old_spec.scale is not None:  # exact source integers stay exact
             spec.int8 = old_spec.int8.copy()
             spec.int8[channels, :] = 0
             spec.scale, spec.source = old_spec.scale, ScaleSource.EXACT_WEIGHTS
-        annotations.add_weight(spec)
-    annotations.weights[new.name].sites.append(Site(node.name, 1))
-    old_spec.sites = [s for s in old_spec.sites if s.node != node.name]
-    if not old_spec.sites:
-        del annotations.weights[old.name]
+    spec.tensor = new.name
+    annotations.move_weight_site(old.name, Site(node.name, 1), spec)
     node.inputs[1] = new
     build = GraphBuilder(graph, names, f"{node.name}_outliers", ftype)
     side = build.op("Mul", [picked, gs.Constant(names(f"{node.name}_outlier_rows"), rows)])

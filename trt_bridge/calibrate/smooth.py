@@ -164,10 +164,8 @@ def smooth(graph: gs.Graph, annotations: Annotations, channel_max: dict[str, np.
             old = node.inputs[1]
             new = gs.Constant(names(f"{old.name}_smoothed"), (w * s[:, None]).astype(ftype))
             old_spec = annotations.weights[old.name]
-            old_spec.sites = [st for st in old_spec.sites if st.node != node.name]
-            if not old_spec.sites:
-                del annotations.weights[old.name]
-            annotations.add_weight(WeightSpec(new.name, [Site(node.name, 1)], old_spec.axis, old_spec.origin))
+            annotations.move_weight_site(old.name, Site(node.name, 1),
+                                         WeightSpec(new.name, [], old_spec.axis, old_spec.origin))
             node.inputs[1] = new
         done.append(Smoothed(name, alpha, applied_by, float(s.max()), tuple(n.name for n in others),
                              "LayerNormalization" if ln is not None else "Mul"))

@@ -51,12 +51,11 @@ def calibrate_graph(graph, annotations: Annotations, lifted: onnx.ModelProto, ne
             splits = split_outliers(graph, annotations, enough) if split else []
             smoothed, factors = smooth(graph, annotations, enough, alpha)
             # observed as the int8 path reads them: divided by s, without the split channels (zero weight rows)
-            seen = {}
-            for t in todo:
-                seen[t] = 1.0 / factors[t] if t in factors else None
+            seen = {t: 1.0 / factors[t] if t in factors else None for t in todo}
             for done in splits:
-                mult = seen[done.tensor] if seen[done.tensor] is not None else np.ones(enough[done.tensor].size)
-                seen[done.tensor] = np.where(np.isin(np.arange(mult.size), done.channels), 0.0, mult)
+                mult = np.ones(enough[done.tensor].size) if seen[done.tensor] is None else seen[done.tensor].copy()
+                mult[list(done.channels)] = 0.0
+                seen[done.tensor] = mult
             session.run({t: observers[t] if m is None else Rescaled(observers[t], m) for t, m in seen.items()},
                         feeds, progress, desc="calibrating (2/2)",
                         held_out=None if held_out is None else held_out.sibling())

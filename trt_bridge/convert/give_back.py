@@ -57,15 +57,16 @@ class GiveBack:
 
 
 def choose_layers(graph, annotations: Annotations, needed: list[str], held_out: HeldOut, fitted: CalibrationResult,
-                  base_score: float, shared: list[list[str]], recentre: bool, model=None) -> GiveBack:
+                  base_score: float, shared: list[list[str]], recentre: bool, model=None, weights=None) -> GiveBack:
     """The layers to give back (see the module doc); ``fitted``: auto's chosen ranges on the feeds before the held-out
-    split, ``base_score``: its held-out SNR, ``model``: its Q/DQ model if at hand (else made here). The graph and
+    split, ``base_score``: its held-out SNR, ``model`` and ``weights``: its Q/DQ model and the quantized weights
+    (:func:`~trt_bridge.convert.range_choice.quantized_weights`) if at hand, else made here. The graph and
     annotations are not changed."""
     weighted = {s.node for spec in annotations.weights.values() for s in spec.sites}
+    weights = weights or quantized_weights(graph, annotations)
     try:
         if model is None:
-            model = candidate_model(graph, annotations, quantized_weights(graph, annotations), needed, fitted, shared,
-                                    recentre)
+            model = candidate_model(graph, annotations, weights, needed, fitted, shared, recentre)
         isolated = isolated_errors(model, held_out.feeds[:RANK_FEEDS], batch=2 * RANK_LAYERS)
     except (TrtBridgeError, RuntimeError, ValueError) as exc:  # onnxruntime's errors too: every layer stays INT8
         return GiveBack(reason=f"the layers could not be measured ({str(exc).splitlines()[0]})")
@@ -82,8 +83,7 @@ def choose_layers(graph, annotations: Annotations, needed: list[str], held_out: 
         return GiveBack(median_db=median, reason=f"no weighted layer's isolated SNR is {GAP_DB:g} dB below the "
                                                  f"median layer's {median:.1f} dB")
     try:
-        model = candidate_model(graph, annotations, quantized_weights(graph, annotations), needed, fitted, shared,
-                                recentre, drop=suspects)
+        model = candidate_model(graph, annotations, weights, needed, fitted, shared, recentre, drop=suspects)
         got = score(model, held_out.feeds, held_out.outputs)
     except TrtBridgeError as exc:
         return GiveBack(median_db=median, reason=f"the candidate did not run ({str(exc).splitlines()[0]})")

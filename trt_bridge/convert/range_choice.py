@@ -73,8 +73,10 @@ class MethodChoice:
     held_out: int = 0  # feeds judged on
     reason: str = ""  # why auto fell back to max without judging, if it did
     keep_max: frozenset[str] = frozenset()  # activations too small to judge clipping on: max whatever the method
-    #: the chosen candidate's Q/DQ model (ranges fitted before the held-out split), for give_back to rank layers on
+    #: the chosen candidate's Q/DQ model (ranges fitted before the held-out split), for give_back to rank layers on,
+    #: and the weights every candidate was lowered with (quantized once)
     model: Any = field(default=None, repr=False, compare=False)
+    weights: dict[str, WeightSpec] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def label(self) -> str:
@@ -157,7 +159,8 @@ def choose_method(graph, annotations: Annotations, needed: list[str], held_out: 
     if scores[best] < scores[CalibMethod.MAX.value] + MARGIN_DB:
         best = CalibMethod.MAX.value
     method, pct = next((m, p) for m, p, n in candidates if n == best)
-    return MethodChoice(method, pct, scores=scores, held_out=kept, keep_max=small, model=models[best])
+    return MethodChoice(method, pct, scores=scores, held_out=kept, keep_max=small, model=models[best],
+                        weights=weights)
 
 
 def fitted_on(held_out: HeldOut, method: CalibMethod, percentile: float | None, keep_max: frozenset[str]

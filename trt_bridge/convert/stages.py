@@ -206,7 +206,8 @@ def calibrate(state: Conversion) -> StageResult:
                 given = give_back.choose_layers(
                     state.graph, ctx.annotations, needed, held_out,
                     range_choice.fitted_on(held_out, choice.method, choice.percentile, choice.keep_max),
-                    choice.scores[choice.label], state.placement.shared_scales, options.ranges.recenter, choice.model)
+                    choice.scores[choice.label], state.placement.shared_scales, options.ranges.recenter, choice.model,
+                    choice.weights)
                 records["given_back"] = asdict(given)
                 if given.layers:
                     drop_layers(ctx.annotations, given.layers)
