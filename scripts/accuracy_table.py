@@ -219,20 +219,20 @@ for _ in range(int(sys.argv[2])):
     ids.append(np.array(e + [0] * (64 - len(e)), np.int64)[None])
 np.savez(sys.argv[4], input_ids=np.stack(ids), attention_mask=np.stack(masks))
 """
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "feeds.npz"
-        subprocess.run([str(python), "-c", code, str(tokenizer), str(count), str(seed), str(out)], check=True,
-                       capture_output=True)
-        return dict(np.load(out))
+    return _feeds_from(python, code, tokenizer, count, seed)
 
 
 def _minilm_feeds(python: Path, count: int, seed: int) -> dict:
+    code = ("import sys, numpy as np; sys.path.insert(0, sys.argv[1]); import export; "
+            "_, feeds = export._minilm(); np.savez(sys.argv[4], **feeds(int(sys.argv[2]), int(sys.argv[3])))")
+    return _feeds_from(python, code, ROOT / "scripts" / "corpus", count, seed)
+
+
+def _feeds_from(python: Path, code: str, *args) -> dict:
+    """The feeds ``code`` saves, run by ``python`` (another virtualenv's) with ``args`` and then the .npz to write."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "feeds.npz"
-        code = ("import sys, numpy as np; sys.path.insert(0, sys.argv[1]); import export; "
-                "_, feeds = export._minilm(); np.savez(sys.argv[2], **feeds(int(sys.argv[3]), int(sys.argv[4])))")
-        subprocess.run([str(python), "-c", code, str(ROOT / "scripts" / "corpus"), str(out), str(count), str(seed)],
-                       check=True, capture_output=True)
+        subprocess.run([str(python), "-c", code, *map(str, args), str(out)], check=True, capture_output=True)
         return dict(np.load(out))
 
 
