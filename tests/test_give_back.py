@@ -48,8 +48,9 @@ def test_the_hostile_layer_goes_back_to_float_by_default(tmp_path):
     reference = run_ort(src, HELD_OUT)
     with_float, all_int8 = snr_db(reference, run_ort(out, HELD_OUT)), snr_db(reference, run_ort(kept, HELD_OUT))
     assert with_float > all_int8 + 15, (all_int8, with_float)  # measured under 20 dB → over 40
-    assert_qdq_contract(out)
-    assert_tensorrt_ready(out)
+    for path in (out, kept):
+        assert_qdq_contract(path)
+        assert_tensorrt_ready(path)
 
 
 def _converted(tmp_path, model):
@@ -75,6 +76,12 @@ def test_the_held_out_feeds_must_confirm_it(tmp_path, monkeypatch):
     _, out, report = _converted(tmp_path, _hostile())
     assert report.given_back["layers"] == () and "did not win on the held-out feeds" in report.given_back["reason"]
     assert all(_weight_readers(out).values())
+    # declined, the model is the one --no-give-back writes
+    plain = tmp_path / "plain.onnx"
+    convert(tmp_path / "src.onnx", plain, ConvertOptions(
+        calibration=CalibrationOptions(data=str(tmp_path / "calib.npz"), give_back=False), progress=False))
+    assert out.read_bytes() == plain.read_bytes()
+    assert_tensorrt_ready(out)
 
 
 @pytest.mark.parametrize("flags", [["--no-give-back"], ["--calib-method", "max"]], ids=["no-give-back", "max"])
@@ -86,6 +93,8 @@ def test_give_back_is_off_with_its_flag_or_without_auto(tmp_path, flags):
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["given_back"] is None
     assert all(_weight_readers(out).values())
+    assert snr_db(run_ort(src, HELD_OUT), run_ort(out, HELD_OUT)) < 25  # conv2 INT8: measured under 20 dB
+    assert_tensorrt_ready(out)
 
 
 def test_drop_layers_removes_only_their_sites():
