@@ -27,11 +27,12 @@ from different photographs); text inputs are random words. Calibration uses 64 i
 others. For each float model the sources are onnxruntime ``quantize_dynamic`` with uint8 weights (per
 tensor) and with int8 per-channel weights. Each source, and the float model itself, is converted three times:
 "before" with ``--calib-method max --no-split-outliers`` (the default until the automatic choice), "auto
-alone" with ``--no-split-outliers --no-give-back`` (the automatic range choice without the two steps that
-came after it), and "after" with the defaults. Cells are SNR in dB against the float model on the evaluation
-inputs (sources as onnxruntime runs them; conversions with Q/DQ simulated in float, as TensorRT computes), the
-share of weighted layers (Conv, MatMul, Gemm with a constant weight) left INT8, the massive channels split off
-and the layers given back to float, and conversion seconds.
+alone" with ``--no-split-outliers --no-give-back --no-bias-correction`` (the automatic range choice without
+the three steps that came after it), and "after" with the defaults. Cells are SNR in dB against the float model
+on the evaluation inputs (sources as onnxruntime runs them; conversions with Q/DQ simulated in float, as
+TensorRT computes), the share of weighted layers (Conv, MatMul, Gemm with a constant weight) left INT8, the
+massive channels split off, the layers given back to float and the convolutions whose bias was corrected, and
+conversion seconds.
 ``--modelopt-python``: also NVIDIA ModelOpt's ONNX INT8 PTQ on each float model (its own virtualenv).
 ``--build``: also parse and build every "after" model with TensorRT-RTX for SM 8.9.
 """
@@ -294,7 +295,7 @@ def _int8_share(path: Path) -> str:
     return f"{int8}/{weighted}"
 
 
-#: the conversions of each row: (name, --calib-method, split outliers, give back)
+#: the conversions of each row: (name, --calib-method, split outliers, give back and bias correction)
 VARIANTS = (("before", "max", False, False), ("auto_alone", "auto", False, False), ("after", "auto", True, True))
 
 
@@ -305,7 +306,7 @@ def _convert(source: Path, out: Path, calib: Path, method: str, split: bool, giv
     from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, RangeOptions
 
     options = ConvertOptions(calibration=CalibrationOptions(data=str(calib), method=CalibMethod(method),
-                                                            give_back=give_back),
+                                                            give_back=give_back, bias_correction=give_back),
                              ranges=RangeOptions(split_outliers=split), progress=False, check=False)
     start = time.perf_counter()
     report = convert(source, out, options)
@@ -380,6 +381,7 @@ def measure(model: Model, files: Path, work: Path, args) -> list[dict]:
                 row["after_method"] = (report.calibration or {}).get("auto") or ""
                 row["after_split"] = sum(len(x["channels"]) for x in report.split_outliers)
                 row["after_given_back"] = len((report.given_back or {}).get("layers") or ())
+                row["after_bias_corrected"] = (report.bias_corrected or {}).get("layers") or 0
                 if args.build:
                     row["after_build"] = _build(out)
         if label == "float" and args.modelopt_python:
@@ -396,12 +398,14 @@ def table(rows: list[dict]) -> str:
         return "-" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)
 
     lines = ["| model | source | source SNR | before (max) | auto alone | after (default) | INT8 layers "
-             "| channels split, layers given back | convert s before → after | ModelOpt (float) | method chosen |",
+             "| channels split, layers given back, convs bias-corrected | convert s before → after | ModelOpt (float) "
+             "| method chosen |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['source']} | {cell(r['source_snr'])} | {cell(r['before_snr'])} "
                      f"| {cell(r['auto_alone_snr'])} | {cell(r['after_snr'])} | {r['after_int8']} "
-                     f"| {r['after_split']}, {r['after_given_back']} | {r['before_seconds']:.1f} → "
+                     f"| {r['after_split']}, {r['after_given_back']}, {r.get('after_bias_corrected', 0)} "
+                     f"| {r['before_seconds']:.1f} → "
                      f"{r['after_seconds']:.1f} | {cell(r.get('modelopt_snr'))} | {r.get('after_method', '')} |")
     return "\n".join(lines)
 

@@ -11,7 +11,7 @@ from onnx import helper, numpy_helper
 from trt_bridge.calibrate.observers import CalibMethod, RangeObserver
 from trt_bridge.calibrate.session import HeldOut
 from trt_bridge.cli import main
-from trt_bridge.convert import convert, range_choice
+from trt_bridge.convert import bias_correction, convert, range_choice
 from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
 from trt_bridge.convert.range_choice import HELD_OUT_VALUES, MIN_FEEDS
 
@@ -82,6 +82,8 @@ def test_long_tails_choose_a_clipping_range_that_is_more_accurate_on_new_inputs(
 def test_a_candidate_must_beat_max_by_the_margin(tmp_path, monkeypatch, scores, chosen):
     judged = iter(scores.values())
     monkeypatch.setattr(range_choice, "score", lambda model, feeds, outputs: next(judged))
+    # the ranges alone: bias correction (after the choice, on by default) declined
+    monkeypatch.setattr(bias_correction, "score", lambda model, feeds, outputs: -np.inf)
     fpath, out, report = _convert(tmp_path, gaussian(32, 1))
     assert report.calibration["auto"].startswith(f"auto: {chosen} (held-out SNR on ")
     assert report.calibration["method"] == chosen.split()[0]
@@ -193,14 +195,18 @@ def test_held_out_feeds_left_out_for_nan_are_not_judged_on_nor_replaced_by_fitte
     assert_tensorrt_ready(out)
 
 
+#: a data-loader script of ``count`` Gaussian feeds for conv_net
+_LOADER = ("import numpy as np\n"
+           "def load_data():\n"
+           "    rng = np.random.default_rng(1)\n"
+           "    for _ in range({count}):\n"
+           "        yield {{'x': rng.standard_normal((1, 8, 64, 64)).astype(np.float32)}}\n")
+
+
 def test_a_data_loader_of_unknown_length_is_judged_like_the_same_feeds_in_a_file(tmp_path):
     fpath = save(conv_net(), tmp_path / "float.onnx")
     (tmp_path / "loader.py").write_text(
-        "import numpy as np\n"
-        "def load_data():\n"
-        "    rng = np.random.default_rng(1)\n"
-        "    for _ in range(32):\n"
-        "        yield {'x': rng.standard_normal((1, 8, 64, 64)).astype(np.float32)}\n"
+        _LOADER.format(count=32) +
         "def load_few():\n"
         "    return (f for i, f in enumerate(load_data()) if i < 5)\n")
     np.savez(tmp_path / "calib.npz", x=np.stack([f["x"] for f in _loaded(tmp_path / "loader.py")]))
@@ -215,6 +221,26 @@ def test_a_data_loader_of_unknown_length_is_judged_like_the_same_feeds_in_a_file
     report = convert(fpath, tmp_path / "few.onnx", ConvertOptions(
         calibration=CalibrationOptions(data=f"{tmp_path / 'loader.py'}:load_few"), progress=False))
     assert report.calibration["auto"] == f"auto: max (5 calibration feed(s), fewer than {MIN_FEEDS} to judge by)"
+
+
+def test_a_data_loader_that_refills_one_buffer_converts_like_fresh_arrays(tmp_path):
+    """Calibration reads the next feed while it observes this one (onnxruntime runs ahead): a loader that yields
+    the same array, refilled for each feed, must give the model its fresh-array twin gives."""
+    fpath = save(conv_net(), tmp_path / "float.onnx")
+    (tmp_path / "loader.py").write_text(
+        _LOADER.format(count=16) +
+        "def load_reused():\n"
+        "    buffer = np.empty((1, 8, 64, 64), np.float32)\n"
+        "    for feed in load_data():\n"
+        "        buffer[...] = feed['x']\n"
+        "        yield {'x': buffer}\n")
+    outs = {}
+    for name in ("load_data", "load_reused"):
+        outs[name] = tmp_path / f"{name}.onnx"
+        convert(fpath, outs[name], ConvertOptions(calibration=CalibrationOptions(
+            data=f"{tmp_path / 'loader.py'}:{name}"), progress=False))
+    assert outs["load_reused"].read_bytes() == outs["load_data"].read_bytes()
+    assert_tensorrt_ready(outs["load_reused"])
 
 
 def _loaded(path):

@@ -176,6 +176,8 @@ class ScriptFeeds(FeedSource):
                                            f"feed {i}.") from None
             except Exception as exc:
                 raise CalibrationDataError(f"{self.description}: the data loader raised {exc!r} at feed {i}.") from exc
+            if isinstance(feed, dict):  # a loader may refill its arrays for the next feed, which is read ahead
+                feed = {k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v for k, v in feed.items()}
             yield f"{self.description} (feed {i})", feed
             i += 1
 

@@ -71,13 +71,16 @@ class RangeObserver:
 
     def update(self, values: np.ndarray) -> None:
         v = np.asarray(values, dtype=np.float32).ravel()
-        if v.size and not np.isfinite(v).all():
-            v = v[np.isfinite(v)]
         if v.size == 0:
             return
+        lo, hi = float(v.min()), float(v.max())  # NaN if any is; ±inf if any is
+        if not (np.isfinite(lo) and np.isfinite(hi)):
+            v = v[np.isfinite(v)]
+            if v.size == 0:
+                return
+            lo, hi = float(v.min()), float(v.max())
         self.count += v.size
         self._amax.clear()
-        lo, hi = float(v.min()), float(v.max())
         self.lo, self.hi = min(self.lo, lo), max(self.hi, hi)
         peak = max(abs(lo), abs(hi))
         if self.method is CalibMethod.MAX:
@@ -159,23 +162,27 @@ def _histogram(v: np.ndarray, R: float, bins: int) -> np.ndarray:
     """``np.histogram(v, bins, range=(-R, R))`` for values known to lie in [-R, R], in float32 (seven times
     faster on a feed's 65536 values; a value on a bin edge may land in the next bin)."""
     ftype = np.float32 if R < 1e30 else np.float64  # v + R must not overflow
-    index = ((v.astype(ftype, copy=False) + ftype(R)) * ftype(bins / (2.0 * R))).astype(np.intp)
-    np.clip(index, 0, bins - 1, out=index)
+    shifted = v + ftype(R) if v.dtype == ftype else v.astype(ftype) + ftype(R)  # a new array: v is the caller's
+    shifted *= ftype(bins / (2.0 * R))
+    index = shifted.astype(np.intp)
+    np.minimum(index, bins - 1, out=index)  # x = R lands on the edge; x + R ≥ 0 (R is the largest |x|)
     return np.bincount(index, minlength=bins)
 
 
-def _mse_amax(hist: np.ndarray, edges: np.ndarray, candidates: int = 256) -> float:
+def _mse_amax(hist: np.ndarray, edges: np.ndarray, candidates: int = 256, block: int = 16) -> float:
     centers = (edges[:-1] + edges[1:]) / 2
     nz = hist > 0
     centers, weights = centers[nz], hist[nz]
     last = int(np.nonzero(nz)[0][-1]) + 1
     # Candidate thresholds from a small fraction of the observed range up to its end.
     cand = np.unique(np.linspace(max(last // 32, 1), last, candidates).round().astype(int))
-    amax = edges[cand][:, None]
-    step = amax / QMAX
-    deq = np.minimum(np.rint(centers[None, :] / step), QMAX) * step
-    err = ((centers[None, :] - deq) ** 2 * weights[None, :]).sum(axis=1)
-    return float(amax[int(np.argmin(err)), 0])
+    amax = edges[cand]
+    err = np.empty(len(cand))
+    for start in range(0, len(cand), block):  # a block of candidates at a time: its temporaries stay in cache
+        step = amax[start:start + block, None] / QMAX
+        diff = centers[None, :] - np.minimum(np.rint(centers[None, :] / step), QMAX) * step
+        err[start:start + block] = (diff * diff) @ weights
+    return float(amax[int(np.argmin(err))])
 
 
 def _entropy_amax(hist: np.ndarray, edges: np.ndarray, levels: int = 128, stride: int = 4) -> float:

@@ -6,6 +6,7 @@ import copy
 import logging
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -167,7 +168,8 @@ class CalibrationSession:
     for direct runs; ``simulate_qdq`` for a model with Q/DQ).
 
     The model is not copied: the tensors are appended to its outputs while the session
-    is created and removed again. Memory holds one feed's activations at a time. (A model with
+    is created and removed again. Memory holds two feeds' activations at a time (the model runs on the next
+    feed while the observers take this one's). (A model with
     bfloat16 layers is, under ``simulate_qdq``: it runs as its float32 emulation, see
     :func:`trt_bridge.runtime.bf16.emulate_bfloat16`.)
     """
@@ -188,6 +190,7 @@ class CalibrationSession:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.log_severity_level = 3
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         if simulate_qdq:  # a Q/DQ model: Q/DQ in float, as TensorRT computes them (trt_bridge.runtime.session)
             options.add_session_config_entry("session.disable_quant_qdq", "1")
         self.skipped: set[int] = set()  # feeds left out because they gave a NaN or Inf (by index)
@@ -218,13 +221,16 @@ class CalibrationSession:
         extra = [o for o in self.graph_outputs if o not in fetch] if held_out and held_out.capture else []
         count, first_bad = 0, None
         index = -1
-        for index, feed in enumerate(_progress(feeds, progress, desc)):
+
+        def names_of(i: int) -> list[str]:
+            return fetch + extra if held_out is not None and held_out.keeps(i) else fetch
+
+        for index, feed, names, job in self._ahead(_progress(feeds, progress, desc), names_of):
             if held_out is not None:
                 held_out.before(index, observers)
             keep = held_out is not None and held_out.keeps(index)
-            names = fetch + extra if keep else fetch
             try:
-                outputs = self.session.run(names, feed) if names else []
+                outputs = job.result()
             except Exception as exc:
                 raise CalibrationDataError(
                     f"onnxruntime failed on calibration feed {index} "
@@ -256,6 +262,29 @@ class CalibrationSession:
                 f"{first_bad[0]} first in '{first_bad[1]}'), so no range can be measured. Check the calibration "
                 "data for NaN, Inf or values near float32's limit.")
         return count
+
+
+    def _ahead(self, feeds, names_of):
+        """``(index, feed, names, job)`` per feed, ``job`` the future of onnxruntime's run on it: the run of the
+        next feed starts (in a worker thread, without the GIL) before its predecessor is handed out, so the
+        observers' updates of one feed overlap the model's run on the next (two feeds' activations in memory)."""
+        run = self.session.run
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            pending = None
+            for index, feed in enumerate(feeds):
+                names = names_of(index)
+                job = pool.submit(run, names, feed) if names else _done([])
+                if pending is not None:
+                    yield pending
+                pending = (index, feed, names, job)
+            if pending is not None:
+                yield pending
+
+
+def _done(value) -> Future:
+    job: Future = Future()
+    job.set_result(value)
+    return job
 
 
 def _finite(value) -> bool:

@@ -4,9 +4,9 @@ pays (``--calib-method auto``; ``--no-give-back`` keeps every layer INT8).
 A few layers of some real models are far more fragile than the rest. SVTRv2 (a text recognizer: grouped
 convolutions mixing LayerNormalization outputs, then attention blocks) converted from its dynamic uint8 source
 reached 23.4 dB against its float model, where the source gives 33.1; with 4 of its layers in float, 30.1. Which
-layers is measured, not named: the candidate ``auto`` chose runs on ``RANK_FEEDS`` held-out calibration feeds with
-each quantized layer copied once more, reading its activations before their Q/DQ
-(:func:`trt_bridge.verify.layers.isolated_errors`), so each layer's own error is known. The layers whose error
+layers is measured, not named: the candidate ``auto`` chose runs on ``RANK_FEEDS`` calibration feeds before the
+held-out ones with each quantized layer copied once more, reading its activations before their Q/DQ
+(:func:`trt_bridge.verify.layers.isolated`), so each layer's own error is known. The layers whose error
 stands ``GAP_DB`` below the median weighted layer's are given back, at most ``MAX_SHARE`` of the weighted layers
 (worst first), if that wins on the held-out feeds (judged like ``auto``'s ranges). Eight held-out feeds are a
 noisy judge of how many (on SVTRv2 they preferred 2 layers, 4 won 2.7 dB more on other inputs), so it only
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +28,6 @@ from trt_bridge.annotations import Annotations
 from trt_bridge.calibrate.session import CalibrationResult, HeldOut
 from trt_bridge.convert.range_choice import candidate_model, quantized_weights, score
 from trt_bridge.errors import TrtBridgeError
-from trt_bridge.verify.layers import isolated_errors
 
 log = logging.getLogger("trt_bridge.convert")
 
@@ -35,7 +35,8 @@ log = logging.getLogger("trt_bridge.convert")
 GAP_DB = 6.0
 #: at most this share of the weighted layers is given back (at least one)
 MAX_SHARE = 0.05
-#: the layers are ranked on this many of the held-out feeds, this many layers' copies to an onnxruntime session
+#: the layers are ranked on this many calibration feeds before the held-out ones (no more than are held out), this
+#: many layers' copies to an onnxruntime session
 RANK_FEEDS, RANK_LAYERS = 4, 256
 
 
@@ -46,6 +47,11 @@ class GiveBack:
     scores: dict[int, float] = field(default_factory=dict)  # layers given back (0, all suspects) → held-out SNR
     median_db: float | None = None  # the median weighted layer's isolated SNR
     reason: str = ""  # why none was given back
+    model: Any = field(default=None, repr=False, compare=False)  # the candidate with them in float, if given back
+
+    def to_dict(self) -> dict:
+        return {"layers": self.layers, "isolated_db": dict(self.isolated_db), "scores": dict(self.scores),
+                "median_db": self.median_db, "reason": self.reason}
 
     def describe(self) -> str:
         if not self.layers:
@@ -57,19 +63,15 @@ class GiveBack:
 
 
 def choose_layers(graph, annotations: Annotations, needed: list[str], held_out: HeldOut, fitted: CalibrationResult,
-                  base_score: float, shared: list[list[str]], recentre: bool, model=None, weights=None) -> GiveBack:
+                  base_score: float, shared: list[list[str]], recentre: bool, isolated: dict[str, float | None],
+                  weights=None) -> GiveBack:
     """The layers to give back (see the module doc); ``fitted``: auto's chosen ranges on the feeds before the held-out
-    split, ``base_score``: its held-out SNR, ``model`` and ``weights``: its Q/DQ model and the quantized weights
-    (:func:`~trt_bridge.convert.range_choice.quantized_weights`) if at hand, else made here. The graph and
+    split, ``base_score``: its held-out SNR, ``isolated``: its layers' isolated SNRs
+    (:func:`trt_bridge.verify.layers.isolated` on ``RANK_FEEDS`` feeds before the split), ``weights``: the quantized
+    weights (:func:`~trt_bridge.convert.range_choice.quantized_weights`) if at hand, else made here. The graph and
     annotations are not changed."""
     weighted = {s.node for spec in annotations.weights.values() for s in spec.sites}
     weights = weights or quantized_weights(graph, annotations)
-    try:
-        if model is None:
-            model = candidate_model(graph, annotations, weights, needed, fitted, shared, recentre)
-        isolated = isolated_errors(model, held_out.feeds[:RANK_FEEDS], batch=2 * RANK_LAYERS)
-    except (TrtBridgeError, RuntimeError, ValueError) as exc:  # onnxruntime's errors too: every layer stays INT8
-        return GiveBack(reason=f"the layers could not be measured ({str(exc).splitlines()[0]})")
     # -inf: a layer whose output turns NaN under INT8 (verify.layers), the worst of all
     ranked = sorted((n for n, v in isolated.items() if v is not None and not np.isnan(v)),
                     key=lambda n: (isolated[n], n))
@@ -95,4 +97,4 @@ def choose_layers(graph, annotations: Annotations, needed: list[str], held_out: 
                         reason=f"giving back the {len(suspects)} layer(s) that stand out did not win on the "
                                "held-out feeds")
     chosen = tuple(suspects)
-    return GiveBack(chosen, {n: float(isolated[n]) for n in chosen}, scores, median)
+    return GiveBack(chosen, {n: float(isolated[n]) for n in chosen}, scores, median, model=model)

@@ -50,6 +50,8 @@ class CalibrationOptions:
     percentile: float = 99.99  # for CalibMethod.PERCENTILE
     #: with auto: the few layers whose INT8 costs most on the held-out feeds go back to float (convert/give_back.py)
     give_back: bool = True
+    #: with auto: convolution biases corrected for the mean shift INT8 activations add (convert/bias_correction.py)
+    bias_correction: bool = True
 
     def __post_init__(self) -> None:
         if not 0 < self.percentile <= 100:

@@ -28,7 +28,9 @@ After:   every activation's amax = the chosen method's, reported with each candi
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import itertools
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -168,6 +170,18 @@ def fitted_on(held_out: HeldOut, method: CalibMethod, percentile: float | None, 
     """The ranges ``method`` fits on the feeds before the held-out split (the observers' snapshot)."""
     return CalibrationResult(held_out.snapshot, held_out.total - held_out.size, 0.0, method, percentile=percentile,
                              keep_max=keep_max)
+
+
+def fit_feeds(feeds, held_out: HeldOut, count: int) -> list[dict]:
+    """The first ``count`` feeds of ``feeds`` (read again from the start) before the held-out ones, those with
+    finite inputs."""
+    take = max(0, min(count, (held_out.total or 0) - held_out.size))
+    found = []
+    with contextlib.closing(iter(feeds)) as iterator:
+        for feed in itertools.islice(iterator, take):
+            if all(not np.issubdtype(np.asarray(v).dtype, np.inexact) or np.isfinite(v).all() for v in feed.values()):
+                found.append(feed)
+    return found
 
 
 def quantized_weights(graph, annotations: Annotations) -> dict[str, WeightSpec]:

@@ -38,6 +38,7 @@ class ConversionReport:
     smoothed: list[dict] = field(default_factory=list)  # smooth.Smoothed as dicts
     split_outliers: list[dict] = field(default_factory=list)  # outliers.Split as dicts
     given_back: dict | None = None  # give_back.GiveBack as a dict (auto only): the layers left in float, and why
+    bias_corrected: dict | None = None  # bias_correction.BiasCorrection as a dict (auto only): how many, and why
     placement: str = "tensorrt"
     scales: str = "model"  # where the source model's activation scales were taken from (model | data)
     sanitized: list[dict] = field(default_factory=list)  # prepare.Change as dicts: casts, Dropout, Identity, ...
@@ -94,6 +95,11 @@ class ConversionReport:
             worst = ", ".join(f"{n} ({g['isolated_db'][n]:.1f} dB)" for n in g["layers"])
             lines.append(f"  gave {len(g['layers'])} layer(s) back to float, their isolated INT8 SNR far below the "
                          f"median layer's {g['median_db']:.1f} dB: {worst}")
+        if self.bias_corrected and self.bias_corrected["layers"]:
+            b = self.bias_corrected
+            lines.append(f"  corrected the biases of {b['channels']} output channel(s) of {b['layers']} convolution(s) "
+                         f"for the mean shift of their INT8 activations (held-out SNR {b['scores']['before']:.1f} → "
+                         f"{b['scores']['after']:.1f} dB)")
         if self.split_outliers:
             channels = sum(len(x["channels"]) for x in self.split_outliers)
             lines.append(f"  split {channels} massive channel(s) of {len(self.split_outliers)} MatMul input(s) into "

@@ -20,7 +20,7 @@ from trt_bridge.calibrate.session import HeldOut
 from trt_bridge.calibrate.two_pass import calibrate_graph
 from trt_bridge.checks import CheckOptions, check_model
 from trt_bridge.checks.rules import is_int8
-from trt_bridge.convert import give_back, range_choice
+from trt_bridge.convert import bias_correction, give_back, range_choice
 from trt_bridge.convert.options import ConvertOptions, ScalePolicy
 from trt_bridge.convert.report import FloatLeftover, RuleHits
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
@@ -47,6 +47,7 @@ from trt_bridge.place.policies import place
 from trt_bridge.prepare.types import feed_types
 from trt_bridge.scales.apply import apply, check_against_data, load_sources
 from trt_bridge.stage import StageResult
+from trt_bridge.verify.layers import isolated
 
 log = logging.getLogger("trt_bridge.convert")
 
@@ -168,11 +169,49 @@ def place_quantizers(state: Conversion) -> StageResult:
         "imported_scales": None if state.imported is None else state.imported.to_dict()})
 
 
+def _refine(state: Conversion, choice: range_choice.MethodChoice, held_out: HeldOut, needed: list[str],
+            records: dict[str, Any]) -> list[str]:
+    """After auto chose the ranges: give-back and bias correction, each judged on the held-out feeds (one run of
+    auto's candidate with its layers copied measures for both). Returns the activations still to quantize."""
+    options, ctx = state.options, state.ctx
+    if not (options.calibration.give_back or options.calibration.bias_correction):
+        return needed
+    given = give_back.GiveBack()
+    feeds = state.feeds
+    fitted = range_choice.fitted_on(held_out, choice.method, choice.percentile, choice.keep_max)
+    base = choice.scores[choice.label]
+    try:
+        ranked_on = range_choice.fit_feeds(feeds, held_out, min(give_back.RANK_FEEDS, held_out.size))
+        measured = isolated(choice.model, ranked_on, 2 * give_back.RANK_LAYERS,
+                            bias_correction.OPS if options.calibration.bias_correction else ())
+        problem = "" if measured.snr else "no calibration feed before the held-out ones to measure on"
+    except (TrtBridgeError, RuntimeError, ValueError) as exc:  # onnxruntime's errors too
+        measured, problem = None, f"the layers could not be measured ({str(exc).splitlines()[0]})"
+    if options.calibration.give_back:
+        given = give_back.GiveBack(reason=problem) if problem else give_back.choose_layers(
+            state.graph, ctx.annotations, needed, held_out, fitted, base, state.placement.shared_scales,
+            options.ranges.recenter, measured.snr, choice.weights)
+        records["given_back"] = given.to_dict()
+        if given.layers:
+            drop_layers(ctx.annotations, given.layers)
+            needed = [t for t in needed if t in ctx.annotations.activations]
+            base = given.scores[len(given.layers)]
+    if options.calibration.bias_correction:
+        corrected = bias_correction.BiasCorrection(reason=problem) if problem else bias_correction.choose(
+            state.graph, ctx.annotations, needed, held_out, fitted, base, state.placement.shared_scales,
+            options.ranges.recenter, measured.shifts, choice.weights, drop=given.layers)
+        records["bias_corrected"] = corrected.to_dict()
+        if corrected.layers:
+            bias_correction.apply_shifts(state.graph, corrected.shifts)
+    return needed
+
+
 def calibrate(state: Conversion) -> StageResult:
     """Scales for what has none (calibration, with smoothing), re-centring, shared scales, imported scales checked
     against the data, and the float layers' ranges for fp16."""
     options, ctx, feeds = state.options, state.ctx, state.feeds
-    records: dict[str, Any] = {"calibration": None, "smoothed": [], "split_outliers": [], "given_back": None}
+    records: dict[str, Any] = {"calibration": None, "smoothed": [], "split_outliers": [], "given_back": None,
+                               "bias_corrected": None}
     needed = ctx.annotations.needing_calibration()
     if needed:
         if feeds is None:
@@ -202,16 +241,8 @@ def calibrate(state: Conversion) -> StageResult:
                                                     result.observers, options.calibration.percentile)
             result = replace(result, method=choice.method, percentile=choice.percentile, keep_max=choice.keep_max)
             records["auto_method"] = choice.describe()
-            if choice.scores and options.calibration.give_back:
-                given = give_back.choose_layers(
-                    state.graph, ctx.annotations, needed, held_out,
-                    range_choice.fitted_on(held_out, choice.method, choice.percentile, choice.keep_max),
-                    choice.scores[choice.label], state.placement.shared_scales, options.ranges.recenter, choice.model,
-                    choice.weights)
-                records["given_back"] = asdict(given)
-                if given.layers:
-                    drop_layers(ctx.annotations, given.layers)
-                    needed = [t for t in needed if t in ctx.annotations.activations]
+            if choice.scores:
+                needed = _refine(state, choice, held_out, needed, records)
         state.calibration = result
         records["calibration"] = {
             "feeds": result.feeds, "skipped_feeds": result.skipped, "method": result.method.value,

@@ -21,6 +21,7 @@ from trt_bridge.lift.block_quantize_dequantize import QUARK_DOMAINS
 from trt_bridge.prepare import global_pool, sanitize
 from trt_bridge.prepare.model import prepare
 from trt_bridge.prepare.types import Bf16Policy
+from trt_bridge.runtime.session import quiet_default_logger
 
 #: Q/DQ nodes hold exact integer data; constant folding must leave them alone.
 NO_FOLD = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear"})
@@ -79,6 +80,7 @@ def lift_model(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
 def fold_constants(graph: gs.Graph) -> None:
     """Fold constant subgraphs (a Reshape/Transpose of a weight) in place; Q/DQ stay (exact integer data), and
     so do AMD Quark's custom ops (onnxruntime cannot run them: one in the subgraph would stop all folding)."""
+    quiet_default_logger()  # onnx-graphsurgeon folds in an onnxruntime session of default options
     graph.fold_constants(should_exclude_node=lambda n: n.op in NO_FOLD or (n.domain or "") in QUARK_DOMAINS
                          ).cleanup()
 

@@ -40,6 +40,14 @@ def session(model: str | Path | onnx.ModelProto | bytes, simulate_qdq: bool = Tr
     return create_session(model, options)
 
 
+def quiet_default_logger() -> None:
+    """Sessions made by others with default options (onnx-graphsurgeon's constant folding) log onnxruntime's
+    optimizer warnings ("UnsqueezeElimination cannot remove node") through the default logger: errors only."""
+    import onnxruntime as ort
+
+    ort.set_default_logger_severity(3)
+
+
 def create_session(model, options, providers=("CPUExecutionProvider",)):
     """``onnxruntime.InferenceSession`` (trt-bridge's plugin nodes as their decomposition), retried without
     graph optimizations where onnxruntime's own optimizer fails on a valid model.

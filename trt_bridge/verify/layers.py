@@ -38,7 +38,7 @@ from trt_bridge.ir.model import validate_model
 from trt_bridge.ir.types import FLOAT_TYPES, elem_types, infer_shapes, value_types
 from trt_bridge.lift.pipeline import lift_model
 from trt_bridge.runtime.bf16 import emulate_bfloat16
-from trt_bridge.verify.metrics import Accumulator
+from trt_bridge.verify.metrics import SnrAccumulator
 
 #: an SNR above this counts as exact in differences (identical tensors have an infinite SNR)
 EXACT_DB = 200.0
@@ -128,7 +128,7 @@ def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str,
     inputs_needed = {a for _, _, acts in layers_of for a in acts if a in ref_tensors}
     graph_inputs = {i.name for i in cand_model.graph.input}
     names = [name for name, _, _ in order] + sorted(inputs_needed & graph_inputs)
-    accumulators = {name: Accumulator() for name in names}
+    accumulators = {name: SnrAccumulator() for name in names}
     batches = [names[i:i + batch] for i in range(0, len(names), batch)]
 
     run_cand = emulate_bfloat16(cand_model) or cand_model  # once, not per batch (the sessions find none left)
@@ -266,20 +266,52 @@ def _progress(batches, enabled: bool):
     return tqdm(batches, desc="per-layer", unit="batch", leave=False, disable=None)
 
 
+@dataclass(frozen=True)
+class Isolated:
+    """What each quantized layer does on its own (:func:`isolated`)."""
+
+    snr: dict[str, float | None]  # layer → SNR of its own error (None: none; -inf: NaN)
+    shifts: dict[str, np.ndarray]  # layer (of the ops asked for) → its error's mean per output channel, per feed
+
+
+def isolated(candidate: str | Path | onnx.ModelProto, feeds: list[dict[str, np.ndarray]], batch: int = 64,
+             shift_ops: tuple[str, ...] = ()) -> Isolated:
+    """The error each quantized layer of ``candidate`` makes on its own: its output against a copy of it that
+    reads its activations before their Q/DQ (same weights), on the candidate's own tensors. Unlike the added
+    error of :func:`localize`, this does not depend on how the layer treats the error it inherits (a layer whose
+    output is cleaner than its input still quantizes). Its SNR for every layer; for the layers of ``shift_ops``
+    (output channels on axis 1) also the error's mean per channel, one row per feed ([feeds, channels], float64;
+    a feed whose mean is not finite gives no row). One onnxruntime session per ``batch // 2`` layers, each with
+    its copies added."""
+    accumulators: dict[str, SnrAccumulator] = {}
+    rows: dict[str, list[np.ndarray]] = {}
+    for node, quantized, plain in _with_unquantized_copies(candidate, feeds, batch):
+        accumulators.setdefault(node.name, SnrAccumulator()).add(plain, quantized)
+        if node.op_type in shift_ops and quantized.ndim >= 2 and quantized.shape == plain.shape:
+            error = np.asarray(quantized, np.float64) - np.asarray(plain, np.float64)
+            mean = error.mean(axis=tuple(i for i in range(error.ndim) if i != 1))
+            if np.isfinite(mean).all():
+                rows.setdefault(node.name, []).append(mean)
+    return Isolated({name: _exact_or_worst(acc.snr_db()) for name, acc in accumulators.items()},
+                    {name: np.stack(found) for name, found in rows.items()})
+
+
 def isolated_errors(candidate: str | Path | onnx.ModelProto, feeds: list[dict[str, np.ndarray]], batch: int = 64
                     ) -> dict[str, float | None]:
-    """The SNR of the error each quantized layer of ``candidate`` makes on its own: its output against a copy
-    of it that reads its activations before their Q/DQ (same weights), on the candidate's own tensors. Unlike
-    the added error of :func:`localize`, this does not depend on how the layer treats the error it inherits
-    (a layer whose output is cleaner than its input still quantizes). None: no error (or no activation).
-    One onnxruntime session per ``batch // 2`` layers, each with its copies added."""
+    """The SNR of the error each quantized layer of ``candidate`` makes on its own (:func:`isolated`)."""
+    return isolated(candidate, feeds, batch).snr
 
+
+def _with_unquantized_copies(candidate: str | Path | onnx.ModelProto, feeds: list[dict[str, np.ndarray]],
+                             batch: int):
+    """``(node, quantized output, unquantized copy's output)`` per quantized layer and feed:
+    the candidate with a copy of each layer that reads the activations before their Q/DQ, ``batch // 2`` layers'
+    copies to one onnxruntime session."""
     model = candidate if isinstance(candidate, onnx.ModelProto) else onnx.load(str(candidate))
     types = {n: t.tensor_type.elem_type for n, t in value_types(model).items()}
     producer = {o: n for n in model.graph.node for o in n.output}
     layers = [(node, acts) for _, node, acts in quantized_layers(model) if acts and node.output]
     step = max(1, batch // 2)
-    found: dict[str, float | None] = {}
     for start in range(0, len(layers), step):
         chunk = layers[start:start + step]
         work = onnx.ModelProto()
@@ -310,11 +342,8 @@ def isolated_errors(candidate: str | Path | onnx.ModelProto, feeds: list[dict[st
                     work.graph.value_info.append(onnx.helper.make_tensor_value_info(f"{out}__unquantized",
                                                                                     types[out], None))
             fetch += [node.output[0], f"{node.output[0]}__unquantized"]
-        accumulators = {node.name: Accumulator() for node, _ in chunk}
         with CalibrationSession(work, fetch, True, "the candidate with unquantized layer copies") as session:
             for feed in feeds:
                 values = session.session.run(fetch, feed)
                 for (node, _), quantized, plain in zip(chunk, values[0::2], values[1::2]):
-                    accumulators[node.name].add(plain, quantized)
-        found.update({name: _exact_or_worst(acc.snr_db()) for name, acc in accumulators.items()})
-    return found
+                    yield node, quantized, plain

@@ -71,26 +71,59 @@ def classifier_like(values: np.ndarray) -> bool:
     return values.dtype.kind == "f" and 1 <= values.ndim <= 2 and values.shape[-1] >= 2
 
 
-class Accumulator:
+def _with_error(reference: np.ndarray, candidate: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Both in float64 and their difference (inf − inf: NaN, which the accumulators flag)."""
+    r = np.asarray(reference, np.float64)
+    c = np.asarray(candidate, np.float64)
+    if r.shape != c.shape:
+        raise ValueError(f"shapes differ: reference {list(r.shape)}, candidate {list(c.shape)}")
+    with np.errstate(invalid="ignore"):
+        return r, c, r - c
+
+
+class SnrAccumulator:
+    """Streaming signal and error energies for one tensor, feed by feed: the SNR alone (``verify --per-layer``
+    and give-back rank hundreds of tensors by it)."""
+
+    def __init__(self):
+        self.ref_energy = self.err_energy = 0.0
+        self.count = 0
+        self.nan = False
+
+    def add(self, reference: np.ndarray, candidate: np.ndarray) -> None:
+        r, c, e = _with_error(reference, candidate)
+        ref_energy, err_energy = float(np.dot(r.ravel(), r.ravel())), float(np.dot(e.ravel(), e.ravel()))
+        if np.isnan(err_energy):  # a NaN in either output is one in the error
+            self.nan = True
+        self.ref_energy += ref_energy
+        self.err_energy += err_energy
+        self.count += r.size
+
+    def snr_db(self) -> float:
+        """inf when identical, -inf for a zero reference with a non-zero error, nan when a value was NaN."""
+        if self.nan:
+            return math.nan
+        if self.err_energy == 0.0:
+            return math.inf
+        if self.ref_energy == 0.0:
+            return -math.inf
+        return 10.0 * math.log10(self.ref_energy / self.err_energy)
+
+
+class Accumulator(SnrAccumulator):
     """Streaming sums for one output: feeds are added one at a time, nothing is kept."""
 
     def __init__(self, k: int = 5):
+        super().__init__()  # nan: an output held NaN: every metric is NaN, and every gate fails
         self.k = k
-        self.ref_energy = self.err_energy = self.dot = self.cand_energy = 0.0
+        self.dot = self.cand_energy = 0.0
         self.max_abs = self.abs_sum = 0.0
-        self.count = 0
         self.rows = self.top1 = self.topk = 0
         self.classifier = True
-        self.nan = False  # an output held NaN: every metric is NaN, and every gate fails
 
     def add(self, reference: np.ndarray, candidate: np.ndarray) -> None:
         classifier = classifier_like(np.asarray(reference))
-        r = np.asarray(reference, np.float64)
-        c = np.asarray(candidate, np.float64)
-        if r.shape != c.shape:
-            raise ValueError(f"shapes differ: reference {list(r.shape)}, candidate {list(c.shape)}")
-        with np.errstate(invalid="ignore"):  # inf − inf: NaN, flagged below
-            e = r - c
+        r, c, e = _with_error(reference, candidate)
         if np.isnan(e).any():  # a NaN in either output is one in the error
             self.nan = True
         self.ref_energy += float(np.sum(r * r))
@@ -111,16 +144,6 @@ class Accumulator:
             self.k = k = min(self.k, r.shape[-1])  # top-k of k ≥ classes would be trivially 100 %
             top = np.argsort(-rows_c, axis=1, kind="stable")[:, :k]
             self.topk += int(np.sum(np.any(top == best[:, None], axis=1)))
-
-    def snr_db(self) -> float:
-        """inf when identical, -inf for a zero reference with a non-zero error, nan when a value was NaN."""
-        if self.nan:
-            return math.nan
-        if self.err_energy == 0.0:
-            return math.inf
-        if self.ref_energy == 0.0:
-            return -math.inf
-        return 10.0 * math.log10(self.ref_energy / self.err_energy)
 
     def result(self, output: str, runner: str) -> OutputMetrics:
         if self.nan:
