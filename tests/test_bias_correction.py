@@ -17,7 +17,7 @@ from test_cli import cli
 
 from trt_bridge import samples
 from trt_bridge.convert import bias_correction, convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, PrecisionOptions
 
 
 def _shifted(channels: int = 16, seed: int = 0) -> onnx.ModelProto:
@@ -94,6 +94,37 @@ def test_the_shift_is_subtracted_from_the_bias(tmp_path):
     for path in (out, plain):
         assert_qdq_contract(path)
         assert_tensorrt_ready(path)
+
+
+def test_float16_models_are_corrected_as_they_are_written(tmp_path):
+    """With --high-precision fp16 the centre conv2's input is re-centred on is a float16 number: the shift is
+    measured and judged with that centre (with the float32 one it was wrong: measured 7.5 → 2.4 dB)."""
+    np.savez(tmp_path / "calib.npz", x=samples.image_feeds(16, 1))
+    src = save(_shifted(), tmp_path / "shifted.onnx")
+    outs, reports = {}, {}
+    for corrected in (True, False):
+        outs[corrected] = tmp_path / f"fp16-{corrected}.onnx"
+        reports[corrected] = convert(src, outs[corrected], ConvertOptions(
+            calibration=CalibrationOptions(data=str(tmp_path / "calib.npz"), give_back=False,
+                                           bias_correction=corrected),
+            precision=PrecisionOptions(high_precision="fp16"), progress=False))
+    reference = run_ort(src, HELD_OUT)
+    fixed, shifted = (snr_db(reference, run_ort(outs[c], HELD_OUT)) for c in (True, False))
+    assert fixed > shifted + 4, (shifted, fixed)  # measured 7.5 → 14.1 dB
+    assert reports[True].bias_corrected["layers"] == 1 and reports[False].bias_corrected is None
+    assert_tensorrt_ready(outs[True])
+
+
+def test_a_nan_feed_among_the_first_is_skipped_not_counted(tmp_path):
+    """The shifts are measured on the first 4 finite feeds before the held-out ones: a NaN feed 0 is passed over."""
+    feeds = samples.image_feeds(17, 1)
+    feeds[0][...] = np.nan
+    save(_shifted(), tmp_path / "shifted.onnx")
+    np.savez(tmp_path / "calib.npz", x=feeds)
+    _, out, report = _convert(tmp_path, "out.onnx")
+    assert report.calibration["skipped_feeds"] == 1
+    assert report.bias_corrected["layers"] == 1, report.bias_corrected
+    assert_tensorrt_ready(out)
 
 
 def test_the_held_out_feeds_must_confirm_it(tmp_path, monkeypatch):

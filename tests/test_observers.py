@@ -207,3 +207,13 @@ def test_invalid_percentile_is_rejected():
         RangeObserver("percentile", percentile=0.0)
     with pytest.raises(ValueError, match="percentile"):
         RangeObserver("percentile", percentile=100.5)
+
+
+def test_tiny_activations_are_histogrammed():
+    """A range under 6e-36 overflows float32's bins / 2R: every value still lands in a bin (it raised before)."""
+    obs = RangeObserver(CalibMethod.PERCENTILE)
+    tiny = np.random.default_rng(0).standard_normal(4096).astype(np.float32) * 1e-38
+    obs.update(tiny)
+    obs.update(tiny * 0.5)
+    assert obs.hist.sum() == 2 * tiny.size
+    assert 0 < obs.amax() <= np.abs(tiny).max()

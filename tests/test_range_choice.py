@@ -233,13 +233,16 @@ def test_a_data_loader_that_refills_one_buffer_converts_like_fresh_arrays(tmp_pa
         "    buffer = np.empty((1, 8, 64, 64), np.float32)\n"
         "    for feed in load_data():\n"
         "        buffer[...] = feed['x']\n"
-        "        yield {'x': buffer}\n")
+        "        yield {'x': buffer}\n"
+        "def load_view():\n"
+        "    return ({'x': memoryview(feed['x'])} for feed in load_reused())\n")
     outs = {}
-    for name in ("load_data", "load_reused"):
+    for name in ("load_data", "load_reused", "load_view"):
         outs[name] = tmp_path / f"{name}.onnx"
         convert(fpath, outs[name], ConvertOptions(calibration=CalibrationOptions(
             data=f"{tmp_path / 'loader.py'}:{name}"), progress=False))
     assert outs["load_reused"].read_bytes() == outs["load_data"].read_bytes()
+    assert outs["load_view"].read_bytes() == outs["load_data"].read_bytes()  # a memoryview np.asarray would not copy
     assert_tensorrt_ready(outs["load_reused"])
 
 

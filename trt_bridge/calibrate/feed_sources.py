@@ -131,6 +131,8 @@ class FolderFeeds(FeedSource):
 
 
 class ScriptFeeds(FeedSource):
+    copies = True  # a loader may refill its buffers (arrays, memoryviews) for the next feed, which is read ahead
+
     def __init__(self, spec: str, inputs: list[InputSpec]):
         super().__init__(inputs)
         path_text, _, func = spec.partition(":")
@@ -176,8 +178,6 @@ class ScriptFeeds(FeedSource):
                                            f"feed {i}.") from None
             except Exception as exc:
                 raise CalibrationDataError(f"{self.description}: the data loader raised {exc!r} at feed {i}.") from exc
-            if isinstance(feed, dict):  # a loader may refill its arrays for the next feed, which is read ahead
-                feed = {k: np.array(v, copy=True) if isinstance(v, np.ndarray) else v for k, v in feed.items()}
             yield f"{self.description} (feed {i})", feed
             i += 1
 

@@ -126,6 +126,8 @@ class FeedSource:
     broadcasts: BroadcastChecker | None = None
     #: At most this many distinct sets of feed shapes are checked (one shape inference each).
     max_shape_checks = 16
+    #: Each feed is copied once validated: the source may reuse its buffers, and calibration reads a feed ahead.
+    copies = False
 
     def __init__(self, inputs: list[InputSpec]):
         self.inputs = inputs
@@ -155,6 +157,8 @@ class FeedSource:
         for where, feed in self.raw():
             count += 1
             feed = validate_feed(feed, self.inputs, where)
+            if self.copies:
+                feed = {name: np.array(value, copy=True) for name, value in feed.items()}
             self._check_shapes(feed, where)
             yield feed
         if count == 0:

@@ -165,7 +165,7 @@ def _histogram(v: np.ndarray, R: float, bins: int) -> np.ndarray:
     shifted = v + ftype(R) if v.dtype == ftype else v.astype(ftype) + ftype(R)  # a new array: v is the caller's
     shifted *= ftype(bins / (2.0 * R))
     index = shifted.astype(np.intp)
-    np.minimum(index, bins - 1, out=index)  # x = R lands on the edge; x + R ≥ 0 (R is the largest |x|)
+    np.clip(index, 0, bins - 1, out=index)  # x = R lands on the edge; a tiny R overflows bins / 2R
     return np.bincount(index, minlength=bins)
 
 

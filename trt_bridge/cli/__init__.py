@@ -13,6 +13,7 @@ from trt_bridge import __version__
 from trt_bridge.cli import bench, build, check, convert, pipeline, scales, verify
 from trt_bridge.cli.common import EXIT_ERROR
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.runtime.session import own_process
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -89,6 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     verbose = getattr(args, "verbose", 0)
     _configure_logging(verbose, getattr(args, "quiet", False))
     _quiet_graphsurgeon(verbose)
+    if verbose < 2:
+        own_process()
     previous = None
     if threading.current_thread() is threading.main_thread():
         previous = signal.signal(signal.SIGTERM, _on_sigterm)

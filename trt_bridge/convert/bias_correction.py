@@ -26,7 +26,7 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations
 from trt_bridge.calibrate.session import CalibrationResult, HeldOut
-from trt_bridge.convert.range_choice import candidate_model, score
+from trt_bridge.convert.range_choice import Lowering, candidate_model, score
 from trt_bridge.errors import TrtBridgeError
 
 log = logging.getLogger("trt_bridge.convert")
@@ -103,7 +103,7 @@ def apply_shifts(graph: gs.Graph, shifts: dict[str, np.ndarray]) -> int:
 
 
 def choose(graph, annotations: Annotations, needed: list[str], held_out: HeldOut, fitted: CalibrationResult,
-           base_score: float, shared: list[list[str]], recentre: bool, rows: dict[str, np.ndarray], weights, drop=()
+           base_score: float, lowering: Lowering, rows: dict[str, np.ndarray], weights, drop=()
            ) -> BiasCorrection:
     """Keep the significant shifts of ``rows`` (per layer, its error's mean per channel and feed, measured on auto's
     chosen candidate: :func:`trt_bridge.verify.layers.isolated`) if the candidate with them (``drop``: the layers
@@ -120,7 +120,7 @@ def choose(graph, annotations: Annotations, needed: list[str], held_out: HeldOut
     if not layers:
         return BiasCorrection(reason="no shifted convolution has a constant bias to correct")
     try:
-        got = score(candidate_model(work, annotations, weights, needed, fitted, shared, recentre, drop=drop),
+        got = score(candidate_model(work, annotations, weights, needed, fitted, lowering, drop=drop),
                     held_out.feeds, held_out.outputs)
     except TrtBridgeError as exc:
         return BiasCorrection(reason=f"the corrected candidate did not run ({str(exc).splitlines()[0]})")

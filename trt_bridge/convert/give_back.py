@@ -26,7 +26,7 @@ import numpy as np
 
 from trt_bridge.annotations import Annotations
 from trt_bridge.calibrate.session import CalibrationResult, HeldOut
-from trt_bridge.convert.range_choice import candidate_model, quantized_weights, score
+from trt_bridge.convert.range_choice import Lowering, candidate_model, quantized_weights, score
 from trt_bridge.errors import TrtBridgeError
 
 log = logging.getLogger("trt_bridge.convert")
@@ -63,7 +63,7 @@ class GiveBack:
 
 
 def choose_layers(graph, annotations: Annotations, needed: list[str], held_out: HeldOut, fitted: CalibrationResult,
-                  base_score: float, shared: list[list[str]], recentre: bool, isolated: dict[str, float | None],
+                  base_score: float, lowering: Lowering, isolated: dict[str, float | None],
                   weights=None) -> GiveBack:
     """The layers to give back (see the module doc); ``fitted``: auto's chosen ranges on the feeds before the held-out
     split, ``base_score``: its held-out SNR, ``isolated``: its layers' isolated SNRs
@@ -85,7 +85,7 @@ def choose_layers(graph, annotations: Annotations, needed: list[str], held_out: 
         return GiveBack(median_db=median, reason=f"no weighted layer's isolated SNR is {GAP_DB:g} dB below the "
                                                  f"median layer's {median:.1f} dB")
     try:
-        model = candidate_model(graph, annotations, weights, needed, fitted, shared, recentre, drop=suspects)
+        model = candidate_model(graph, annotations, weights, needed, fitted, lowering, drop=suspects)
         got = score(model, held_out.feeds, held_out.outputs)
     except TrtBridgeError as exc:
         return GiveBack(median_db=median, reason=f"the candidate did not run ({str(exc).splitlines()[0]})")

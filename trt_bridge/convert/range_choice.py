@@ -68,6 +68,16 @@ HELD_OUT_VALUES = 1 << 15
 
 
 @dataclass(frozen=True)
+class Lowering:
+    """How a candidate is lowered, as the written model will be: shared scale groups, re-centring, and the type of
+    the re-centred tensors' centres (None: float32; ``--high-precision fp16`` rounds them to its type)."""
+
+    shared: list[list[str]]
+    recentre: bool
+    center_type: str | None = None
+
+
+@dataclass(frozen=True)
 class MethodChoice:
     method: CalibMethod
     percentile: float | None = None  # for method percentile
@@ -105,7 +115,7 @@ def too_few(total: int) -> MethodChoice:
 
 
 def choose_method(graph, annotations: Annotations, needed: list[str], held_out: HeldOut,
-                  shared: list[list[str]], recentre: bool, observers: dict, percentile: float = 99.99
+                  lowering: Lowering, observers: dict, percentile: float = 99.99
                   ) -> MethodChoice:
     """Score every candidate on ``held_out`` (see the module doc); the graph and annotations are not changed.
     ``observers``: the calibration's, over every feed (their counts size the held-out split); ``percentile``:
@@ -140,7 +150,7 @@ def choose_method(graph, annotations: Annotations, needed: list[str], held_out: 
         for method, pct, name in candidates:
             fitted = fitted_on(held_out, method, pct, small)
             try:
-                model = candidate_model(graph, annotations, weights, needed, fitted, shared, recentre)
+                model = candidate_model(graph, annotations, weights, needed, fitted, lowering)
             except TrtBridgeError as exc:
                 return fallback(f"the {name} candidate could not be made ({str(exc).splitlines()[0]})")
             jobs.append((name, model, pool.submit(score, model, feeds, outputs)))
@@ -173,14 +183,17 @@ def fitted_on(held_out: HeldOut, method: CalibMethod, percentile: float | None, 
 
 
 def fit_feeds(feeds, held_out: HeldOut, count: int) -> list[dict]:
-    """The first ``count`` feeds of ``feeds`` (read again from the start) before the held-out ones, those with
-    finite inputs."""
-    take = max(0, min(count, (held_out.total or 0) - held_out.size))
+    """The first ``count`` feeds of ``feeds`` (read again from the start) with finite inputs, among those before
+    the held-out ones."""
     found = []
     with contextlib.closing(iter(feeds)) as iterator:
-        for feed in itertools.islice(iterator, take):
+        for feed in itertools.islice(iterator, max(0, (held_out.total or 0) - held_out.size)):
+            if len(found) >= count:
+                break
             if all(not np.issubdtype(np.asarray(v).dtype, np.inexact) or np.isfinite(v).all() for v in feed.values()):
                 found.append(feed)
+                if len(found) == count:
+                    break
     return found
 
 
@@ -198,16 +211,16 @@ def quantized_weights(graph, annotations: Annotations) -> dict[str, WeightSpec]:
 
 
 def candidate_model(graph, annotations: Annotations, weights: dict[str, WeightSpec], needed: list[str],
-                    fitted: CalibrationResult, shared: list[list[str]], recentre: bool, drop=()):
+                    fitted: CalibrationResult, lowering: Lowering, drop=()):
     """The Q/DQ model the conversion would write with ``fitted``'s scales, the layers ``drop`` left in float (on
-    copies; float32 throughout)."""
+    copies; float32 throughout but for the centres' type)."""
     work = graph.copy()
     ann = Annotations(activations=copy.deepcopy(annotations.activations),
                       weights={k: replace(v, sites=list(v.sites)) for k, v in weights.items()})
     if drop:
         drop_layers(ann, drop)
         needed = [t for t in needed if t in ann.activations]
-    apply_ranges(work, ann, fitted, needed, shared, recentre)
+    apply_ranges(work, ann, fitted, needed, lowering.shared, lowering.recentre, lowering.center_type)
     quantized = lower(work, ann)
     exported = export_model(work)  # with float16 Q/DQ, opset 19 as the written model will have
     return finalize(exported, default_opset(exported), check=False, min_opset=needs_opset(quantized))

@@ -169,6 +169,13 @@ def place_quantizers(state: Conversion) -> StageResult:
         "imported_scales": None if state.imported is None else state.imported.to_dict()})
 
 
+def _lowering(state: Conversion) -> range_choice.Lowering:
+    """How auto's candidates are lowered: as the written model (its centres in the --high-precision type)."""
+    high = state.options.precision.high_precision
+    return range_choice.Lowering(state.placement.shared_scales, state.options.ranges.recenter,
+                                 None if high == "fp32" else high)
+
+
 def _refine(state: Conversion, choice: range_choice.MethodChoice, held_out: HeldOut, needed: list[str],
             records: dict[str, Any]) -> list[str]:
     """After auto chose the ranges: give-back and bias correction, each judged on the held-out feeds (one run of
@@ -189,8 +196,8 @@ def _refine(state: Conversion, choice: range_choice.MethodChoice, held_out: Held
         measured, problem = None, f"the layers could not be measured ({str(exc).splitlines()[0]})"
     if options.calibration.give_back:
         given = give_back.GiveBack(reason=problem) if problem else give_back.choose_layers(
-            state.graph, ctx.annotations, needed, held_out, fitted, base, state.placement.shared_scales,
-            options.ranges.recenter, measured.snr, choice.weights)
+            state.graph, ctx.annotations, needed, held_out, fitted, base, _lowering(state), measured.snr,
+            choice.weights)
         records["given_back"] = given.to_dict()
         if given.layers:
             drop_layers(ctx.annotations, given.layers)
@@ -198,8 +205,8 @@ def _refine(state: Conversion, choice: range_choice.MethodChoice, held_out: Held
             base = given.scores[len(given.layers)]
     if options.calibration.bias_correction:
         corrected = bias_correction.BiasCorrection(reason=problem) if problem else bias_correction.choose(
-            state.graph, ctx.annotations, needed, held_out, fitted, base, state.placement.shared_scales,
-            options.ranges.recenter, measured.shifts, choice.weights, drop=given.layers)
+            state.graph, ctx.annotations, needed, held_out, fitted, base, _lowering(state), measured.shifts,
+            choice.weights, drop=given.layers)
         records["bias_corrected"] = corrected.to_dict()
         if corrected.layers:
             bias_correction.apply_shifts(state.graph, corrected.shifts)
@@ -237,8 +244,8 @@ def calibrate(state: Conversion) -> StageResult:
         if method is CalibMethod.AUTO:
             if choice is None:
                 choice = range_choice.choose_method(state.graph, ctx.annotations, needed, held_out,
-                                                    state.placement.shared_scales, options.ranges.recenter,
-                                                    result.observers, options.calibration.percentile)
+                                                    _lowering(state), result.observers,
+                                                    options.calibration.percentile)
             result = replace(result, method=choice.method, percentile=choice.percentile, keep_max=choice.keep_max)
             records["auto_method"] = choice.describe()
             if choice.scores:
@@ -254,10 +261,10 @@ def calibrate(state: Conversion) -> StageResult:
                        for k, o in sorted(result.observers.items())}}
         records["smoothed"] = [asdict(x) for x in smoothed]
         records["split_outliers"] = [asdict(x) for x in splits]
-    shared = state.placement.shared_scales
-    high = options.precision.high_precision
+    lowering = _lowering(state)
+    shared = lowering.shared
     state.recentered = apply_ranges(state.graph, ctx.annotations, state.calibration, needed, shared,
-                                    options.ranges.recenter, center_type=None if high == "fp32" else high)
+                                    lowering.recentre, lowering.center_type)
     if state.imported is not None and feeds is not None:  # after sharing: the scales the output will have
         keep = frozenset({t for group in shared for t in group} | {r.tensor for r in state.recentered})
         check_against_data(state.lifted, ctx.annotations, state.imported, feeds, options.progress, keep)

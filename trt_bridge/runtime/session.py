@@ -40,9 +40,21 @@ def session(model: str | Path | onnx.ModelProto | bytes, simulate_qdq: bool = Tr
     return create_session(model, options)
 
 
+_OWN_PROCESS = {"quiet": False}
+
+
+def own_process() -> None:
+    """The command line owns its process: onnxruntime's default logger may be set to errors there (a library
+    call leaves the caller's logger alone)."""
+    _OWN_PROCESS["quiet"] = True
+
+
 def quiet_default_logger() -> None:
     """Sessions made by others with default options (onnx-graphsurgeon's constant folding) log onnxruntime's
-    optimizer warnings ("UnsqueezeElimination cannot remove node") through the default logger: errors only."""
+    optimizer warnings ("UnsqueezeElimination cannot remove node") through the default logger: errors only, in
+    the command line's own process."""
+    if not _OWN_PROCESS["quiet"]:
+        return
     import onnxruntime as ort
 
     ort.set_default_logger_severity(3)
