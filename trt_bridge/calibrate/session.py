@@ -240,7 +240,7 @@ class CalibrationSession:
             values += [(name, _as_float32(feed[name])) for name in observers if name in self.graph_inputs]
             # A feed with NaN or Inf, or one that makes a NaN anywhere, must not decide a range: leave it out.
             # (An activation may hold -Inf on purpose, an attention mask: the observers leave those values out.)
-            bad = next((name for name, value in feed.items() if not _finite(np.asarray(value))), None) or \
+            bad = next((name for name, value in feed.items() if not finite(np.asarray(value))), None) or \
                 next((name for name, value in values if _has_nan(value)), None)
             if bad is not None:
                 if index not in self.skipped:
@@ -262,7 +262,6 @@ class CalibrationSession:
                 f"{first_bad[0]} first in '{first_bad[1]}'), so no range can be measured. Check the calibration "
                 "data for NaN, Inf or values near float32's limit.")
         return count
-
 
     def _ahead(self, feeds, names_of):
         """``(index, feed, names, job)`` per feed, ``job`` the future of onnxruntime's run on it: the run of the
@@ -287,7 +286,8 @@ def _done(value) -> Future:
     return job
 
 
-def _finite(value) -> bool:
+def finite(value: np.ndarray) -> bool:
+    """No NaN or Inf in ``value`` (integers always)."""
     return not np.issubdtype(value.dtype, np.inexact) or bool(np.isfinite(value).all())
 
 

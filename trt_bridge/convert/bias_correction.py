@@ -51,12 +51,6 @@ class BiasCorrection:
     def to_dict(self) -> dict:
         return {"layers": self.layers, "channels": self.channels, "scores": dict(self.scores), "reason": self.reason}
 
-    def describe(self) -> str:
-        if not self.layers:
-            return f"no bias corrected ({self.reason})"
-        return (f"{self.channels} channel(s) of {self.layers} convolution(s) bias-corrected (held-out SNR "
-                f"{self.scores['before']:.1f} → {self.scores['after']:.1f} dB)")
-
 
 def significant_shifts(rows: dict[str, np.ndarray], sigma: float = SIGMA) -> dict[str, np.ndarray]:
     """Per layer, the mean error per channel where it stands ``sigma`` standard errors from zero, else 0 (layers

@@ -53,14 +53,6 @@ class GiveBack:
         return {"layers": self.layers, "isolated_db": dict(self.isolated_db), "scores": dict(self.scores),
                 "median_db": self.median_db, "reason": self.reason}
 
-    def describe(self) -> str:
-        if not self.layers:
-            return f"no layer given back to float ({self.reason})"
-        judged = ", ".join(f"{k}: {s:.1f}" for k, s in sorted(self.scores.items()))
-        worst = ", ".join(f"'{n}' {self.isolated_db[n]:.1f}" for n in self.layers)
-        return (f"{len(self.layers)} layer(s) given back to float (isolated SNR {worst} dB, median layer "
-                f"{self.median_db:.1f}; held-out SNR by layers given back: {judged} dB)")
-
 
 def choose_layers(graph, annotations: Annotations, needed: list[str], held_out: HeldOut, fitted: CalibrationResult,
                   base_score: float, lowering: Lowering, isolated: dict[str, float | None],

@@ -41,7 +41,7 @@ import numpy as np
 from trt_bridge.annotations import Annotations, WeightSpec, drop_layers
 from trt_bridge.calibrate.apply import apply_ranges
 from trt_bridge.calibrate.observers import CalibMethod
-from trt_bridge.calibrate.session import CalibrationResult, CalibrationSession, HeldOut
+from trt_bridge.calibrate.session import CalibrationResult, CalibrationSession, HeldOut, finite
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
 from trt_bridge.ir.export import export_model
 from trt_bridge.ir.finalize import finalize
@@ -186,11 +186,11 @@ def fit_feeds(feeds, held_out: HeldOut, count: int) -> list[dict]:
     """The first ``count`` feeds of ``feeds`` (read again from the start) with finite inputs, among those before
     the held-out ones."""
     found = []
+    if count <= 0:
+        return found
     with contextlib.closing(iter(feeds)) as iterator:
         for feed in itertools.islice(iterator, max(0, (held_out.total or 0) - held_out.size)):
-            if len(found) >= count:
-                break
-            if all(not np.issubdtype(np.asarray(v).dtype, np.inexact) or np.isfinite(v).all() for v in feed.values()):
+            if all(finite(np.asarray(v)) for v in feed.values()):
                 found.append(feed)
                 if len(found) == count:
                     break
