@@ -28,9 +28,12 @@ from onnxruntime.quantization import QuantFormat, QuantType
 
 from trt_bridge import samples
 from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.convert.options import ActivationOptions, CalibrationOptions, ConvertOptions
 from trt_bridge.place.policies import PlacementOptions
 from trt_bridge.runtime.session import session
+
+#: the static conversion these tests check (a dynamic source would otherwise get runtime ranges)
+STATIC = ActivationOptions(runtime_ranges="off")
 
 #: converted outputs against the float model; measured 36-44 dB (encoder), 35-40 dB (convs)
 MIN_SNR_DB = 30.0
@@ -71,6 +74,7 @@ def _convert(src: Path, tmp_path: Path, calib: list[dict[str, np.ndarray]], **pl
     np.savez(tmp_path / "calib.npz", **{k: np.stack([feed[k] for feed in calib]) for k in calib[0]})
     out = tmp_path / "converted.onnx"
     report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                              activations=STATIC,
                                               placement=PlacementOptions(**placement), progress=False))
     return out, report
 

@@ -11,9 +11,12 @@ from helpers import assert_qdq_contract, assert_tensorrt_ready, save, snr_db
 
 from trt_bridge import samples
 from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, PrecisionOptions
+from trt_bridge.convert.options import ActivationOptions, CalibrationOptions, ConvertOptions, PrecisionOptions
 from trt_bridge.place.policies import PlacementOptions
 from trt_bridge.runtime.session import session
+
+#: the static conversion these tests check (a dynamic source would otherwise get runtime ranges)
+STATIC = ActivationOptions(runtime_ranges="off")
 
 LOUD = 30000.0  # this block's residual stream then reaches ~1e5: float16 overflows without the range check
 
@@ -41,6 +44,7 @@ def _convert_each(root, src, kinds):
     for hp in kinds:
         outs[hp] = root / f"{src.stem}.{hp}.onnx"
         report = convert(src, outs[hp], ConvertOptions(calibration=CalibrationOptions(data=str(root / "calib.npz")),
+                                                       activations=STATIC,
                                                        precision=PrecisionOptions(high_precision=hp), progress=False))
         assert_qdq_contract(outs[hp])
         assert report.check["ready"]
@@ -149,6 +153,7 @@ def test_bf16_needs_no_float32_for_loud_activations(loud):
     root, src, feeds = loud
     out = root / "tb.bf16.onnx"
     report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(root / "calib.npz")),
+                                              activations=STATIC,
                                               precision=PrecisionOptions(high_precision="bf16"), progress=False))
     assert not any("range" in k["reason"] for k in report.precision["kept_in_float32"])
     reference = [session(src).run(None, f)[0] for f in feeds]
@@ -263,6 +268,7 @@ def test_recentred_relu_zero_stays_on_the_rounded_grid(tmp_path, hp):
     np.savez(tmp_path / "calib.npz", x=samples.image_feeds(8, seed=1))
     out = tmp_path / f"cn.{hp}.onnx"
     report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                              activations=STATIC,
                                               precision=PrecisionOptions(high_precision=hp), progress=False))
     assert report.recentered
     model = onnx.load(str(out))

@@ -16,12 +16,15 @@ from test_scales_qat import make_qat, renamed
 
 from trt_bridge import samples
 from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, RangeOptions, ScaleOptions
+from trt_bridge.convert.options import ActivationOptions, CalibrationOptions, ConvertOptions, RangeOptions, ScaleOptions
 from trt_bridge.runtime.session import session
 from trt_bridge.scales.json_table import read_json
 from trt_bridge.scales.model_scales import scales_of_model
 from trt_bridge.scales.table import ScaleEntry, ScaleTable
 from trt_bridge.scales.trt_cache import read_trt_cache, write_trt_cache
+
+#: the static conversion these tests check (a dynamic source would otherwise get runtime ranges)
+STATIC = ActivationOptions(runtime_ranges="off")
 
 
 def _amax(model: onnx.ModelProto, tensors: list[str], feeds: np.ndarray) -> dict[str, float]:
@@ -120,7 +123,7 @@ def test_scales_export_round_trip(qat_setup, tmp_path):
     JSON table writes the same scales again."""
     np.savez(tmp_path / "calib.npz", **{"exported/x": samples.image_feeds(8, 3)})
     first = tmp_path / "first.onnx"
-    options = ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+    options = ConvertOptions(activations=STATIC, calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
                              ranges=RangeOptions(recenter=False), progress=False)
     convert(qat_setup["dynamic"], first, options)
     for fmt, name in (("trt-cache", "scales.cache"), ("json", "scales.json"), ("fixed-point", "fixed.json")):

@@ -22,9 +22,12 @@ from trt_bridge import samples
 from trt_bridge.annotations import Annotations, Site, WeightSpec
 from trt_bridge.calibrate.smooth import candidates, smooth
 from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, RangeOptions
+from trt_bridge.convert.options import ActivationOptions, CalibrationOptions, ConvertOptions, RangeOptions
 from trt_bridge.lift.weights import effective_weight
 from trt_bridge.runtime.session import session
+
+#: the static conversion these tests check (a dynamic source would otherwise get runtime ranges)
+STATIC = ActivationOptions(runtime_ranges="off")
 
 
 #   x[2,4,8] ─ LayerNormalization(gamma, beta) ─ ln ─┬─ MatMul(Wq) ─ q
@@ -210,6 +213,7 @@ def test_smoothing_wins_accuracy_on_an_encoder_with_outlier_channels(tmp_path):
     for alpha in (None, 0.65):
         out = tmp_path / f"converted-{alpha}.onnx"
         report = convert(dpath, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                                    activations=STATIC,
                                                     ranges=RangeOptions(smooth=alpha), progress=False))
         results[alpha] = (snr_db(reference, run_ort(out, held_out)), report, out)
     plain, smoothed = results[None][0], results[0.65][0]

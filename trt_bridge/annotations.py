@@ -47,6 +47,10 @@ class ActivationSpec:
     source: ScaleSource | None = None
     #: the float range [lo, hi] the source's (scale, zero point) codes cover, when the scale is the model's
     model_range: tuple[float, float] | None = None
+    #: the source computed this tensor's scale in every inference (onnxruntime's DynamicQuantizeLinear)
+    dynamic: bool = False
+    #: lowered with runtime ranges (:mod:`trt_bridge.lower.runtime_ranges`): no scale, no calibration
+    runtime: bool = False
 
 
 @dataclass
@@ -73,13 +77,14 @@ class Annotations:
     weights: dict[str, WeightSpec] = field(default_factory=dict)
 
     def add_activation(self, tensor: str, site: Site, origin: str, scale: float | None = None,
-                       source: ScaleSource | None = None) -> None:
+                       source: ScaleSource | None = None, dynamic: bool = False) -> None:
         spec = self.activations.get(tensor)
         if spec is None:
-            self.activations[tensor] = ActivationSpec(tensor, [site], origin, scale, source)
+            self.activations[tensor] = ActivationSpec(tensor, [site], origin, scale, source, dynamic=dynamic)
             return
         if site not in spec.sites:
             spec.sites.append(site)
+        spec.dynamic = spec.dynamic or dynamic
         if spec.scale is None and scale is not None:
             spec.scale, spec.source = scale, source
 
@@ -100,7 +105,7 @@ class Annotations:
             del self.weights[old]
 
     def needing_calibration(self) -> list[str]:
-        return sorted(name for name, spec in self.activations.items() if spec.scale is None)
+        return sorted(name for name, spec in self.activations.items() if spec.scale is None and not spec.runtime)
 
 
 def drop_layers(annotations: Annotations, layers) -> None:

@@ -113,7 +113,7 @@ def _representable(value: float, center_type: str | None, up: bool = False) -> f
     return float(rounded)
 
 
-def _conv_pads(node: gs.Node, x: gs.Tensor) -> list[int] | None:
+def conv_pads(node: gs.Node, x: gs.Tensor) -> list[int] | None:
     """Explicit [begin..., end...] pads of a Conv (resolving auto_pad), or None if unknown."""
     auto = node.attrs.get("auto_pad", "NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
@@ -149,7 +149,7 @@ def _compensable(node: gs.Node, index: int, annotations: Annotations, x: gs.Tens
         return w_rank == 2 or (w_rank > 2 and x.shape is not None and len(x.shape) >= 2)
     if node.op == "Conv":
         bias_ok = len(node.inputs) < 3 or isinstance(node.inputs[2], gs.Constant)
-        return bias_ok and _conv_pads(node, x) is not None
+        return bias_ok and conv_pads(node, x) is not None
     if node.op == "Gemm":  # Linear layers as torch exports them (and as optimizers fuse MatMul + Add)
         has_c = len(node.inputs) > 2 and node.inputs[2].name
         return len(node.inputs[1].shape) == 2 and (not has_c or (isinstance(node.inputs[2], gs.Constant)
@@ -190,7 +190,7 @@ def _apply(graph, names, annotations, tensors, spec: ActivationSpec, sites, cent
             node.inputs[2] = new_bias
         else:
             node.inputs.append(new_bias)
-        pads = _conv_pads(node, x)
+        pads = conv_pads(node, x)
         if not any(pads):
             plain_sites.append(Site(node.name, index))
             node.inputs[index] = shifted

@@ -106,21 +106,30 @@ class PrecisionOptions:
 ACTIVATION_MODES = ("static", "dynamic")
 #: what --dynamic-granularity takes
 DYNAMIC_GRANULARITIES = GRANULARITIES
+#: what --runtime-ranges takes
+RUNTIME_RANGES = ("auto", "on", "off")
 
 
 @dataclass(frozen=True)
 class ActivationOptions:
-    """How MatMul activations are quantized: ``static`` (calibrated Q/DQ, TensorRT's own INT8 layers) or
+    """How activations are quantized: ``static`` (calibrated Q/DQ, TensorRT's own INT8 layers; or with runtime ranges,
+    see ``runtime_ranges``) or
     ``dynamic`` (trt-bridge's DynamicInt8Gemm plugin, for a dynamically quantized source's MatMuls and a float
     model's: scales computed per inference, no calibration data), per tensor (a dynamic source's exact math) or
     per token."""
 
     mode: str = field(default="static", metadata={"key": "activations"})
     granularity: str = field(default="tensor", metadata={"key": "dynamic_granularity"})
+    #: activations quantized on their range in each inference, in standard ops (lower/runtime_ranges.py): auto, for
+    #: those a dynamic source quantized so, where the held-out feeds show it beats calibrated scales; on: every
+    #: activation that can (no calibration data needed for them); off: calibrated scales only
+    runtime_ranges: str = "auto"
 
     def __post_init__(self) -> None:
         if self.mode not in ACTIVATION_MODES:
             raise TrtBridgeError(f"--activations {self.mode}: choose static or dynamic.")
+        if self.runtime_ranges not in RUNTIME_RANGES:
+            raise TrtBridgeError(f"--runtime-ranges {self.runtime_ranges}: choose auto, on or off.")
         if self.granularity not in DYNAMIC_GRANULARITIES:
             raise TrtBridgeError(f"--dynamic-granularity {self.granularity}: choose tensor or token.")
         if self.granularity != "tensor" and self.mode != "dynamic":

@@ -39,6 +39,8 @@ class ConversionReport:
     split_outliers: list[dict] = field(default_factory=list)  # outliers.Split as dicts
     given_back: dict | None = None  # give_back.GiveBack as a dict (auto only): the layers left in float, and why
     bias_corrected: dict | None = None  # bias_correction.BiasCorrection as a dict (auto only): how many, and why
+    #: runtime_choice.RuntimeChoice as a dict: the activations quantized on their per-inference range, and why
+    runtime_ranges: dict | None = None
     placement: str = "tensorrt"
     scales: str = "model"  # where the source model's activation scales were taken from (model | data)
     sanitized: list[dict] = field(default_factory=list)  # prepare.Change as dicts: casts, Dropout, Identity, ...
@@ -64,7 +66,7 @@ class ConversionReport:
         return json.dumps(json_safe(self.to_dict()), indent=2, sort_keys=False, allow_nan=False)
 
     def summary(self) -> str:
-        acts = [q for q in self.quantized if q["kind"] == "activation"]
+        acts = [q for q in self.quantized if q["kind"] in ("activation", "runtime")]
         weights = [q for q in self.quantized if q["kind"] == "weight"]
         lines = [f"converted {self.input} -> {self.output} (opset {self.source_opset} -> {self.output_opset})"]
         for hit in self.rules:
@@ -90,6 +92,10 @@ class ConversionReport:
             lines.append(f"  smoothed {len(self.smoothed)} MatMul input(s) into their weights "
                          f"(alpha {self.smoothed[0]['alpha']}; {len(self.smoothed) - by_mul} folded into "
                          f"LayerNormalization, {by_mul} through a Mul)")
+        if self.runtime_ranges and self.runtime_ranges["tensors"]:
+            r = self.runtime_ranges
+            lines.append(f"  runtime ranges: {len(r['tensors'])} activation(s) quantized on their range in each "
+                         f"inference ({r['reason']})")
         if self.given_back and self.given_back["layers"]:
             g = self.given_back
             worst = ", ".join(f"{n} ({g['isolated_db'][n]:.1f} dB)" for n in g["layers"])

@@ -20,7 +20,7 @@ from trt_bridge.calibrate.session import HeldOut
 from trt_bridge.calibrate.two_pass import calibrate_graph
 from trt_bridge.checks import CheckOptions, check_model
 from trt_bridge.checks.rules import is_int8
-from trt_bridge.convert import bias_correction, give_back, range_choice
+from trt_bridge.convert import bias_correction, give_back, range_choice, runtime_choice
 from trt_bridge.convert.options import ConvertOptions, ScalePolicy
 from trt_bridge.convert.report import FloatLeftover, RuleHits
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
@@ -204,9 +204,10 @@ def _refine(state: Conversion, choice: range_choice.MethodChoice, held_out: Held
             needed = [t for t in needed if t in ctx.annotations.activations]
             base = given.scores[len(given.layers)]
     if options.calibration.bias_correction:
+        on_grid = {site.node for spec in ctx.annotations.activations.values() if spec.runtime for site in spec.sites}
         corrected = bias_correction.BiasCorrection(reason=problem) if problem else bias_correction.choose(
-            state.graph, ctx.annotations, needed, held_out, fitted, base, _lowering(state), measured.shifts,
-            choice.weights, drop=given.layers)
+            state.graph, ctx.annotations, needed, held_out, fitted, base, _lowering(state),
+            {k: v for k, v in measured.shifts.items() if k not in on_grid}, choice.weights, drop=given.layers)
         records["bias_corrected"] = corrected.to_dict()
         if corrected.layers:
             bias_correction.apply_shifts(state.graph, corrected.shifts)
@@ -218,13 +219,28 @@ def calibrate(state: Conversion) -> StageResult:
     against the data, and the float layers' ranges for fp16."""
     options, ctx, feeds = state.options, state.ctx, state.feeds
     records: dict[str, Any] = {"calibration": None, "smoothed": [], "split_outliers": [], "given_back": None,
-                               "bias_corrected": None}
+                               "bias_corrected": None, "runtime_ranges": None}
     needed = ctx.annotations.needing_calibration()
+    mode = options.activations.runtime_ranges
+    shared = {t: "it shares one scale with other tensors (a Concat's inputs), which a per-input range cannot"
+              for group in state.placement.shared_scales for t in group}
+    runtime = runtime_choice.RuntimeChoice(mode, reason="off" if mode == "off" else "no activation needs a scale")
+    if needed and mode != "off" and (mode == "on" or feeds is None):
+        found, declined, considered = runtime_choice.eligible(state.graph, ctx.annotations, needed, mode == "on",
+                                                              shared)
+        runtime_choice.mark(ctx.annotations, found)
+        needed = [t for t in needed if t not in found]
+        runtime = runtime_choice.RuntimeChoice(mode, tuple(found), considered, declined, reason=(
+            "--runtime-ranges on" if mode == "on" else "no calibration data: the dynamic source's own ranges"))
     if needed:
         if feeds is None:
             dynamic = (" --activations dynamic puts only MatMuls into its plugin (onnxruntime's dynamically "
                        "quantized ones, or a float model's); these stay static INT8.") \
                 if options.activations.mode == "dynamic" else ""
+            if mode == "off" and any(ctx.annotations.activations[t].dynamic for t in needed):
+                dynamic += " Without --runtime-ranges off, the dynamic ones would keep a range per inference."
+            elif needed[0] in runtime.declined:
+                dynamic += f" '{needed[0]}' cannot have a runtime range: {runtime.declined[needed[0]]}."
             raise CalibrationDataError(
                 f"{state.model_path}: {len(needed)} activation(s) (e.g. '{needed[0]}') have no static scale in "
                 "the model (dynamic quantization computes them at run time; block floating point has none "
@@ -248,8 +264,13 @@ def calibrate(state: Conversion) -> StageResult:
                                                     options.calibration.percentile)
             result = replace(result, method=choice.method, percentile=choice.percentile, keep_max=choice.keep_max)
             records["auto_method"] = choice.describe()
-            if choice.scores:
-                needed = _refine(state, choice, held_out, needed, records)
+        if mode == "auto":
+            runtime, model = _judge_runtime(state, choice, held_out, needed, shared, splits)
+            if runtime.tensors:  # give-back and bias correction measure the model with runtime ranges
+                needed = [t for t in needed if t not in runtime.tensors]
+                choice = replace(choice, model=model, scores={**choice.scores, choice.label: runtime.scores["runtime"]})
+        if choice is not None and choice.scores:
+            needed = _refine(state, choice, held_out, needed, records)
         state.calibration = result
         records["calibration"] = {
             "feeds": result.feeds, "skipped_feeds": result.skipped, "method": result.method.value,
@@ -275,7 +296,43 @@ def calibrate(state: Conversion) -> StageResult:
         current = state.lifted if state.store is not None else infer_shapes(export_model(state.graph))
         state.ranges = observed_ranges(current, feeds, options.progress)
     records["recentered"] = [asdict(r) for r in state.recentered]
-    return StageResult(changed=len(needed), records=records)
+    records["runtime_ranges"] = runtime.to_dict()
+    return StageResult(changed=len(needed) + len(runtime.tensors), records=records)
+
+
+def _judge_runtime(state: Conversion, choice, held_out: HeldOut | None, needed: list[str], shared: dict[str, str],
+                   splits) -> tuple[runtime_choice.RuntimeChoice, Any]:
+    """``--runtime-ranges auto`` with calibration data: the dynamic source's activations get runtime ranges if the
+    held-out feeds score them no more than ``MARGIN_DB`` below auto's static choice (marked in place). Returns the
+    choice and, when made, the model with them (fitted before the held-out split)."""
+    excluded = {**shared, **{s.tensor: "its massive channels were split off into a float path" for s in splits}}
+    found, declined, considered = runtime_choice.eligible(state.graph, state.ctx.annotations, needed, False,
+                                                          excluded)
+    judged = runtime_choice.RuntimeChoice("auto", (), considered, declined)
+    if not found:
+        return replace(judged, reason="no activation the source quantized dynamically can have a runtime range"
+                       if considered else "the source quantized no activation dynamically"), None
+    if choice is None or not choice.scores:
+        why = choice.reason if choice is not None else "judged with --calib-method auto only"
+        return replace(judged, declined={**declined, **{t: f"not judged ({why})" for t in found}},
+                       reason=f"not judged: {why}; --runtime-ranges on applies them"), None
+    static = choice.scores[choice.label]
+    fitted = range_choice.fitted_on(held_out, choice.method, choice.percentile, choice.keep_max)
+    try:
+        model = range_choice.candidate_model(state.graph, runtime_choice.marked(state.ctx.annotations, found),
+                                             choice.weights, [t for t in needed if t not in found], fitted,
+                                             _lowering(state))
+        got = range_choice.score(model, held_out.feeds, held_out.outputs)
+    except TrtBridgeError as exc:
+        return replace(judged, reason=f"the runtime-range model could not be judged ({str(exc).splitlines()[0]})"), None
+    scores = {"static": round(static, 2), "runtime": round(got, 2) if got is not None else None}
+    feeds = f"{len(held_out.outputs)} held-out feed(s)"
+    if got is None or not got >= static - runtime_choice.MARGIN_DB:
+        return replace(judged, scores=scores, reason=f"{static - got:.1f} dB below the static model on {feeds}"
+                       if got is not None else "the runtime-range model has no float output"), None
+    runtime_choice.mark(state.ctx.annotations, found)
+    return replace(judged, tensors=tuple(found), scores=scores,
+                   reason=f"{got - static:+.1f} dB against the static model on {feeds}"), model
 
 
 def lower_model(state: Conversion) -> StageResult:
@@ -295,12 +352,14 @@ def lower_model(state: Conversion) -> StageResult:
     high = options.precision.high_precision
     if high != "fp32":
         exact = {layer: r.tensor for r in state.recentered for layer in r.compensated}
+        exact.update({node: q.tensor for q in quantized if q.kind == "runtime" for node in q.nodes})
         out_model, kept_fp32 = to_low_precision(out_model, high, state.ranges,
                                                 keep_io_types=options.precision.io_types == "keep", exact=exact)
         out_model = finalize(out_model, default_opset(out_model), check=True, min_opset=19)
     state.out_model = out_model
     return StageResult(changed=len(quantized), records={
-        "quantized": [asdict(q) for q in quantized], "output_opset": default_opset(out_model),
+        "quantized": [{k: v for k, v in asdict(q).items() if k != "nodes"} for q in quantized],
+        "output_opset": default_opset(out_model),
         "precision": precision_report(out_model, high, kept_fp32)})
 
 

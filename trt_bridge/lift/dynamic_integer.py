@@ -261,7 +261,8 @@ class DynamicIntegerOp:
                 continue
             ctx.annotations.add_activation(
                 a.float_tensor.name, Site(op_name, i), node.name, scale=None if a.static_scale is None
-                else a.static_scale, source=None if a.static_scale is None else ScaleSource.MODEL)
+                else a.static_scale, source=None if a.static_scale is None else ScaleSource.MODEL,
+                dynamic=a.static_scale is None)
 
 
 def _walk_epilogue(acc: gs.Tensor, act_scale: Monomial, per_channel, graph_outputs: set[str]):

@@ -95,4 +95,4 @@ class FusedDynamicMatMul:
         ctx.graph.nodes.append(gs.Node("MatMul", op_name, {}, [x, weight], [result]))
         if bias is not None:
             ctx.graph.nodes.append(gs.Node("Add", ctx.names(f"{base}/bias"), {}, [result, bias], [y]))
-        ctx.annotations.add_activation(x.name, Site(op_name, 0), node.name)
+        ctx.annotations.add_activation(x.name, Site(op_name, 0), node.name, dynamic=True)

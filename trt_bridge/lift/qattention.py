@@ -116,4 +116,5 @@ class QAttention:
             qkv = biased
         write_attention(ctx, base, qkv, match.spec, mask, None, out)
         ctx.annotations.add_activation(x.name, Site(op_name, 0), node.name, scale=static_scale,
-                                       source=None if static_scale is None else ScaleSource.MODEL)
+                                       source=None if static_scale is None else ScaleSource.MODEL,
+                                       dynamic=static_scale is None)

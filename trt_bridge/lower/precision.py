@@ -75,15 +75,16 @@ def to_low_precision(model: onnx.ModelProto, kind: HighPrecision | str, ranges: 
                      ) -> tuple[onnx.ModelProto, list[KeptInFloat32]]:
     """``model`` (a lowered INT8 Q/DQ model, opset ≥ 13) with its float part in ``kind`` (fp16 or bf16; see the
     module doc). ``ranges``: tensor → largest magnitude seen on the calibration feeds (float16 only);
-    ``exact``: INT8 layers (and their bias Adds) that compensate a re-centred input → that input. They stay
+    ``exact``: INT8 layers (and their bias Adds) that compensate a re-centred input → that input (and the nodes
+    of a runtime range, :mod:`trt_bridge.lower.runtime_ranges`). They stay
     float32: their bias carries c·ΣW, a large constant that cancels against the shifted input, and rounding it
     (or their weight scales) to 8 or 11 bits would leave an error of the size of c·ΣW's last bit."""
     kind = HighPrecision(kind)
     if kind is HighPrecision.FP32:
         return model, []
     op_of = {n.name: n.op_type for n in model.graph.node}
-    kept = [KeptInFloat32(node, op_of[node], f"INT8 layer compensating the re-centred '{tensor}': its bias c·ΣW "
-                                             "and weight scales stay exact")
+    kept = [KeptInFloat32(node, op_of[node], f"INT8 layer compensating the re-centred '{tensor}' (or its grid "
+                                             "computed per inference): its bias c·ΣW and weight scales stay exact")
             for node, tensor in sorted((exact or {}).items()) if node in op_of]
     if kind is HighPrecision.FP16:
         return to_float16(model, ranges, keep_io_types, extra=kept)

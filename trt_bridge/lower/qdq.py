@@ -27,17 +27,20 @@ from trt_bridge.annotations import Annotations
 from trt_bridge.errors import InternalError, UnsupportedPatternError
 from trt_bridge.ir.names import NameAllocator
 from trt_bridge.lift.weights import float_type, representable_scale, weight_values
+from trt_bridge.lower import runtime_ranges
 
 
 @dataclass(frozen=True)
 class QuantizedTensor:
     tensor: str
-    kind: str  # "activation" | "weight"
+    kind: str  # "activation" | "weight" | "runtime" (an activation with runtime ranges: scale 1 on its grid)
     scale: float | list[float]
     axis: int | None
     source: str
     consumers: tuple[str, ...]
     dtype: str = "float32"  # the float type of the tensor and its scale
+    #: runtime ranges: the nodes written around the layers (kept float32 by --high-precision); not reported
+    nodes: tuple[str, ...] = ()
 
 
 #: QuantizeLinear/DequantizeLinear take float16 (and bfloat16) values and scales from opset 19
@@ -59,11 +62,23 @@ def needs_opset(quantized: list[QuantizedTensor]) -> int:
 
 
 def lower(graph: gs.Graph, annotations: Annotations) -> list[QuantizedTensor]:
-    """Insert Q/DQ for every placed annotation (in place); return what was quantized."""
+    """Insert Q/DQ for every placed annotation (in place); return what was quantized. Activations marked
+    ``runtime`` get runtime ranges (:mod:`trt_bridge.lower.runtime_ranges`), before the weights are lowered."""
     names = NameAllocator(graph)
+    done: list[QuantizedTensor] = []
+    for name in sorted(annotations.activations):
+        spec = annotations.activations[name]
+        if not spec.runtime:
+            continue
+        found = runtime_ranges.match(graph, annotations, spec, {})
+        if isinstance(found, str):
+            raise InternalError(f"activation '{name}' was given a runtime range, but {found}")
+        dtype = np.dtype(float_type(graph.tensors()[name], "activation")).name
+        added = runtime_ranges.rewrite(graph, names, annotations, found)
+        done.append(QuantizedTensor(name, "runtime", 1.0, None, "runtime", tuple(s.node for s in spec.sites),
+                                    dtype, tuple(added)))
     nodes = {n.name: n for n in graph.nodes}
     tensors = graph.tensors()
-    done: list[QuantizedTensor] = []
 
     for name in sorted(annotations.weights):
         spec = annotations.weights[name]

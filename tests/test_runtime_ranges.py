@@ -1,0 +1,261 @@
+"""Runtime ranges (lower/runtime_ranges.py, convert/runtime_choice.py): an activation quantized on the range it has in
+each inference, in standard ONNX ops around TensorRT's own INT8 layers. Each rewrite is checked against a numpy
+reference of the same quantization (onnxruntime, Q/DQ simulated as TensorRT computes them) and built by
+TensorRT-RTX."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+import pytest
+from helpers import SHARED_MODELS, assert_tensorrt_ready, quantize_dynamic, run_exact, save, snr_db
+from onnx import TensorProto, helper, numpy_helper
+from test_cli import cli, error_message
+
+from trt_bridge.annotations import ActivationSpec, Annotations, Site, WeightSpec
+from trt_bridge.convert import convert
+from trt_bridge.convert.options import ActivationOptions, CalibrationOptions, ConvertOptions, PrecisionOptions
+from trt_bridge.lower import runtime_ranges
+from trt_bridge.runtime.session import session
+from trt_bridge.samples import conv_net, image_feeds
+
+
+def _model(nodes, inputs, outputs, weights: dict, opset: int = 17) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "runtime", inputs, outputs,
+                              [numpy_helper.from_array(np.asarray(v), k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def _grid(x: np.ndarray, axes: tuple[int, ...]) -> np.ndarray:
+    """x on its own 255-level grid per slice over ``axes`` (the range holds 0; its middle is a whole step)."""
+    hi = np.maximum(x.max(axis=axes, keepdims=True), 0).astype(np.float64)
+    lo = np.minimum(x.min(axis=axes, keepdims=True), 0).astype(np.float64)
+    step = np.maximum((hi - lo) / 254, 2.0 ** -24)
+    k = np.round((hi + lo) / (2 * step))
+    return ((np.clip(np.round(x / step - k), -128, 127) + k) * step).astype(np.float32)
+
+
+def _dequantized_weights(path) -> dict[str, np.ndarray]:
+    """Every constant int8 weight of the converted model, dequantized, by the layer input it feeds."""
+    model = onnx.load(str(path))
+    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    found = {}
+    for node in model.graph.node:
+        if node.op_type == "DequantizeLinear" and node.input[0] in values and values[node.input[0]].ndim >= 2:
+            q, scale = values[node.input[0]].astype(np.float32), values[node.input[1]]
+            axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
+            shape = [1] * q.ndim
+            shape[axis] = -1
+            found[node.output[0]] = q * (scale.reshape(shape) if scale.ndim else scale)
+    return found
+
+
+def _convert_on(tmp_path, model: onnx.ModelProto, name: str = "out.onnx", **precision):
+    src = save(model, tmp_path / "float.onnx")
+    out = tmp_path / name
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(random=2),
+                                              activations=ActivationOptions(runtime_ranges="on"),
+                                              precision=PrecisionOptions(**precision), progress=False, check=False))
+    return out, report
+
+
+def _activation_scales(path) -> list[float]:
+    model = onnx.load(str(path))
+    values = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    return [float(values[n.input[1]]) for n in model.graph.node if n.op_type == "QuantizeLinear"]
+
+
+CONVS = {  # name → (conv attributes, input shape, with bias)
+    "padded-grouped-strided": ({"pads": [1, 2, 1, 0], "group": 2, "strides": [2, 1], "dilations": [1, 2]},
+                               [2, 8, 12, 14], True),
+    "no-bias-no-pads": ({}, [1, 8, 9, 9], False),
+    "1d": ({"pads": [2, 2]}, [1, 8, 20], True),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(CONVS))
+def test_conv_matches_the_reference_and_builds(tmp_path, variant):
+    attrs, shape, with_bias = CONVS[variant]
+    rng = np.random.default_rng(1)
+    group = attrs.get("group", 1)
+    kernel = [3] * (len(shape) - 2)
+    w = rng.standard_normal((4 * group, shape[1] // group, *kernel)).astype(np.float32) * 0.2
+    weights = {"w": w, **({"b": rng.standard_normal(w.shape[0]).astype(np.float32)} if with_bias else {})}
+    conv = helper.make_node("Conv", ["x", "w", *(["b"] if with_bias else [])], ["y"], name="conv", **attrs)
+    model = _model([conv], [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
+    out, report = _convert_on(tmp_path, model)
+    assert report.runtime_ranges["tensors"] == ["x"] and report.runtime_ranges["reason"] == "--runtime-ranges on"
+    converted = onnx.load(str(out))
+    ops = [n.op_type for n in converted.graph.node]
+    assert {"ReduceMax", "ReduceMin", "Round", "QuantizeLinear", "DequantizeLinear"} <= set(ops)
+    assert _activation_scales(out) == [1.0]  # the range lives outside the Q/DQ
+    assert ("Pad" in ops) == any(attrs.get("pads", [0]))
+    (layer,) = [n for n in converted.graph.node if n.op_type == "Conv"]
+    assert not any(next((a.ints for a in layer.attribute if a.name == "pads"), [0]))
+    assert len(layer.input) == 2  # the bias is added after the range is restored
+
+    # a ReLU-like, one-sided input on one sample and a wide two-sided one on the other
+    x = rng.standard_normal(shape).astype(np.float32)
+    x[0] = np.maximum(x[0], -0.2) * 3
+    if shape[0] > 1:
+        x[1] *= 40
+    (w_int8,) = _dequantized_weights(out).values()
+    reference_model = _model([conv], model.graph.input, model.graph.output, {**weights, "w": w_int8})
+    want = session(reference_model).run(None, {"x": _grid(x, tuple(range(1, len(shape))))})[0]
+    got = session(out, simulate_qdq=True).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    float_out = session(model).run(None, {"x": x})[0]
+    assert snr_db([float_out], [got]) > 30
+    assert_tensorrt_ready(out)
+
+
+def test_matmul_and_gemm_take_a_range_per_row(tmp_path):
+    """x[2, 5, 64] ─ MatMul(W) ─ h ─ Reshape ─ Gemm(B', alpha, beta·C): each row on its own grid."""
+    rng = np.random.default_rng(2)
+    w = rng.standard_normal((64, 64)).astype(np.float32) * 0.1
+    b = rng.standard_normal((48, 64)).astype(np.float32) * 0.1  # transB: [N, K]
+    c = rng.standard_normal(48).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"], name="matmul"),
+             helper.make_node("Reshape", ["h", "shape"], ["h2"], name="flat"),
+             helper.make_node("Gemm", ["h2", "b", "c"], ["y"], name="gemm", transB=1, alpha=0.5, beta=2.0)]
+    model = _model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 5, 64])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                   {"w": w, "b": b, "c": c, "shape": np.array([10, 64], np.int64)})
+    out, report = _convert_on(tmp_path, model)
+    assert sorted(report.runtime_ranges["tensors"]) == ["h2", "x"]
+    assert _activation_scales(out) == [1.0, 1.0]
+    x = rng.standard_normal((2, 5, 64)).astype(np.float32) * np.geomspace(0.01, 10, 5, dtype=np.float32)[:, None]
+    deq = _dequantized_weights(out)
+    w_int8 = next(v for v in deq.values() if v.shape == w.shape)
+    b_int8 = next(v for v in deq.values() if v.shape == b.shape)
+    h = _grid(x, (-1,)) @ w_int8
+    want = 0.5 * _grid(h.reshape(10, 64), (-1,)) @ b_int8.T + 2.0 * c
+    got = session(out, simulate_qdq=True).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert_tensorrt_ready(out)
+
+
+def test_a_sample_does_not_depend_on_its_batch(tmp_path):
+    model = conv_net(channels=(8, 8))
+    out, report = _convert_on(tmp_path, model)
+    assert report.runtime_ranges["tensors"]
+    x = image_feeds(2, seed=3)[:, 0]
+    x[1] *= 50  # a batch mate with a far wider range
+    run = session(out, simulate_qdq=True)
+    together = run.run(None, {"x": x})[0]
+    alone = run.run(None, {"x": x[:1]})[0]
+    np.testing.assert_allclose(together[:1], alone, rtol=1e-5, atol=1e-6)
+
+
+def test_float16_keeps_the_range_nodes_in_float32(tmp_path):
+    model = conv_net(channels=(8, 8))
+    out32, _ = _convert_on(tmp_path, model, "fp32.onnx")
+    out16, report = _convert_on(tmp_path, model, "fp16.onnx", high_precision="fp16")
+    kept = {k["node"] for k in report.precision["kept_in_float32"]}
+    converted = onnx.load(str(out16))
+    range_ops = [n.name for n in converted.graph.node if n.op_type in ("ReduceMax", "Round")]
+    assert range_ops and set(range_ops) <= kept
+    x = image_feeds(4, seed=5)[:, 0]
+    want = session(out32, simulate_qdq=True).run(None, {"x": x})[0]
+    got = session(out16, simulate_qdq=True).run(None, {"x": x})[0]
+    assert snr_db([want], [got.astype(np.float32)]) > 35
+    assert_tensorrt_ready(out16)
+
+
+def test_declines_with_a_reason():
+    """A tensor another op reads, one read as a MatMul's second input, one whose scale a Concat shares."""
+    x = gs.Variable("x", np.float32, [1, 4, 8, 8])
+    h = gs.Variable("h", np.float32, [1, 4, 8, 8])
+    w = gs.Constant("w", np.ones((4, 4, 1, 1), np.float32))
+    y = gs.Variable("y", np.float32, None)
+    nodes = [gs.Node("Conv", "conv", {}, [x, w], [h]), gs.Node("Add", "add", {}, [x, h], [y])]
+    graph = gs.Graph(nodes, [x], [y], opset=17)
+    annotations = Annotations(weights={"w": WeightSpec("w", [Site("conv", 1)], 0, "conv")})
+    spec = ActivationSpec("x", [Site("conv", 0), Site("add", 0)], "conv")
+    assert "Add 'add' reads it as input 0" in runtime_ranges.match(graph, annotations, spec, {})
+    spec = ActivationSpec("h", [Site("add", 1)], "add")
+    assert "input 1" in runtime_ranges.match(graph, annotations, spec, {})
+    spec = ActivationSpec("x", [Site("conv", 0)], "conv")
+    assert isinstance(runtime_ranges.match(graph, annotations, spec, {}), runtime_ranges.Match)
+    assert runtime_ranges.match(graph, annotations, spec, {"x": "shared"}) == "shared"
+
+
+@pytest.fixture(scope="module")
+def dynamic_source(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runtime-ranges")
+    float_path = save(conv_net(channels=(8, 16)), root / "float.onnx")
+    return float_path, quantize_dynamic(float_path, root / "dynamic.onnx")
+
+
+def test_a_dynamic_source_converts_without_calibration_data(tmp_path, dynamic_source):
+    """The source's own per-inference ranges: no data needed, and the output follows the source."""
+    float_path, source = dynamic_source
+    out = tmp_path / "out.onnx"
+    report = convert(source, out, ConvertOptions(progress=False))
+    rr = report.runtime_ranges
+    assert rr["mode"] == "auto" and rr["tensors"] and rr["reason"].startswith("no calibration data")
+    assert rr["considered"] == len(rr["tensors"]) + len(rr["declined"])
+    assert report.remaining_blockers == []
+    feeds = [{"x": f} for f in image_feeds(8, seed=9)]
+    want = run_exact(source, feeds)
+    got = [session(out, simulate_qdq=True).run(None, f)[0] for f in feeds]
+    floats = [session(float_path).run(None, f)[0] for f in feeds]
+    assert snr_db(want, got) > 30
+    # its uint8 weights (zero point off 128) are requantized to symmetric int8: that, not the ranges, costs ~1 dB
+    assert snr_db(floats, got) > snr_db(floats, want) - 1.5
+    assert_tensorrt_ready(out)
+    again = tmp_path / "again.onnx"
+    convert(source, again, ConvertOptions(progress=False, check=False))
+    assert again.read_bytes() == out.read_bytes()
+
+
+def test_auto_keeps_runtime_ranges_where_inputs_change_scale(tmp_path, dynamic_source):
+    """Feeds whose brightness spans 100×: one calibrated scale serves the dark ones badly, runtime ranges do not."""
+    float_path, source = dynamic_source
+    rng = np.random.default_rng(4)
+    def feeds(count, seed):
+        return image_feeds(count, seed) * np.geomspace(0.01, 1, count, dtype=np.float32)[rng.permutation(count)][
+            :, None, None, None, None]
+    np.savez(tmp_path / "calib.npz", x=feeds(32, 1))
+    outputs = {}
+    for mode in ("auto", "off"):
+        out = tmp_path / f"{mode}.onnx"
+        report = convert(source, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                                     activations=ActivationOptions(runtime_ranges=mode),
+                                                     progress=False, check=False))
+        outputs[mode] = (out, report)
+    auto = outputs["auto"][1].runtime_ranges
+    assert auto["tensors"] and auto["scores"]["runtime"] >= auto["scores"]["static"]
+    assert outputs["off"][1].runtime_ranges["tensors"] == [] and outputs["off"][1].runtime_ranges["reason"] == "off"
+    held = [{"x": f} for f in feeds(16, 2)]
+    floats = [session(float_path).run(None, f)[0] for f in held]
+    scores = {mode: snr_db(floats, [session(out, simulate_qdq=True).run(None, f)[0] for f in held])
+              for mode, (out, _) in outputs.items()}
+    assert scores["auto"] > scores["off"] + 2, scores  # 41.4 against 38.5 dB
+    assert_tensorrt_ready(outputs["auto"][0])
+
+
+def test_off_asks_for_calibration_data(tmp_path, dynamic_source):
+    _, source = dynamic_source
+    msg = error_message(cli("convert", source, "-o", tmp_path / "out.onnx", "--runtime-ranges", "off"))
+    assert "--calib-data" in msg and "--runtime-ranges off" in msg
+    done = cli("convert", source, "-o", tmp_path / "out.onnx", "--skip-check")
+    assert done.returncode == 0, done.stderr
+    assert "runtime ranges:" in done.stdout
+
+
+@pytest.mark.skipif(not (SHARED_MODELS / "mnist-12-uint8.onnx").is_file(), reason="../shared/models is not present")
+def test_the_model_zoo_dynamic_mnist(tmp_path):
+    """ONNX Model Zoo's dynamically quantized MNIST (ConvInteger, MatMulInteger): no calibration data."""
+    source = SHARED_MODELS / "mnist-12-uint8.onnx"
+    out = tmp_path / "mnist.onnx"
+    report = convert(source, out, ConvertOptions(progress=False))
+    assert report.runtime_ranges["tensors"] and report.remaining_blockers == []
+    rng = np.random.default_rng(0)
+    feeds = [{"Input3": (rng.random((1, 1, 28, 28)) * 255).astype(np.float32)} for _ in range(4)]
+    assert snr_db(run_exact(source, feeds), [session(out, simulate_qdq=True).run(None, f)[0] for f in feeds]) > 30
+    assert_tensorrt_ready(out)

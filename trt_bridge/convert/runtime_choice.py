@@ -1,0 +1,82 @@
+"""``--runtime-ranges``: which activations are quantized on their range in each inference
+(:mod:`trt_bridge.lower.runtime_ranges`) instead of a calibrated one.
+
+A dynamically quantized source computed its activations' ranges per inference; runtime ranges do the same inside
+TensorRT's own INT8 layers, at the price of two reductions and two pointwise passes per activation. Where the
+ranges hardly move from input to input, calibrated scales are as accurate and cost nothing; where they move, a
+static model loses (SNR in dB against the float model on evaluation inputs, ``scripts/accuracy_table.py``'s)::
+
+    dynamic source                        source   static   with auto   held-out static / runtime
+    ddddocr CRNN (shipped)                 30.5     26.9      30.9       29.4 / 29.8
+    SVTRv2, uint8 weights                  33.1     31.2      34.3       29.0 / 30.3
+    YOLOv8n, uint8 weights                 33.2     32.6      32.6       36.3 / 33.6 (kept static)
+
+So ``auto`` (the default) measures: with ``--calib-method auto``, the model with runtime ranges on every activation
+the source quantized dynamically (and that can have one) runs on the held-out calibration feeds beside auto's
+chosen static model, and replaces it unless it scores ``MARGIN_DB`` lower. The held-out feeds come from the data
+the static scales were fitted to, so they flatter those: a tie goes to runtime ranges (the static CRNN lost 2.5 dB
+more on other inputs than on its held-out feeds; the runtime one gained 1.1). Give-back and bias correction then
+measure the model with runtime ranges (bias correction leaves their layers alone). A dynamic source converted
+without calibration data gets runtime ranges where it can (the source's own ranges, nothing to judge against).
+``on``: every activation that can, dynamic source or not, without judging (and without calibration data for them).
+``off``: calibrated scales only.
+
+Before:  every activation a dynamic source quantized at run time gets one calibrated scale
+After:   those activations keep a range per input, where that measured better (reported with both scores)
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, field
+
+from trt_bridge.annotations import Annotations
+from trt_bridge.lower import runtime_ranges
+
+#: runtime ranges replace the static model unless they score this much below it on the held-out feeds
+MARGIN_DB = 0.0
+
+
+@dataclass(frozen=True)
+class RuntimeChoice:
+    """What ``--runtime-ranges`` decided (the report's ``runtime_ranges``)."""
+
+    mode: str
+    tensors: tuple[str, ...] = ()  # the activations given runtime ranges
+    considered: int = 0  # the activations it could have applied to (dynamic ones under auto)
+    declined: dict[str, str] = field(default_factory=dict)  # activation → why it keeps a calibrated scale
+    scores: dict[str, float] = field(default_factory=dict)  # "static" / "runtime" → held-out SNR (dB)
+    reason: str = ""  # why these (or none) were chosen
+
+    def to_dict(self) -> dict:
+        return {"mode": self.mode, "tensors": list(self.tensors), "considered": self.considered,
+                "declined": dict(sorted(self.declined.items())), "scores": self.scores, "reason": self.reason}
+
+
+def eligible(graph, annotations: Annotations, needed: list[str], every: bool, excluded: dict[str, str]
+             ) -> tuple[list[str], dict[str, str], int]:
+    """(the ``needed`` activations that can have runtime ranges, the others with their reason, how many were
+    considered): every needed one with ``every``, else those the source quantized dynamically."""
+    considered = [t for t in needed if every or annotations.activations[t].dynamic]
+    found, declined = [], {}
+    for tensor in considered:
+        got = runtime_ranges.match(graph, annotations, annotations.activations[tensor], excluded)
+        if isinstance(got, str):
+            declined[tensor] = got
+        else:
+            found.append(tensor)
+    return found, declined, len(considered)
+
+
+def mark(annotations: Annotations, tensors) -> None:
+    """Give ``tensors`` runtime ranges (in place): lowering writes them, calibration skips them."""
+    for tensor in tensors:
+        spec = annotations.activations[tensor]
+        spec.runtime, spec.scale, spec.source = True, None, None
+
+
+def marked(annotations: Annotations, tensors) -> Annotations:
+    """A copy of ``annotations`` with ``tensors`` marked (for a candidate model)."""
+    work = Annotations(activations=copy.deepcopy(annotations.activations), weights=annotations.weights)
+    mark(work, tensors)
+    return work
