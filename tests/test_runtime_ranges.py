@@ -76,8 +76,10 @@ CONVS = {  # name → (conv attributes, input shape, with bias)
 }
 
 
-@pytest.mark.parametrize("variant", sorted(CONVS))
-def test_conv_matches_the_reference_and_builds(tmp_path, variant):
+@pytest.mark.parametrize(("variant", "opset"), [*((v, 17) for v in sorted(CONVS)),
+                                                 ("padded-grouped-strided", 10), ("padded-grouped-strided", 19)])
+def test_conv_matches_the_reference_and_builds(tmp_path, variant, opset):
+    """Opset 10 writes Pad's pads and 17 ReduceMax's axes as attributes, 19 both as inputs."""
     attrs, shape, with_bias = CONVS[variant]
     rng = np.random.default_rng(1)
     group = attrs.get("group", 1)
@@ -86,7 +88,7 @@ def test_conv_matches_the_reference_and_builds(tmp_path, variant):
     weights = {"w": w, **({"b": rng.standard_normal(w.shape[0]).astype(np.float32)} if with_bias else {})}
     conv = helper.make_node("Conv", ["x", "w", *(["b"] if with_bias else [])], ["y"], name="conv", **attrs)
     model = _model([conv], [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights, opset)
     out, report = _convert_on(tmp_path, model)
     assert report.runtime_ranges["tensors"] == ["x"] and report.runtime_ranges["reason"] == "--runtime-ranges on"
     converted = onnx.load(str(out))
@@ -94,6 +96,8 @@ def test_conv_matches_the_reference_and_builds(tmp_path, variant):
     assert {"ReduceMax", "ReduceMin", "Round", "QuantizeLinear", "DequantizeLinear"} <= set(ops)
     assert _activation_scales(out) == [1.0]  # the range lives outside the Q/DQ
     assert ("Pad" in ops) == any(attrs.get("pads", [0]))
+    reduce_max = next(n for n in converted.graph.node if n.op_type == "ReduceMax")
+    assert (len(reduce_max.input) == 2) == (opset >= 18)  # axes as an input from opset 18
     (layer,) = [n for n in converted.graph.node if n.op_type == "Conv"]
     assert not any(next((a.ints for a in layer.attribute if a.name == "pads"), [0]))
     assert len(layer.input) == 2  # the bias is added after the range is restored
@@ -104,7 +108,7 @@ def test_conv_matches_the_reference_and_builds(tmp_path, variant):
     if shape[0] > 1:
         x[1] *= 40
     (w_int8,) = _dequantized_weights(out).values()
-    reference_model = _model([conv], model.graph.input, model.graph.output, {**weights, "w": w_int8})
+    reference_model = _model([conv], model.graph.input, model.graph.output, {**weights, "w": w_int8}, opset)
     want = session(reference_model).run(None, {"x": _grid(x, tuple(range(1, len(shape))))})[0]
     got = session(out, simulate_qdq=True).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
@@ -174,14 +178,15 @@ def test_declines_with_a_reason():
     y = gs.Variable("y", np.float32, None)
     nodes = [gs.Node("Conv", "conv", {}, [x, w], [h]), gs.Node("Add", "add", {}, [x, h], [y])]
     graph = gs.Graph(nodes, [x], [y], opset=17)
+    index = ({n.name: n for n in graph.nodes}, graph.tensors())
     annotations = Annotations(weights={"w": WeightSpec("w", [Site("conv", 1)], 0, "conv")})
     spec = ActivationSpec("x", [Site("conv", 0), Site("add", 0)], "conv")
-    assert "Add 'add' reads it as input 0" in runtime_ranges.match(graph, annotations, spec, {})
+    assert "Add 'add' reads it as input 0" in runtime_ranges.match(*index, annotations, spec, {})
     spec = ActivationSpec("h", [Site("add", 1)], "add")
-    assert "input 1" in runtime_ranges.match(graph, annotations, spec, {})
+    assert "input 1" in runtime_ranges.match(*index, annotations, spec, {})
     spec = ActivationSpec("x", [Site("conv", 0)], "conv")
-    assert isinstance(runtime_ranges.match(graph, annotations, spec, {}), runtime_ranges.Match)
-    assert runtime_ranges.match(graph, annotations, spec, {"x": "shared"}) == "shared"
+    assert isinstance(runtime_ranges.match(*index, annotations, spec, {}), runtime_ranges.Match)
+    assert runtime_ranges.match(*index, annotations, spec, {"x": "shared"}) == "shared"
 
 
 @pytest.fixture(scope="module")

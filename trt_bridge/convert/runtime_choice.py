@@ -45,12 +45,14 @@ class RuntimeChoice:
     tensors: tuple[str, ...] = ()  # the activations given runtime ranges
     considered: int = 0  # the activations it could have applied to (dynamic ones under auto)
     declined: dict[str, str] = field(default_factory=dict)  # activation → why it keeps a calibrated scale
-    scores: dict[str, float] = field(default_factory=dict)  # "static" / "runtime" → held-out SNR (dB)
+    scores: dict[str, float | None] = field(default_factory=dict)  # "static" / "runtime" → held-out SNR (dB)
     reason: str = ""  # why these (or none) were chosen
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "tensors": list(self.tensors), "considered": self.considered,
-                "declined": dict(sorted(self.declined.items())), "scores": self.scores, "reason": self.reason}
+                "declined": dict(sorted(self.declined.items())),
+                "scores": {k: None if v is None else round(v, 2) for k, v in self.scores.items()},
+                "reason": self.reason}
 
 
 def eligible(graph, annotations: Annotations, needed: list[str], every: bool, excluded: dict[str, str]
@@ -59,8 +61,9 @@ def eligible(graph, annotations: Annotations, needed: list[str], every: bool, ex
     considered): every needed one with ``every``, else those the source quantized dynamically."""
     considered = [t for t in needed if every or annotations.activations[t].dynamic]
     found, declined = [], {}
+    nodes, tensors = {n.name: n for n in graph.nodes}, graph.tensors()
     for tensor in considered:
-        got = runtime_ranges.match(graph, annotations, annotations.activations[tensor], excluded)
+        got = runtime_ranges.match(nodes, tensors, annotations, annotations.activations[tensor], excluded)
         if isinstance(got, str):
             declined[tensor] = got
         else:

@@ -238,7 +238,7 @@ def calibrate(state: Conversion) -> StageResult:
                        "quantized ones, or a float model's); these stay static INT8.") \
                 if options.activations.mode == "dynamic" else ""
             if mode == "off" and any(ctx.annotations.activations[t].dynamic for t in needed):
-                dynamic += " Without --runtime-ranges off, the dynamic ones would keep a range per inference."
+                dynamic += " Without --runtime-ranges off, the dynamic ones could keep a range per inference."
             elif needed[0] in runtime.declined:
                 dynamic += f" '{needed[0]}' cannot have a runtime range: {runtime.declined[needed[0]]}."
             raise CalibrationDataError(
@@ -325,11 +325,13 @@ def _judge_runtime(state: Conversion, choice, held_out: HeldOut | None, needed: 
         got = range_choice.score(model, held_out.feeds, held_out.outputs)
     except TrtBridgeError as exc:
         return replace(judged, reason=f"the runtime-range model could not be judged ({str(exc).splitlines()[0]})"), None
-    scores = {"static": round(static, 2), "runtime": round(got, 2) if got is not None else None}
+    if got is None:
+        return replace(judged, scores={"static": static, "runtime": None},
+                       reason="the runtime-range model has no float output"), None
+    scores = {"static": static, "runtime": got}
     feeds = f"{len(held_out.outputs)} held-out feed(s)"
-    if got is None or not got >= static - runtime_choice.MARGIN_DB:
-        return replace(judged, scores=scores, reason=f"{static - got:.1f} dB below the static model on {feeds}"
-                       if got is not None else "the runtime-range model has no float output"), None
+    if not got >= static - runtime_choice.MARGIN_DB:
+        return replace(judged, scores=scores, reason=f"{static - got:.1f} dB below the static model on {feeds}"), None
     runtime_choice.mark(state.ctx.annotations, found)
     return replace(judged, tensors=tuple(found), scores=scores,
                    reason=f"{got - static:+.1f} dB against the static model on {feeds}"), model

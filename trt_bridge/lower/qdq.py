@@ -66,14 +66,15 @@ def lower(graph: gs.Graph, annotations: Annotations) -> list[QuantizedTensor]:
     ``runtime`` get runtime ranges (:mod:`trt_bridge.lower.runtime_ranges`), before the weights are lowered."""
     names = NameAllocator(graph)
     done: list[QuantizedTensor] = []
-    for name in sorted(annotations.activations):
-        spec = annotations.activations[name]
-        if not spec.runtime:
-            continue
-        found = runtime_ranges.match(graph, annotations, spec, {})
+    runtime = [annotations.activations[name] for name in sorted(annotations.activations)
+               if annotations.activations[name].runtime]
+    nodes, tensors = ({n.name: n for n in graph.nodes}, graph.tensors()) if runtime else ({}, {})
+    for spec in runtime:  # a rewrite keeps every node and tensor the next one matches on
+        name = spec.tensor
+        found = runtime_ranges.match(nodes, tensors, annotations, spec, {})
         if isinstance(found, str):
             raise InternalError(f"activation '{name}' was given a runtime range, but {found}")
-        dtype = np.dtype(float_type(graph.tensors()[name], "activation")).name
+        dtype = np.dtype(float_type(found.x, "activation")).name
         added = runtime_ranges.rewrite(graph, names, annotations, found)
         done.append(QuantizedTensor(name, "runtime", 1.0, None, "runtime", tuple(s.node for s in spec.sites),
                                     dtype, tuple(added)))

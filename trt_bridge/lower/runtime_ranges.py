@@ -50,18 +50,18 @@ OPS = ("Conv", "MatMul", "Gemm")
 @dataclass(frozen=True)
 class Match:
     tensor: str
+    x: gs.Variable
     sites: tuple[tuple[gs.Node, int], ...]
     axes: tuple[int, ...]  # the axes the range is taken over (per sample, or per row)
 
 
-def match(graph: gs.Graph, annotations: Annotations, spec: ActivationSpec, excluded: dict[str, str]
-          ) -> Match | str:
-    """The rewrite of ``spec``'s tensor, or why it cannot have a runtime range (one line). ``excluded``: tensors the
-    conversion keeps static, with the reason (shared scales, split-off channels)."""
+def match(nodes: dict[str, gs.Node], tensors: dict[str, gs.Tensor], annotations: Annotations, spec: ActivationSpec,
+          excluded: dict[str, str]) -> Match | str:
+    """The rewrite of ``spec``'s tensor, or why it cannot have a runtime range (one line). ``nodes`` and ``tensors``:
+    the graph's, by name (made once for all the activations matched); ``excluded``: tensors the conversion keeps
+    static, with the reason (shared scales, split-off channels)."""
     if spec.tensor in excluded:
         return excluded[spec.tensor]
-    nodes = {n.name: n for n in graph.nodes}
-    tensors = graph.tensors()
     x = tensors.get(spec.tensor)
     if x is None or isinstance(x, gs.Constant):
         return "it is not an activation of the graph"
@@ -79,7 +79,7 @@ def match(graph: gs.Graph, annotations: Annotations, spec: ActivationSpec, exclu
         axes = tuple(range(1, rank))
         if any(node.op != "Conv" and (x.shape is None or len(x.shape) != rank) for node, _ in sites):
             return "a Conv and a MatMul/Gemm read it at ranks that differ (or unknown)"
-    return Match(spec.tensor, tuple(sites), axes)
+    return Match(spec.tensor, x, tuple(sites), axes)
 
 
 def _site_problem(node: gs.Node | None, site: Site, annotations: Annotations, x: gs.Tensor) -> str:
@@ -109,13 +109,12 @@ def _site_problem(node: gs.Node | None, site: Site, annotations: Annotations, x:
 def rewrite(graph: gs.Graph, names: NameAllocator, annotations: Annotations, found: Match) -> list[str]:
     """Write ``found`` (in place) and drop its annotation; returns the names of the nodes it added and of the layers
     it rewired (``--high-precision`` keeps them float32: the compensation k·ΣW cancels against the grid)."""
-    tensors = graph.tensors()
-    x = tensors[found.tensor]
+    x = found.x
     ftype = float_type(x, "activation")
     added: list[str] = []
 
-    def node(op: str, inputs: list, label: str, attrs: dict | None = None, dtype=ftype) -> gs.Variable:
-        out = gs.Variable(names(f"{found.tensor}_{label}"), dtype=dtype)
+    def node(op: str, inputs: list, label: str, attrs: dict | None = None, dtype=ftype, out=None) -> gs.Variable:
+        out = out if out is not None else gs.Variable(names(f"{found.tensor}_{label}"), dtype=dtype)
         added.append(names(f"{found.tensor}_{label}_{op}"))
         graph.nodes.append(gs.Node(op, added[-1], attrs or {}, inputs, [out]))
         return out
@@ -190,11 +189,9 @@ def rewrite(graph: gs.Graph, names: NameAllocator, annotations: Annotations, fou
         raw = gs.Variable(names(f"{out.name}_on_grid"), dtype=out.dtype, shape=out.shape)
         layer.outputs[0] = raw
         offset = node("Mul", [k, const("weight_sums", sums)], "offset")
-        scaled = node("Mul", [node("Add", [raw, offset], "restored"), step], "scaled")
-        if bias is None:
-            graph.nodes[-1].outputs[0] = out
-        else:
-            graph.nodes.append(gs.Node("Add", names(f"{layer.name}_bias_after_range"), {}, [scaled, bias], [out]))
-            added.append(graph.nodes[-1].name)
+        scaled = node("Mul", [node("Add", [raw, offset], "restored"), step], "scaled",
+                      out=out if bias is None else None)
+        if bias is not None:
+            node("Add", [scaled, bias], "bias_added", out=out)
     del annotations.activations[found.tensor]
     return added
