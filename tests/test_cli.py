@@ -12,10 +12,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_qdq_contract, quantize_dynamic, run_ort, save, snr_db
+from helpers import assert_qdq_contract, assert_tensorrt_ready, quantize_dynamic, run_exact, run_ort, save, snr_db
 from onnx import TensorProto, helper, numpy_helper
 
 import trt_bridge
+from trt_bridge.runtime.session import session
 from trt_bridge.samples import conv_net, image_feeds
 
 SCRIPT = Path(sys.executable).parent / "trt-bridge"
@@ -274,6 +275,11 @@ def test_dynamic_model_without_calibration_data(model):
     assert "no static scale" in msg and "--calib-data" in msg and "--runtime-ranges off" in msg
     done = cli("convert", model, "--skip-check")
     assert done.returncode == 0 and "runtime ranges:" in done.stdout, done.stderr
+    out = model.with_name(model.stem + ".int8.onnx")
+    feeds = [{"x": f} for f in image_feeds(4, seed=6)]
+    simulated = session(out, simulate_qdq=True)
+    assert snr_db(run_exact(model, feeds), [simulated.run(None, f)[0] for f in feeds]) > 30
+    assert_tensorrt_ready(out)
 
 
 def test_both_calib_data_and_calib_random(corpus, model):

@@ -57,13 +57,15 @@ def test_each_flag_lands_in_its_group(tmp_path):
     options = options_from_args(_args(
         "--calib-data", "c.npz", "--calib-method", "percentile", "--percentile", "99.9", "--scales", "data",
         "--scales", str(table), "--qat", "q.onnx", "--placement", "preserve", "--exclude-ops", "Concat",
-        "--no-smooth", "--no-recenter", "--high-precision", "bf16", "--io-types", "bf16", "--bf16", "keep"))
+        "--no-smooth", "--no-recenter", "--high-precision", "bf16", "--io-types", "bf16", "--bf16", "keep",
+        "--runtime-ranges", "on"))
     assert options == ConvertOptions(
         calibration=CalibrationOptions(data="c.npz", method=CalibMethod.PERCENTILE, percentile=99.9),
         scales=ScaleOptions(policy=ScalePolicy.DATA, files=(str(table),), qat="q.onnx"),
         placement=PlacementOptions(policy=PlacementPolicy.PRESERVE, exclude_ops="Concat"),
         ranges=RangeOptions(smooth=None, recenter=False),
-        precision=PrecisionOptions(high_precision="bf16", io_types="bf16", bf16=Bf16Policy.KEEP))
+        precision=PrecisionOptions(high_precision="bf16", io_types="bf16", bf16=Bf16Policy.KEEP),
+        activations=ActivationOptions(runtime_ranges="on"))
 
 
 @pytest.mark.parametrize(("flags", "table", "message"), REFUSED)
@@ -93,6 +95,15 @@ def test_the_options_check_themselves():
     with pytest.raises(TrtBridgeError, match="finite number of dB"):
         AccuracyTarget(target=float("nan"))
     assert RangeOptions(smooth=None).smooth is None  # off
+    with pytest.raises(TrtBridgeError, match="--runtime-ranges sometimes: choose auto, on or off."):
+        ActivationOptions(runtime_ranges="sometimes")
+
+
+def test_a_manifest_refuses_a_runtime_ranges_value(tmp_path):
+    (tmp_path / "m.onnx").write_bytes(conv_net().SerializeToString())
+    (tmp_path / "m.yaml").write_text("models:\n  - {name: a, source: m.onnx, convert: {runtime_ranges: sometimes}}\n")
+    with pytest.raises(ManifestError, match="runtime-ranges sometimes: choose auto, on or off"):
+        load_manifest(tmp_path / "m.yaml")
 
 
 def test_a_manifest_takes_the_options_fields_as_keys(tmp_path):

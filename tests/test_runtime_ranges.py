@@ -153,6 +153,7 @@ def test_a_sample_does_not_depend_on_its_batch(tmp_path):
     together = run.run(None, {"x": x})[0]
     alone = run.run(None, {"x": x[:1]})[0]
     np.testing.assert_allclose(together[:1], alone, rtol=1e-5, atol=1e-6)
+    assert_tensorrt_ready(out)
 
 
 def test_float16_keeps_the_range_nodes_in_float32(tmp_path):
@@ -168,6 +169,7 @@ def test_float16_keeps_the_range_nodes_in_float32(tmp_path):
     got = session(out16, simulate_qdq=True).run(None, {"x": x})[0]
     assert snr_db([want], [got.astype(np.float32)]) > 35
     assert_tensorrt_ready(out16)
+    assert_tensorrt_ready(out32)
 
 
 def test_declines_with_a_reason():
@@ -242,6 +244,7 @@ def test_auto_keeps_runtime_ranges_where_inputs_change_scale(tmp_path, dynamic_s
               for mode, (out, _) in outputs.items()}
     assert scores["auto"] > scores["off"] + 2, scores  # 41.4 against 38.5 dB
     assert_tensorrt_ready(outputs["auto"][0])
+    assert_tensorrt_ready(outputs["off"][0])
 
 
 def test_off_asks_for_calibration_data(tmp_path, dynamic_source):
@@ -251,6 +254,10 @@ def test_off_asks_for_calibration_data(tmp_path, dynamic_source):
     done = cli("convert", source, "-o", tmp_path / "out.onnx", "--skip-check")
     assert done.returncode == 0, done.stderr
     assert "runtime ranges:" in done.stdout
+    feeds = [{"x": f} for f in image_feeds(4, seed=6)]
+    assert snr_db(run_exact(source, feeds), [session(tmp_path / "out.onnx", simulate_qdq=True).run(None, f)[0]
+                                             for f in feeds]) > 30
+    assert_tensorrt_ready(tmp_path / "out.onnx")
 
 
 @pytest.mark.skipif(not (SHARED_MODELS / "mnist-12-uint8.onnx").is_file(), reason="../shared/models is not present")
