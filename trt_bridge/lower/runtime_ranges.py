@@ -167,24 +167,22 @@ def rewrite(graph: gs.Graph, names: NameAllocator, annotations: Annotations, fou
         else:
             layer.inputs[index] = grid(value)
         added.append(layer.name)
+        # a Conv's bias or a Gemm's C is added after the range is restored
+        bias = layer.inputs[2] if len(layer.inputs) > 2 and layer.inputs[2].name else None
+        while len(layer.inputs) > 2:  # (a synchronized list: one at a time)
+            layer.inputs.pop()
         if layer.op == "Conv":
             spatial = w.ndim - 2
             sums = w.reshape(w.shape[0], -1).sum(axis=1).reshape(1, -1, *([1] * spatial))
-            bias = layer.inputs[2] if len(layer.inputs) > 2 and layer.inputs[2].name else None
-            while len(layer.inputs) > 2:  # (a synchronized list: one at a time)
-                layer.inputs.pop()
             if bias is not None:
                 bias = const("bias", np.asarray(bias.values, np.float64).reshape(1, -1, *([1] * spatial)))
         elif layer.op == "Gemm":
             b = w.T if layer.attrs.get("transB", 0) else w
             sums = float(layer.attrs.get("alpha", 1.0)) * b.sum(axis=0)
-            c = layer.inputs[2] if len(layer.inputs) > 2 and layer.inputs[2].name else None
             beta = float(layer.attrs.get("beta", 1.0))
-            while len(layer.inputs) > 2:  # (a synchronized list: one at a time)
-                layer.inputs.pop()
-            bias = None if c is None or beta == 0.0 else const("bias", beta * np.asarray(c.values, np.float64))
+            bias = None if bias is None or beta == 0.0 else const("bias", beta * np.asarray(bias.values, np.float64))
         else:
-            sums, bias = w.sum(axis=0), None
+            sums = w.sum(axis=0)
         out = layer.outputs[0]
         raw = gs.Variable(names(f"{out.name}_on_grid"), dtype=out.dtype, shape=out.shape)
         layer.outputs[0] = raw
