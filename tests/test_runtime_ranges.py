@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_cli import cli, error_message
 
 from trt_bridge.annotations import ActivationSpec, Annotations, Site, WeightSpec
-from trt_bridge.convert import convert
+from trt_bridge.convert import convert, runtime_choice
 from trt_bridge.convert.options import ActivationOptions, CalibrationOptions, ConvertOptions, PrecisionOptions
 from trt_bridge.lower import runtime_ranges
 from trt_bridge.runtime.session import session
@@ -245,6 +245,22 @@ def test_auto_keeps_runtime_ranges_where_inputs_change_scale(tmp_path, dynamic_s
     assert scores["auto"] > scores["off"] + 2, scores  # 41.4 against 38.5 dB
     assert_tensorrt_ready(outputs["auto"][0])
     assert_tensorrt_ready(outputs["off"][0])
+
+
+def test_judged_beside_the_candidates_as_after_them(tmp_path, dynamic_source, monkeypatch):
+    """Where every activation can have a runtime range, the runtime-range model does not depend on auto's method and
+    is scored beside its candidates (one pipeline): the same score and the same output as made after the choice."""
+    _, source = dynamic_source
+    np.savez(tmp_path / "calib.npz", x=image_feeds(16, seed=5))
+    options = ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), progress=False,
+                             check=False)
+    beside = convert(source, tmp_path / "beside.onnx", options)
+    assert beside.runtime_ranges["declined"] == {}  # every dynamic activation can: judged beside
+    monkeypatch.setattr(runtime_choice, "beside", lambda *args: {})
+    after = convert(source, tmp_path / "after.onnx", options)
+    assert beside.runtime_ranges == after.runtime_ranges
+    assert beside.runtime_ranges["scores"]["runtime"] is not None
+    assert (tmp_path / "beside.onnx").read_bytes() == (tmp_path / "after.onnx").read_bytes()
 
 
 def test_off_asks_for_calibration_data(tmp_path, dynamic_source):

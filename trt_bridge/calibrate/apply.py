@@ -14,16 +14,18 @@ from trt_bridge.place.shared import share_scales
 
 
 def apply_ranges(graph: gs.Graph, annotations: Annotations, calibration: CalibrationResult | None,
-                 needed: list[str], shared: list[list[str]], recentre: bool, center_type: str | None = None
-                 ) -> list[Recentered]:
+                 needed: list[str], shared: list[list[str]], recentre: bool, center_type: str | None = None,
+                 sort: bool = True) -> list[Recentered]:
     """Give every ``needed`` activation its calibrated scale, re-centre what can be (with ``recentre``; a tensor
-    in a shared group keeps a plain scale) and share each group's scale (in place); returns what was re-centred."""
+    in a shared group keeps a plain scale) and share each group's scale (in place); returns what was re-centred.
+    ``sort``: leave the graph cleaned up and in topological order (a caller that lowers next need not: lowering
+    does it)."""
     for name in needed:
         spec = annotations.activations[name]
         spec.scale, spec.source = calibration.scale(name), ScaleSource.CALIBRATION
     recentered = []
     if recentre:
         recentered = recenter(graph, annotations, calibration, skip={t for group in shared for t in group},
-                              center_type=center_type)
+                              center_type=center_type, sort=sort)
     share_scales(annotations, shared)
     return recentered

@@ -169,7 +169,7 @@ def _histogram(v: np.ndarray, R: float, bins: int) -> np.ndarray:
     return np.bincount(index, minlength=bins)
 
 
-def _mse_amax(hist: np.ndarray, edges: np.ndarray, candidates: int = 256, block: int = 16) -> float:
+def _mse_amax(hist: np.ndarray, edges: np.ndarray, candidates: int = 256, block: int = 64) -> float:
     centers = (edges[:-1] + edges[1:]) / 2
     nz = hist > 0
     centers, weights = centers[nz], hist[nz]
@@ -178,10 +178,17 @@ def _mse_amax(hist: np.ndarray, edges: np.ndarray, candidates: int = 256, block:
     cand = np.unique(np.linspace(max(last // 32, 1), last, candidates).round().astype(int))
     amax = edges[cand]
     err = np.empty(len(cand))
-    for start in range(0, len(cand), block):  # a block of candidates at a time: its temporaries stay in cache
+    work = np.empty((block, centers.size))  # one block of candidates at a time, in place: it stays in cache
+    for start in range(0, len(cand), block):
         step = amax[start:start + block, None] / QMAX
-        diff = centers[None, :] - np.minimum(np.rint(centers[None, :] / step), QMAX) * step
-        err[start:start + block] = (diff * diff) @ weights
+        diff = work[:len(step)]
+        np.divide(centers[None, :], step, out=diff)
+        np.rint(diff, out=diff)
+        np.minimum(diff, QMAX, out=diff)
+        diff *= step
+        np.subtract(centers[None, :], diff, out=diff)  # each centre less its quantized value
+        np.square(diff, out=diff)
+        err[start:start + block] = diff @ weights
     return float(amax[int(np.argmin(err))])
 
 

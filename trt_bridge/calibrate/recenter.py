@@ -45,7 +45,8 @@ class Recentered:
 
 
 def recenter(graph: gs.Graph, annotations: Annotations, calibration: CalibrationResult | None,
-             skip: set[str] = frozenset(), center_type: str | None = None) -> list[Recentered]:
+             skip: set[str] = frozenset(), center_type: str | None = None, sort: bool = True
+             ) -> list[Recentered]:
     """Re-centre every one-sided or asymmetric activation that can be compensated exactly (not those in
     ``skip``, which must keep a scale shared with other tensors). ``center_type`` ("fp16" or "bf16"): the
     centre is rounded to that type first, so the Sub and Pad that carry it there are exact and the
@@ -53,7 +54,8 @@ def recenter(graph: gs.Graph, annotations: Annotations, calibration: Calibration
 
     A calibrated tensor is centred on its observed range; a tensor whose scale is the source model's
     on the range [lo, hi] its (scale, zero point) covered: an asymmetric uint8 source then keeps its
-    full resolution, (hi − lo)/254 instead of max(|lo|, |hi|)/127.
+    full resolution, (hi − lo)/254 instead of max(|lo|, |hi|)/127. ``sort``: clean up and sort the graph after
+    (else its new nodes are appended, unsorted).
     """
     names = NameAllocator(graph)
     nodes = {n.name: n for n in graph.nodes}
@@ -92,7 +94,7 @@ def recenter(graph: gs.Graph, annotations: Annotations, calibration: Calibration
         center = _representable(center, center_type)  # a no-op for the 128·step centre above
         compensated = _apply(graph, names, annotations, tensors, spec, sites, np.float32(center), a1)
         done.append(Recentered(name, float(np.float32(center)), a0, a1, compensated))
-    if done:
+    if done and sort:
         graph.cleanup().toposort()
     return done
 

@@ -6,7 +6,7 @@ import copy
 import logging
 import tempfile
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +19,7 @@ from trt_bridge.errors import CalibrationDataError, MissingDependencyError
 from trt_bridge.ir.save import serialize_for_session
 from trt_bridge.ir.values import FLOAT32_TINY
 from trt_bridge.runtime.bf16 import emulate_bfloat16
-from trt_bridge.runtime.session import create_session
+from trt_bridge.runtime.session import create_session, in_order, measuring_threads
 
 log = logging.getLogger("trt_bridge.calibrate")
 
@@ -190,7 +190,7 @@ class CalibrationSession:
         options = ort.SessionOptions()
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
         options.log_severity_level = 3
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        measuring_threads(options)
         if simulate_qdq:  # a Q/DQ model: Q/DQ in float, as TensorRT computes them (trt_bridge.runtime.session)
             options.add_session_config_entry("session.disable_quant_qdq", "1")
         self.skipped: set[int] = set()  # feeds left out because they gave a NaN or Inf (by index)
@@ -225,12 +225,12 @@ class CalibrationSession:
         def names_of(i: int) -> list[str]:
             return fetch + extra if held_out is not None and held_out.keeps(i) else fetch
 
-        for index, feed, names, job in self._ahead(_progress(feeds, progress, desc), names_of):
+        for index, feed, job in self._ahead(_progress(feeds, progress, desc), names_of):
             if held_out is not None:
                 held_out.before(index, observers)
             keep = held_out is not None and held_out.keeps(index)
             try:
-                outputs = job.result()
+                names, outputs = job.result()
             except Exception as exc:
                 raise CalibrationDataError(
                     f"onnxruntime failed on calibration feed {index} "
@@ -264,26 +264,24 @@ class CalibrationSession:
         return count
 
     def _ahead(self, feeds, names_of):
-        """``(index, feed, names, job)`` per feed, ``job`` the future of onnxruntime's run on it: the run of the
-        next feed starts (in a worker thread, without the GIL) before its predecessor is handed out, so the
-        observers' updates of one feed overlap the model's run on the next (two feeds' activations in memory)."""
+        """``(index, feed, names, job)`` per feed in order, ``job`` the future of onnxruntime's run on it: the runs
+        of the next feeds go on (in worker threads, without the GIL) while the observers take this one's."""
         run = self.session.run
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            pending = None
-            for index, feed in enumerate(feeds):
-                names = names_of(index)
-                job = pool.submit(run, names, feed) if names else _done([])
-                if pending is not None:
-                    yield pending
-                pending = (index, feed, names, job)
-            if pending is not None:
-                yield pending
 
+        def start(item):
+            index, feed = item
+            names = names_of(index)
+            return names, (run(names, feed) if names else [])
 
-def _done(value) -> Future:
-    job: Future = Future()
-    job.set_result(value)
-    return job
+        for (index, feed), job in in_order(start, enumerate(feeds)):
+            yield index, feed, job
+
+    def outputs(self, names: list[str], feeds) -> Iterator[tuple[dict, list]]:
+        """``(feed, values of names)`` for each of ``feeds`` in order, several feeds running at once
+        (:func:`~trt_bridge.runtime.session.in_order`); onnxruntime's error on a feed is raised as it is."""
+        run = self.session.run
+        for feed, job in in_order(lambda feed: run(names, feed) if names else [], feeds):
+            yield feed, job.result()
 
 
 def finite(value: np.ndarray) -> bool:

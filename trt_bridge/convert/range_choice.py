@@ -32,6 +32,7 @@ import contextlib
 import copy
 import itertools
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -57,6 +58,9 @@ log = logging.getLogger("trt_bridge.convert")
 #: real model measured and costs most.
 CANDIDATES = ((CalibMethod.MAX, None), (CalibMethod.PERCENTILE, 1.0), (CalibMethod.PERCENTILE, 0.1),
               (CalibMethod.MSE, None))
+#: quantized weights of this many bytes or more: auto judges one candidate at a time (each onnxruntime session holds
+#: them dequantized to float32, four times over)
+BIG_WEIGHTS = 256 << 20
 #: a method must beat max by this much on the held-out feeds to replace it
 MARGIN_DB = 0.25
 #: fewer calibration feeds than this: no feeds to spare for judging, auto means max
@@ -89,6 +93,9 @@ class MethodChoice:
     #: and the weights every candidate was lowered with (quantized once)
     model: Any = field(default=None, repr=False, compare=False)
     weights: dict[str, WeightSpec] = field(default_factory=dict, repr=False, compare=False)
+    #: the ``also`` models of :func:`choose_method`: name → (held-out SNR, None where it has no float output; the
+    #: model; why it could not be made or run, else ""); they do not compete
+    also: dict[str, tuple[float | None, Any, str]] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def label(self) -> str:
@@ -115,11 +122,15 @@ def too_few(total: int) -> MethodChoice:
 
 
 def choose_method(graph, annotations: Annotations, needed: list[str], held_out: HeldOut,
-                  lowering: Lowering, observers: dict, percentile: float = 99.99
-                  ) -> MethodChoice:
+                  lowering: Lowering, observers: dict, percentile: float = 99.99,
+                  also: dict[str, Callable[[dict[str, WeightSpec]], Any]] | None = None) -> MethodChoice:
     """Score every candidate on ``held_out`` (see the module doc); the graph and annotations are not changed.
     ``observers``: the calibration's, over every feed (their counts size the held-out split); ``percentile``:
-    the ``--percentile`` option, which the percentile candidates start from."""
+    the ``--percentile`` option, which the percentile candidates start from. ``also``: other models to score
+    beside the candidates, in the same pipeline (name → a function of the quantized weights that makes the model,
+    whatever the method; a TrtBridgeError it raises, or its model's, gives it no score): their scores and models
+    come back in ``MethodChoice.also``, and do not compete. If no candidate is judged (too few feeds, one did not
+    run), neither are they."""
     if held_out.total is None or held_out.total < MIN_FEEDS or not held_out.size:
         return too_few(held_out.total or 0)
     if not held_out.outputs:
@@ -144,8 +155,10 @@ def choose_method(graph, annotations: Annotations, needed: list[str], held_out: 
             continue
         candidates.append((method, pct, label(method, pct)))
     scores: dict[str, float] = {}
-    # onnxruntime judges one candidate (without the GIL) while the next is built
-    with ThreadPoolExecutor(max_workers=1) as pool:
+    # onnxruntime judges two candidates (without the GIL) while the next is built; the weights are quantized once,
+    # and a model whose weights fill much memory is judged one candidate at a time
+    workers = 2 if sum(spec.int8.nbytes for spec in weights.values()) < BIG_WEIGHTS else 1
+    with ThreadPoolExecutor(max_workers=workers) as pool:
         jobs = []
         for method, pct, name in candidates:
             fitted = fitted_on(held_out, method, pct, small)
@@ -154,6 +167,14 @@ def choose_method(graph, annotations: Annotations, needed: list[str], held_out: 
             except TrtBridgeError as exc:
                 return fallback(f"the {name} candidate could not be made ({str(exc).splitlines()[0]})")
             jobs.append((name, model, pool.submit(score, model, feeds, outputs)))
+        others: dict[str, tuple[Any, Any]] = {}
+        for name, make in (also or {}).items():
+            try:
+                model = make(weights)
+            except TrtBridgeError as exc:
+                others[name] = (None, f"could not be made ({str(exc).splitlines()[0]})")
+                continue
+            others[name] = (model, pool.submit(score, model, feeds, outputs))
         models = {}
         for name, model, job in jobs:
             models[name] = model
@@ -172,7 +193,21 @@ def choose_method(graph, annotations: Annotations, needed: list[str], held_out: 
         best = CalibMethod.MAX.value
     method, pct = next((m, p) for m, p, n in candidates if n == best)
     return MethodChoice(method, pct, scores=scores, held_out=kept, keep_max=small, model=models[best],
-                        weights=weights)
+                        weights=weights, also=_results(others))
+
+
+def _results(jobs: dict[str, tuple[Any, Any]]) -> dict[str, tuple[float | None, Any, str]]:
+    """``MethodChoice.also`` from name → (model, the future of its score, or the reason it has none)."""
+    done = {}
+    for name, (model, job) in jobs.items():
+        if isinstance(job, str):
+            done[name] = (None, None, job)
+            continue
+        try:
+            done[name] = (job.result(), model, "")
+        except TrtBridgeError as exc:
+            done[name] = (None, model, f"did not run ({str(exc).splitlines()[0]})")
+    return done
 
 
 def fitted_on(held_out: HeldOut, method: CalibMethod, percentile: float | None, keep_max: frozenset[str]
@@ -220,8 +255,8 @@ def candidate_model(graph, annotations: Annotations, weights: dict[str, WeightSp
     if drop:
         drop_layers(ann, drop)
         needed = [t for t in needed if t in ann.activations]
-    apply_ranges(work, ann, fitted, needed, lowering.shared, lowering.recentre, lowering.center_type)
-    quantized = lower(work, ann)
+    apply_ranges(work, ann, fitted, needed, lowering.shared, lowering.recentre, lowering.center_type, sort=False)
+    quantized = lower(work, ann)  # cleans up and sorts
     exported = export_model(work)  # with float16 Q/DQ, opset 19 as the written model will have
     return finalize(exported, default_opset(exported), check=False, min_opset=needs_opset(quantized))
 
@@ -236,7 +271,7 @@ def score(model, feeds: list, outputs: list) -> float | None:
         return None
     with CalibrationSession(model, [], simulate_qdq=True, what="a candidate of --calib-method auto") as session:
         try:
-            got = [dict(zip(names, session.session.run(names, feed))) for feed in feeds]
+            got = [dict(zip(names, values)) for _, values in session.outputs(names, feeds)]
         except Exception as exc:  # onnxruntime's own errors: the caller falls back to max, naming it
             raise CalibrationDataError(f"onnxruntime failed on it: {exc}") from exc
     worst = np.inf

@@ -28,13 +28,20 @@ After:   those activations keep a range per input, where that measured better (r
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from trt_bridge.annotations import Annotations
+from trt_bridge.calibrate.observers import CalibMethod
+from trt_bridge.calibrate.session import CalibrationResult, HeldOut
+from trt_bridge.convert import range_choice
+from trt_bridge.errors import TrtBridgeError
 from trt_bridge.lower import runtime_ranges
 
 #: runtime ranges replace the static model unless they score this much below it on the held-out feeds
 MARGIN_DB = 0.0
+#: the name of the runtime-range model among those auto judges beside its candidates (``MethodChoice.also``)
+RUNTIME = "runtime ranges"
 
 
 @dataclass(frozen=True)
@@ -83,3 +90,60 @@ def marked(annotations: Annotations, tensors) -> Annotations:
     work = Annotations(activations=copy.deepcopy(annotations.activations), weights=annotations.weights)
     mark(work, tensors)
     return work
+
+
+def beside(graph, annotations: Annotations, needed: list[str], candidates, lowering: range_choice.Lowering) -> dict:
+    """The runtime-range model for :func:`~trt_bridge.convert.range_choice.choose_method` to judge beside its
+    candidates (its ``also``), where it does not depend on their method: every activation to calibrate can have a
+    runtime range (``candidates``: :func:`eligible`'s answer, or None). Otherwise :func:`judge` makes it after the
+    choice."""
+    found = candidates[0] if candidates is not None else []
+    if not found or set(found) != set(needed):
+        return {}
+    work = marked(annotations, found)
+    nothing = CalibrationResult({}, 0, 0.0, CalibMethod.MAX)  # no activation is left to range
+
+    def make(weights):
+        return range_choice.candidate_model(graph, work, weights, [], nothing, lowering)
+
+    return {RUNTIME: make}
+
+
+def judge(graph, annotations: Annotations, choice, held_out: HeldOut | None, needed: list[str], candidates,
+          lowering: range_choice.Lowering) -> tuple[RuntimeChoice, Any]:
+    """``--runtime-ranges auto`` with calibration data: the dynamic source's activations that can have runtime ranges
+    (``candidates``: :func:`eligible`'s answer) get them if the held-out feeds score them no more than ``MARGIN_DB``
+    below auto's static ``choice`` (marked in ``annotations``). Returns the choice and, when made, the model with
+    them (fitted before the held-out split)."""
+    found, declined, considered = candidates
+    judged = RuntimeChoice("auto", (), considered, declined)
+    if not found:
+        return replace(judged, reason="no activation the source quantized dynamically can have a runtime range"
+                       if considered else "the source quantized no activation dynamically"), None
+    if choice is None or not choice.scores:
+        why = choice.reason if choice is not None else "judged with --calib-method auto only"
+        return replace(judged, declined={**declined, **{t: f"not judged ({why})" for t in found}},
+                       reason=f"not judged: {why}; --runtime-ranges on applies them"), None
+    static = choice.scores[choice.label]
+    if RUNTIME in choice.also:  # judged beside auto's candidates
+        got, model, problem = choice.also[RUNTIME]
+    else:
+        fitted = range_choice.fitted_on(held_out, choice.method, choice.percentile, choice.keep_max)
+        try:
+            model = range_choice.candidate_model(graph, marked(annotations, found), choice.weights,
+                                                 [t for t in needed if t not in found], fitted, lowering)
+            got, problem = range_choice.score(model, held_out.feeds, held_out.outputs), ""
+        except TrtBridgeError as exc:
+            got, problem = None, f"could not be judged ({str(exc).splitlines()[0]})"
+    if problem:
+        return replace(judged, reason=f"the runtime-range model {problem}"), None
+    if got is None:
+        return replace(judged, scores={"static": static, "runtime": None},
+                       reason="the runtime-range model has no float output"), None
+    scores = {"static": static, "runtime": got}
+    feeds = f"{len(held_out.outputs)} held-out feed(s)"
+    if not got >= static - MARGIN_DB:
+        return replace(judged, scores=scores, reason=f"{static - got:.1f} dB below the static model on {feeds}"), None
+    mark(annotations, found)
+    return replace(judged, tensors=tuple(found), scores=scores,
+                   reason=f"{got - static:+.1f} dB against the static model on {feeds}"), model

@@ -31,7 +31,7 @@ from trt_bridge.ir.files import check_name_lengths, check_writable, external_dat
 from trt_bridge.ir.finalize import finalize
 from trt_bridge.ir.model import default_opset, load_model
 from trt_bridge.ir.save import save_model
-from trt_bridge.ir.size import is_large, release_memory
+from trt_bridge.ir.size import is_large, payload_bytes, release_memory, too_large
 from trt_bridge.ir.store import WeightStore
 from trt_bridge.ir.types import infer_shapes
 from trt_bridge.ir.values import check_output_finite, check_source_scales, check_source_weights, nonfinite_count
@@ -65,6 +65,7 @@ class Conversion:
     feeds: Any = None  # calibrate.FeedSource
     imported: Any = None  # scales.ScaleTable from --scales FILE / --qat
     store: WeightStore | None = None  # a model over 2 GB: where its lifted weights live
+    weight_bytes: int = 0  # the source's weights and other constants, in bytes
     lifted: onnx.ModelProto | None = None  # the lifted float model (a header, with a store)
     graph: gs.Graph | None = None  # the lifted graph, placed, calibrated, lowered in place
     ctx: Any = None  # lift.LiftContext: annotations, rules fired and declined
@@ -116,7 +117,8 @@ def load(state: Conversion) -> StageResult:
 def lift(state: Conversion) -> StageResult:
     """The source to the float graph and its annotations. A model over 2 GB is held once: its lifted weights go
     to a private file the graph and onnxruntime map (:mod:`trt_bridge.ir.store`)."""
-    state.store = WeightStore() if is_large(state.model) else None
+    state.weight_bytes = payload_bytes(state.model)
+    state.store = WeightStore() if too_large(state.weight_bytes) else None
     activations = state.options.activations
     granularity = activations.granularity
     if activations.mode == "static":
@@ -128,7 +130,7 @@ def lift(state: Conversion) -> StageResult:
     state.lifted, ctx = lift_model(state.model, state.model_path, state.options.precision.bf16, state.declared,
                                    state.store, rules)
     state.ctx, state.model = ctx, None
-    release_memory()
+    _release_memory(state)
     state.graph = gs.import_onnx(state.lifted)  # keeps referring to lifted's weights: no copy
     if state.store is not None:
         state.store.attach(state.graph)
@@ -257,15 +259,22 @@ def calibrate(state: Conversion) -> StageResult:
         result, smoothed, splits = calibrate_graph(
             state.graph, ctx.annotations, state.lifted, needed, feeds, method, options.calibration.percentile,
             options.ranges.smooth, options.progress, held_out, options.ranges.split_outliers)
+        candidates = None
+        if mode == "auto":
+            excluded = {**shared, **{s.tensor: "its massive channels were split off into a float path" for s in splits}}
+            candidates = runtime_choice.eligible(state.graph, ctx.annotations, needed, False, excluded)
         if method is CalibMethod.AUTO:
             if choice is None:
                 choice = range_choice.choose_method(state.graph, ctx.annotations, needed, held_out,
                                                     _lowering(state), result.observers,
-                                                    options.calibration.percentile)
+                                                    options.calibration.percentile,
+                                                    also=runtime_choice.beside(state.graph, ctx.annotations, needed,
+                                                                               candidates, _lowering(state)))
             result = replace(result, method=choice.method, percentile=choice.percentile, keep_max=choice.keep_max)
             records["auto_method"] = choice.describe()
-        if mode == "auto":
-            runtime, model = _judge_runtime(state, choice, held_out, needed, shared, splits)
+        if candidates is not None:
+            runtime, model = runtime_choice.judge(state.graph, ctx.annotations, choice, held_out, needed, candidates,
+                                                  _lowering(state))
             if runtime.tensors:  # give-back and bias correction measure the model with runtime ranges
                 needed = [t for t in needed if t not in runtime.tensors]
                 choice = replace(choice, model=model, scores={**choice.scores, choice.label: runtime.scores["runtime"]})
@@ -300,41 +309,14 @@ def calibrate(state: Conversion) -> StageResult:
     return StageResult(changed=len(needed) + len(runtime.tensors), records=records)
 
 
-def _judge_runtime(state: Conversion, choice, held_out: HeldOut | None, needed: list[str], shared: dict[str, str],
-                   splits) -> tuple[runtime_choice.RuntimeChoice, Any]:
-    """``--runtime-ranges auto`` with calibration data: the dynamic source's activations get runtime ranges if the
-    held-out feeds score them no more than ``MARGIN_DB`` below auto's static choice (marked in place). Returns the
-    choice and, when made, the model with them (fitted before the held-out split)."""
-    excluded = {**shared, **{s.tensor: "its massive channels were split off into a float path" for s in splits}}
-    found, declined, considered = runtime_choice.eligible(state.graph, state.ctx.annotations, needed, False,
-                                                          excluded)
-    judged = runtime_choice.RuntimeChoice("auto", (), considered, declined)
-    if not found:
-        return replace(judged, reason="no activation the source quantized dynamically can have a runtime range"
-                       if considered else "the source quantized no activation dynamically"), None
-    if choice is None or not choice.scores:
-        why = choice.reason if choice is not None else "judged with --calib-method auto only"
-        return replace(judged, declined={**declined, **{t: f"not judged ({why})" for t in found}},
-                       reason=f"not judged: {why}; --runtime-ranges on applies them"), None
-    static = choice.scores[choice.label]
-    fitted = range_choice.fitted_on(held_out, choice.method, choice.percentile, choice.keep_max)
-    try:
-        model = range_choice.candidate_model(state.graph, runtime_choice.marked(state.ctx.annotations, found),
-                                             choice.weights, [t for t in needed if t not in found], fitted,
-                                             _lowering(state))
-        got = range_choice.score(model, held_out.feeds, held_out.outputs)
-    except TrtBridgeError as exc:
-        return replace(judged, reason=f"the runtime-range model could not be judged ({str(exc).splitlines()[0]})"), None
-    if got is None:
-        return replace(judged, scores={"static": static, "runtime": None},
-                       reason="the runtime-range model has no float output"), None
-    scores = {"static": static, "runtime": got}
-    feeds = f"{len(held_out.outputs)} held-out feed(s)"
-    if not got >= static - runtime_choice.MARGIN_DB:
-        return replace(judged, scores=scores, reason=f"{static - got:.1f} dB below the static model on {feeds}"), None
-    runtime_choice.mark(state.ctx.annotations, found)
-    return replace(judged, tensors=tuple(found), scores=scores,
-                   reason=f"{got - static:+.1f} dB against the static model on {feeds}"), model
+#: below this many bytes of weights, a dropped copy of the model is left to Python's collector (collecting it at once
+#: and trimming the heap cost about 40 ms a time on a 1 MB classifier, and gains nothing there)
+RELEASE_BYTES = 64 << 20
+
+
+def _release_memory(state: Conversion) -> None:
+    if state.weight_bytes >= RELEASE_BYTES:
+        release_memory()
 
 
 def lower_model(state: Conversion) -> StageResult:
@@ -345,7 +327,7 @@ def lower_model(state: Conversion) -> StageResult:
         release_memory()  # the float weights just quantized: their maps go before the export copies the rest
     exported, lifted_opset = export_model(state.graph), default_opset(state.lifted)
     state.graph = state.lifted = None  # the float model goes before the output is checked
-    release_memory()
+    _release_memory(state)
     if store is not None:
         store.close()
     out_model = finalize(exported, lifted_opset, check=True, min_opset=needs_opset(quantized))

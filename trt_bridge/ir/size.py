@@ -20,7 +20,12 @@ def is_large(model: onnx.ModelProto) -> bool:
     Estimated from the tensor payloads (computing ``ByteSize`` of a large model costs
     about a second each time); the threshold keeps headroom for the graph itself.
     """
-    return payload_bytes(model) > EXTERNAL_DATA_THRESHOLD
+    return too_large(payload_bytes(model))
+
+
+def too_large(nbytes: int) -> bool:
+    """``nbytes`` of weights are too many for one protobuf message (:func:`is_large`, for a size already known)."""
+    return nbytes > EXTERNAL_DATA_THRESHOLD
 
 
 def payload_bytes(model: onnx.ModelProto) -> int:

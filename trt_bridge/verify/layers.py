@@ -137,9 +137,7 @@ def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str,
         fetch = [n for n in chunk if n not in graph_inputs]
         with CalibrationSession(ref_model, fetch, True, f"{reference} with its tensors exposed") as ref, \
                 CalibrationSession(run_cand, fetch, True, f"{candidate} with its tensors exposed") as cand:
-            for feed in feeds:
-                ref_out = ref.session.run(fetch, feed) if fetch else []
-                cand_out = cand.session.run(fetch, feed) if fetch else []
+            for (feed, ref_out), (_, cand_out) in zip(ref.outputs(fetch, feeds), cand.outputs(fetch, feeds)):
                 for name, r, c in zip(fetch, ref_out, cand_out):
                     if np.asarray(r).dtype.kind == "f" and np.shape(r) == np.shape(c):
                         accumulators[name].add(r, c)
@@ -343,7 +341,6 @@ def _with_unquantized_copies(candidate: str | Path | onnx.ModelProto, feeds: lis
                                                                                     types[out], None))
             fetch += [node.output[0], f"{node.output[0]}__unquantized"]
         with CalibrationSession(work, fetch, True, "the candidate with unquantized layer copies") as session:
-            for feed in feeds:
-                values = session.session.run(fetch, feed)
+            for _, values in session.outputs(fetch, feeds):
                 for (node, _), quantized, plain in zip(chunk, values[0::2], values[1::2]):
                     yield node, quantized, plain
