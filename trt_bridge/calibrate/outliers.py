@@ -33,6 +33,7 @@ import onnx_graphsurgeon as gs
 from trt_bridge.annotations import Annotations, ScaleSource, Site, WeightSpec
 from trt_bridge.ir.graph_builder import GraphBuilder
 from trt_bridge.ir.names import NameAllocator
+from trt_bridge.ir.toposort import toposort
 
 RATIO = 3.0
 MAX_CHANNELS = 8
@@ -91,7 +92,7 @@ def split_outliers(graph: gs.Graph, annotations: Annotations, channel_max: dict[
         channel_max[name] = channel_max[name].copy()
         channel_max[name][channels] = 0.0
     if done:
-        graph.cleanup().toposort()
+        toposort(graph.cleanup())
     return done
 
 

@@ -30,6 +30,7 @@ import onnx_graphsurgeon as gs
 from trt_bridge.annotations import QMAX, ActivationSpec, Annotations, ScaleSource, Site
 from trt_bridge.calibrate.session import CalibrationResult
 from trt_bridge.ir.names import NameAllocator
+from trt_bridge.ir.toposort import toposort
 from trt_bridge.lift.weights import effective_weight
 
 MIN_GAIN = 0.75  # re-centre when the shifted range is below 75 % of the symmetric one
@@ -95,7 +96,7 @@ def recenter(graph: gs.Graph, annotations: Annotations, calibration: Calibration
         compensated = _apply(graph, names, annotations, tensors, spec, sites, np.float32(center), a1)
         done.append(Recentered(name, float(np.float32(center)), a0, a1, compensated))
     if done and sort:
-        graph.cleanup().toposort()
+        toposort(graph.cleanup())
     return done
 
 

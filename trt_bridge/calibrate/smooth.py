@@ -31,6 +31,7 @@ import onnx_graphsurgeon as gs
 from trt_bridge.annotations import Annotations, ScaleSource, Site, WeightSpec
 from trt_bridge.ir.graph_builder import redirect
 from trt_bridge.ir.names import NameAllocator
+from trt_bridge.ir.toposort import toposort
 from trt_bridge.lift.weights import effective_weight
 
 S_RANGE = (1e-4, 1e4)
@@ -171,7 +172,7 @@ def smooth(graph: gs.Graph, annotations: Annotations, channel_max: dict[str, np.
                              "LayerNormalization" if ln is not None else "Mul"))
         factors[name] = s
     if done:
-        graph.cleanup().toposort()
+        toposort(graph.cleanup())
     return done, factors
 
 

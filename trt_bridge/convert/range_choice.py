@@ -258,7 +258,8 @@ def candidate_model(graph, annotations: Annotations, weights: dict[str, WeightSp
     apply_ranges(work, ann, fitted, needed, lowering.shared, lowering.recentre, lowering.center_type, sort=False)
     quantized = lower(work, ann)  # cleans up and sorts
     exported = export_model(work)  # with float16 Q/DQ, opset 19 as the written model will have
-    return finalize(exported, default_opset(exported), check=False, min_opset=needs_opset(quantized))
+    # onnxruntime infers its shapes (a measurement that needs the types infers them: ir.types.value_types)
+    return finalize(exported, default_opset(exported), check=False, min_opset=needs_opset(quantized), infer=False)
 
 
 def score(model, feeds: list, outputs: list) -> float | None:

@@ -13,9 +13,10 @@ from trt_bridge.ir.size import is_large
 from trt_bridge.ir.types import infer_shapes
 
 
-def finalize(model: onnx.ModelProto, opset: int, check: bool = False, min_opset: int = MIN_QDQ_OPSET
-              ) -> onnx.ModelProto:
-    """Drop unused opset imports, upgrade to opset ≥ ``min_opset``, infer shapes; check when asked."""
+def finalize(model: onnx.ModelProto, opset: int, check: bool = False, min_opset: int = MIN_QDQ_OPSET,
+             infer: bool = True) -> onnx.ModelProto:
+    """Drop unused opset imports, upgrade to opset ≥ ``min_opset``, infer shapes (unless not ``infer``: a model only
+    run by onnxruntime, which infers them itself); check when asked."""
     used = {n.domain for n in model.graph.node}
     keep = [imp for imp in model.opset_import if imp.domain in ("", "ai.onnx") or imp.domain in used]
     del model.opset_import[:]
@@ -36,8 +37,8 @@ def finalize(model: onnx.ModelProto, opset: int, check: bool = False, min_opset:
         model.ir_version = 7
     unname_unknown_dims(model)
     del model.graph.value_info[:]
-    if is_large(model):
-        return model  # protobuf cannot hold it for in-memory checks; checked from disk after saving
+    if not (infer or check) or is_large(model):
+        return model  # protobuf cannot hold a large one for in-memory checks; checked from disk after saving
     try:
         model = infer_shapes(model, strict=check)
         if check:

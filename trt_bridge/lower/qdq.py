@@ -26,6 +26,7 @@ import onnx_graphsurgeon as gs
 from trt_bridge.annotations import Annotations
 from trt_bridge.errors import InternalError, UnsupportedPatternError
 from trt_bridge.ir.names import NameAllocator
+from trt_bridge.ir.toposort import toposort
 from trt_bridge.lift.weights import float_type, representable_scale, weight_values
 from trt_bridge.lower import runtime_ranges
 
@@ -118,7 +119,7 @@ def lower(graph: gs.Graph, annotations: Annotations) -> list[QuantizedTensor]:
         done.append(QuantizedTensor(name, "activation", float(scale.values), None,
                                     spec.source.value if spec.source else "", tuple(s.node for s in spec.sites),
                                     np.dtype(ftype).name))
-    graph.cleanup().toposort()
+    toposort(graph.cleanup())
     return done
 
 
