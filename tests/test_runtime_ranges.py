@@ -263,6 +263,51 @@ def test_judged_beside_the_candidates_as_after_them(tmp_path, dynamic_source, mo
     assert (tmp_path / "beside.onnx").read_bytes() == (tmp_path / "after.onnx").read_bytes()
 
 
+@pytest.mark.parametrize("fmt", ["trt-cache", "json", "fixed-point"])
+def test_scales_export_says_runtime_ranges_have_no_static_scale(tmp_path, dynamic_source, fmt):
+    """A model whose activations all have runtime ranges has no activation scale to export: the error says why and
+    names the flag; the grid's scale 1 is never written as if it were a range."""
+    _, source = dynamic_source
+    out = tmp_path / "out.onnx"
+    convert(source, out, ConvertOptions(progress=False, check=False))
+    done = cli("scales", "export", out, "--format", fmt, "-o", tmp_path / "scales.out")
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and "Traceback" not in done.stderr, done.stderr
+    msg = lines[0]
+    assert msg.startswith("trt-bridge scales: error: ") and "runtime ranges" in msg
+    assert "--runtime-ranges off" in msg and str(out) in msg
+    assert not (tmp_path / "scales.out").exists()
+    grids = runtime_ranges.grid_tensors(onnx.load(str(out)))
+    assert grids and all(name.endswith("_grid") for name in grids)
+
+
+def test_scales_export_leaves_runtime_ranges_out_of_a_mixed_model(tmp_path):
+    """The input's scale imported from a scale file, the rest with runtime ranges (--runtime-ranges on): the cache
+    holds the input's scale alone, and the summary says what was left out."""
+    import json
+
+    src = save(conv_net(channels=(8, 16)), tmp_path / "float.onnx")
+    static = tmp_path / "static.onnx"
+    assert cli("convert", src, "-o", static, "--calib-random", "4", "--runtime-ranges", "off", "-q",
+               "--skip-check").returncode == 0
+    assert cli("scales", "export", static, "--format", "json", "-o", tmp_path / "all.json").returncode == 0
+    table = json.loads((tmp_path / "all.json").read_text())
+    table["tensors"] = {k: v for k, v in table["tensors"].items() if k == "x" or v["kind"] == "weight"}
+    (tmp_path / "input.json").write_text(json.dumps(table))
+    out = tmp_path / "mixed.onnx"
+    done = cli("convert", src, "-o", out, "--scales", tmp_path / "input.json", "--runtime-ranges", "on",
+               "--skip-check", "--json", tmp_path / "report.json")
+    assert done.returncode == 0, done.stderr
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert report["runtime_ranges"]["tensors"] and "x" not in report["runtime_ranges"]["tensors"]
+    done = cli("scales", "export", out, "--format", "trt-cache", "-o", tmp_path / "calib.cache")
+    assert done.returncode == 0, done.stderr
+    assert "quantized with runtime ranges have no static scale and are left out" in done.stdout
+    cache = (tmp_path / "calib.cache").read_text().splitlines()
+    assert [line.split(":")[0] for line in cache[1:]] == ["x"]
+    assert_tensorrt_ready(out)
+
+
 def test_off_asks_for_calibration_data(tmp_path, dynamic_source):
     _, source = dynamic_source
     msg = error_message(cli("convert", source, "-o", tmp_path / "out.onnx", "--runtime-ranges", "off"))

@@ -8,6 +8,7 @@ from pathlib import Path
 from trt_bridge.cli.common import EXIT_OK, check_output_path
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.model import load_model
+from trt_bridge.lower.runtime_ranges import grid_tensors
 from trt_bridge.scales.fixed_point import requantization_table, write_fixed_point
 from trt_bridge.scales.json_table import write_json
 from trt_bridge.scales.model_scales import scales_of_model, uncentered
@@ -49,17 +50,25 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     check_output_path(args.output, [args.model], "output")
     model = load_model(args.model)
+    runtime = grid_tensors(model)  # activations convert gave runtime ranges: no static scale to export
+    none_static = (f"; the {len(runtime)} tensor(s) it quantizes with runtime ranges have no static scale (each "
+                   "inference computes theirs): convert with --runtime-ranges off for scales to export") \
+        if runtime else "; is it a converted model?"
     if args.format == "fixed-point":
-        rows = requantization_table(model)
+        on_grid = _grid_readers(model, runtime)
+        rows = [row for row in requantization_table(model) if row.node not in on_grid and row.output not in runtime]
         if not rows:
             raise TrtBridgeError(f"{args.model}: no quantized layer whose output is requantized (a weighted op with "
-                                 "Q/DQ inputs and a QuantizeLinear after it); is it a converted model?")
+                                 f"Q/DQ inputs and a QuantizeLinear after it){none_static}")
         write_fixed_point(rows, args.output)
         what = f"{len(rows)} requantization(s)"
     else:
         table = scales_of_model(model, source=f"model:{args.model.name}")
+        table = ScaleTable({k: e for k, e in table.entries.items() if k not in runtime})
+        if not len(table.activations()) and runtime:
+            raise TrtBridgeError(f"{args.model}: no activation scale to export{none_static}.")
         if not len(table):
-            raise TrtBridgeError(f"{args.model}: no QuantizeLinear/DequantizeLinear scales; is it a converted model?")
+            raise TrtBridgeError(f"{args.model}: no QuantizeLinear/DequantizeLinear scales{none_static}")
         table, _ = uncentered(table, model)  # re-centred tensors: the original tensor's range, as readers expect
         if args.format == "trt-cache":
             write_trt_cache(table, args.output)
@@ -72,9 +81,23 @@ def run(args: argparse.Namespace) -> int:
                 what += (f"; {len(left_out)} scale(s) of tensors convert re-centred or smoothed left out, since they "
                          f"describe the converted model's own transformed tensors ({', '.join(left_out[:3])}"
                          f"{', ...' if len(left_out) > 3 else ''})")
+    if runtime:
+        what += f"; {len(runtime)} tensor(s) quantized with runtime ranges have no static scale and are left out"
     if not args.quiet:
         print(f"wrote {what} of {args.model} to {args.output} ({args.format})")
     return EXIT_OK
+
+
+def _grid_readers(model, grids: set[str]) -> set[str]:
+    """The layers that read a runtime-range grid (through its Q/DQ): their input scale is the grid's 1, not a range."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    found = set()
+    for node in model.graph.node:
+        dq = producers.get(node.input[0]) if node.input else None
+        q = producers.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        if q is not None and q.op_type == "QuantizeLinear" and q.input[0] in grids:
+            found.add(node.name)
+    return found
 
 
 def _portable(table, model):

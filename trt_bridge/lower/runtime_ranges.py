@@ -33,6 +33,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ActivationSpec, Annotations, Site
@@ -104,6 +105,21 @@ def _site_problem(node: gs.Node | None, site: Site, annotations: Annotations, x:
     elif len(weight.shape) != 2:
         return f"{where} has a batched weight of rank {len(weight.shape)}"
     return ""
+
+
+def grid_tensors(model: onnx.ModelProto) -> set[str]:
+    """The tensors of a written model that :func:`rewrite` put on an integer grid (``x/s − k``, quantized with scale
+    1): their QuantizeLinear's scale says nothing of the activation's range, which each inference computes."""
+    producers = {o: n for n in model.graph.node for o in n.output}
+    found = set()
+    for node in model.graph.node:
+        grid = producers.get(node.input[0]) if node.op_type == "QuantizeLinear" and node.input else None
+        if grid is None or grid.op_type != "Sub" or len(grid.input) != 2:
+            continue
+        steps, code = producers.get(grid.input[0]), producers.get(grid.input[1])
+        if steps is not None and steps.op_type == "Div" and code is not None and code.op_type == "Round":
+            found.add(node.input[0])
+    return found
 
 
 def rewrite(graph: gs.Graph, names: NameAllocator, annotations: Annotations, found: Match) -> list[str]:
