@@ -22,7 +22,9 @@ be compensated exactly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx_graphsurgeon as gs
@@ -46,8 +48,8 @@ class Recentered:
 
 
 def recenter(graph: gs.Graph, annotations: Annotations, calibration: CalibrationResult | None,
-             skip: set[str] = frozenset(), center_type: str | None = None, sort: bool = True
-             ) -> list[Recentered]:
+             skip: set[str] = frozenset(), center_type: str | None = None, sort: bool = True,
+             recipes: dict[str, list] | None = None) -> list[Recentered]:
     """Re-centre every one-sided or asymmetric activation that can be compensated exactly (not those in
     ``skip``, which must keep a scale shared with other tensors). ``center_type`` ("fp16" or "bf16"): the
     centre is rounded to that type first, so the Sub and Pad that carry it there are exact and the
@@ -56,48 +58,79 @@ def recenter(graph: gs.Graph, annotations: Annotations, calibration: Calibration
     A calibrated tensor is centred on its observed range; a tensor whose scale is the source model's
     on the range [lo, hi] its (scale, zero point) covered: an asymmetric uint8 source then keeps its
     full resolution, (hi − lo)/254 instead of max(|lo|, |hi|)/127. ``sort``: clean up and sort the graph after
-    (else its new nodes are appended, unsorted).
+    (else its new nodes are appended, unsorted). ``recipes``: filled with, per re-centred tensor, how each value it
+    wrote follows from its centre and range (:class:`Recipe`), for a caller that re-fits the same structure.
     """
     names = NameAllocator(graph)
     nodes = {n.name: n for n in graph.nodes}
     tensors = graph.tensors()
     done = []
     for name in sorted(annotations.activations):
-        spec = annotations.activations[name]
-        if name in skip:
+        found = None if name in skip else _decide(annotations, calibration, center_type, nodes, tensors, name)
+        if found is None:
             continue
-        if spec.source is ScaleSource.CALIBRATION and calibration is not None and name in calibration.observers:
-            obs = calibration.observers[name]
-            a0 = calibration.amax(name)
-            if a0 <= 0.0:
-                continue
-            lo = obs.lo
-            center = (max(obs.lo, -a0) + min(obs.hi, a0)) / 2.0
-            a1 = calibration.amax(name, center)
-        elif spec.source is ScaleSource.MODEL and spec.model_range is not None and spec.scale:
-            lo, hi = spec.model_range
-            a0, center, a1 = spec.scale * QMAX, (lo + hi) / 2.0, (hi - lo) / 2.0
-        else:
-            continue
-        if center_type is not None and lo >= 0.0 and a0 > 0.0:
-            # Non-negative (ReLU): 0, the most common value, must stay exactly on the grid once the scale and
-            # the centre are rounded to float16/bfloat16. With the scale s representable there and c = 128·s
-            # (exact in any binary float), 0 − c is code −128 and the range [0, 255·s] is covered.
-            step = _representable(a0 / 255.0, center_type, up=True)
-            center, a1 = 128.0 * step, 127.0 * step
-        if abs(center) < 1e-6 * a0:
-            continue
-        if not a1 < MIN_GAIN * a0:
-            continue
-        sites = [(nodes[s.node], s.index) for s in spec.sites]
-        if not all(_compensable(node, index, annotations, tensors[name]) for node, index in sites):
-            continue
-        center = _representable(center, center_type)  # a no-op for the 128·step centre above
-        compensated = _apply(graph, names, annotations, tensors, spec, sites, np.float32(center), a1)
+        center, a0, a1, sites = found
+        recipe = None if recipes is None else recipes.setdefault(name, [])
+        compensated = _apply(graph, names, annotations, tensors, annotations.activations[name], sites,
+                             np.float32(center), a1, recipe)
         done.append(Recentered(name, float(np.float32(center)), a0, a1, compensated))
     if done and sort:
         toposort(graph.cleanup())
     return done
+
+
+def decisions(graph: gs.Graph, annotations: Annotations, calibration: CalibrationResult | None,
+              skip: set[str] = frozenset(), center_type: str | None = None) -> list[tuple[str, np.float32, float]]:
+    """(tensor, centre, centred range) of each activation :func:`recenter` would re-centre, in its order; nothing is
+    changed."""
+    nodes, tensors = {n.name: n for n in graph.nodes}, graph.tensors()
+    found = []
+    for name in sorted(annotations.activations):
+        got = None if name in skip else _decide(annotations, calibration, center_type, nodes, tensors, name)
+        if got is not None:
+            found.append((name, np.float32(got[0]), got[2]))
+    return found
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """One value :func:`_apply` wrote for a re-centred tensor, as a function of its centre (float32) and centred
+    range: a constant's values, or the scale of an activation it added."""
+
+    target: gs.Constant | str  # the constant, or the name of the added activation
+    value: Callable[[np.float32, float], Any]
+
+
+def _decide(annotations: Annotations, calibration, center_type, nodes, tensors, name: str):
+    """(centre, symmetric range, centred range, sites) if ``name`` is to be re-centred, else None."""
+    spec = annotations.activations[name]
+    if spec.source is ScaleSource.CALIBRATION and calibration is not None and name in calibration.observers:
+        obs = calibration.observers[name]
+        a0 = calibration.amax(name)
+        if a0 <= 0.0:
+            return None
+        lo = obs.lo
+        center = (max(obs.lo, -a0) + min(obs.hi, a0)) / 2.0
+        a1 = calibration.amax(name, center)
+    elif spec.source is ScaleSource.MODEL and spec.model_range is not None and spec.scale:
+        lo, hi = spec.model_range
+        a0, center, a1 = spec.scale * QMAX, (lo + hi) / 2.0, (hi - lo) / 2.0
+    else:
+        return None
+    if center_type is not None and lo >= 0.0 and a0 > 0.0:
+        # Non-negative (ReLU): 0, the most common value, must stay exactly on the grid once the scale and
+        # the centre are rounded to float16/bfloat16. With the scale s representable there and c = 128·s
+        # (exact in any binary float), 0 − c is code −128 and the range [0, 255·s] is covered.
+        step = _representable(a0 / 255.0, center_type, up=True)
+        center, a1 = 128.0 * step, 127.0 * step
+    if abs(center) < 1e-6 * a0:
+        return None
+    if not a1 < MIN_GAIN * a0:
+        return None
+    sites = [(nodes[s.node], s.index) for s in spec.sites]
+    if not all(_compensable(node, index, annotations, tensors[name]) for node, index in sites):
+        return None
+    return _representable(center, center_type), a0, a1, sites  # a no-op for the 128·step centre above
 
 
 def _representable(value: float, center_type: str | None, up: bool = False) -> float:
@@ -160,12 +193,27 @@ def _compensable(node: gs.Node, index: int, annotations: Annotations, x: gs.Tens
     return False
 
 
-def _apply(graph, names, annotations, tensors, spec: ActivationSpec, sites, center: np.float32, amax: float):
+def _apply(graph, names, annotations, tensors, spec: ActivationSpec, sites, center: np.float32, amax: float,
+           recipe: list | None = None):
     x = tensors[spec.tensor]
     ftype = np.float16 if x.dtype is not None and not isinstance(x.dtype, int) and np.dtype(x.dtype) == np.float16 \
         else np.float32  # a float16 model's compensation constants are float16
+
+    def constant(name: str, value) -> gs.Constant:
+        """A constant of ``value(center, amax)``, and its recipe for a re-fit."""
+        const = gs.Constant(name, value(center, amax))
+        if recipe is not None:
+            recipe.append(Recipe(const, value))
+        return const
+
+    def scale(name: str, value) -> float:
+        """The scale ``value(center, amax)`` of the activation ``name`` adds, and its recipe for a re-fit."""
+        if recipe is not None:
+            recipe.append(Recipe(name, value))
+        return value(center, amax)
+
     shifted = gs.Variable(names(f"{spec.tensor}_centered"), dtype=ftype, shape=x.shape)
-    center_const = gs.Constant(names(f"{spec.tensor}_center"), np.array(center, ftype))
+    center_const = constant(names(f"{spec.tensor}_center"), lambda c, a: np.array(c, ftype))
     graph.nodes.append(gs.Node("Sub", names(f"{spec.tensor}_recenter"), {}, [x, center_const], [shifted]))
     del annotations.activations[spec.tensor]
     plain_sites = []
@@ -178,17 +226,19 @@ def _apply(graph, names, annotations, tensors, spec: ActivationSpec, sites, cent
             plain_sites.append(Site(node.name, index))
             node.inputs[index] = shifted
             # batched weights [..., K, N] keep the row axis so the sum broadcasts over each batch's rows
-            compensated.append(_add_after(graph, names, node, (float(center) * w.sum(axis=-2, keepdims=w.ndim > 2)
-                                                                ).astype(ftype)))
+            sums = w.sum(axis=-2, keepdims=w.ndim > 2)
+            compensated.append(_add_after(graph, names, node, constant, lambda c, a, sums=sums: (float(c) * sums
+                                                                                                ).astype(ftype)))
             continue
         if node.op == "Gemm":
-            _compensate_gemm(names, node, w, float(center), ftype)
+            _compensate_gemm(names, node, w, constant, ftype)
             plain_sites.append(Site(node.name, index))
             node.inputs[index] = shifted
             continue
-        comp = float(center) * w.reshape(w.shape[0], -1).sum(axis=1)
+        sums = w.reshape(w.shape[0], -1).sum(axis=1)
         bias = np.asarray(node.inputs[2].values, np.float64) if len(node.inputs) > 2 else 0.0
-        new_bias = gs.Constant(names(f"{node.name}_bias_recentered"), (bias + comp).astype(ftype))
+        new_bias = constant(names(f"{node.name}_bias_recentered"),
+                            lambda c, a, bias=bias, sums=sums: (bias + float(c) * sums).astype(ftype))
         if len(node.inputs) > 2:
             node.inputs[2] = new_bias
         else:
@@ -202,44 +252,49 @@ def _apply(graph, names, annotations, tensors, spec: ActivationSpec, sites, cent
         half = len(pads) // 2
         padded = gs.Variable(names(f"{spec.tensor}_padded"), dtype=ftype)
         pad_values = np.array([0, 0, *pads[:half], 0, 0, *pads[half:]], np.int64)
-        graph.nodes.append(gs.Node(
-            "Pad", names(f"{node.name}_pad"), {"mode": "constant"},
-            [shifted, gs.Constant(names(f"{node.name}_pads"), pad_values),
-             gs.Constant(names(f"{node.name}_pad_value"), np.array(-center, ftype))], [padded]))
+        pad = names(f"{node.name}_pad")
+        pads_const = gs.Constant(names(f"{node.name}_pads"), pad_values)
+        pad_value = constant(names(f"{node.name}_pad_value"), lambda c, a: np.array(-c, ftype))
+        graph.nodes.append(gs.Node("Pad", pad, {"mode": "constant"}, [shifted, pads_const, pad_value], [padded]))
         node.attrs["pads"] = [0] * len(pads)
         node.attrs.pop("auto_pad", None)
         node.inputs[index] = padded
-        # The pad value −c must stay representable: never clip below it (−128 steps is the int8 minimum).
-        within = abs(float(center)) <= (QMAX + 1) * amax / QMAX * (1 + 1e-6)
-        pad_amax = amax if within else max(amax, abs(float(center)))
         annotations.activations[padded.name] = ActivationSpec(
-            padded.name, [Site(node.name, index)], spec.origin, pad_amax / QMAX, spec.source)
+            padded.name, [Site(node.name, index)], spec.origin, scale(padded.name, _pad_scale), spec.source)
     if plain_sites:
         annotations.activations[shifted.name] = ActivationSpec(
-            shifted.name, plain_sites, spec.origin, amax / QMAX, spec.source)
+            shifted.name, plain_sites, spec.origin, scale(shifted.name, lambda c, a: a / QMAX), spec.source)
     return tuple(compensated)
 
 
-def _compensate_gemm(names, node: gs.Node, w: np.ndarray, center: float, ftype) -> None:
+def _pad_scale(center: np.float32, amax: float) -> float:
+    """The scale of a padded re-centred tensor: the pad value −c must stay representable, so never clip below it
+    (−128 steps is the int8 minimum)."""
+    within = abs(float(center)) <= (QMAX + 1) * amax / QMAX * (1 + 1e-6)
+    return (amax if within else max(amax, abs(float(center)))) / QMAX
+
+
+def _compensate_gemm(names, node: gs.Node, w: np.ndarray, constant, ftype) -> None:
     """Gemm: alpha·(A + c)·B' + beta·C = alpha·A·B' + beta·(C + alpha·c·Σₖ B'[k, :] / beta): into C."""
     b = w.T if node.attrs.get("transB", 0) else w
     alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
-    comp = alpha * center * b.sum(axis=0)
+    sums = b.sum(axis=0)
     if len(node.inputs) > 2 and node.inputs[2].name:
-        new_c = np.asarray(node.inputs[2].values, np.float64) + comp / beta
-        node.inputs[2] = gs.Constant(names(f"{node.name}_bias_recentered"), new_c.astype(ftype))
+        old_c = np.asarray(node.inputs[2].values, np.float64)
+        node.inputs[2] = constant(names(f"{node.name}_bias_recentered"),
+                                  lambda c, a: (old_c + alpha * float(c) * sums / beta).astype(ftype))
         return
     node.attrs["beta"] = 1.0
     while len(node.inputs) > 2:  # an empty optional C
         node.inputs.pop()
-    node.inputs.append(gs.Constant(names(f"{node.name}_bias_recentered"), comp.astype(ftype)))
+    node.inputs.append(constant(names(f"{node.name}_bias_recentered"),
+                                lambda c, a: (alpha * float(c) * sums).astype(ftype)))
 
 
-def _add_after(graph, names, node: gs.Node, bias: np.ndarray) -> str:
+def _add_after(graph, names, node: gs.Node, constant, bias) -> str:
     out = node.outputs[0]
     raw = gs.Variable(names(f"{out.name}_before_recenter"), dtype=out.dtype, shape=out.shape)
     node.outputs[0] = raw
     add = names(f"{node.name}_recenter_bias")
-    graph.nodes.append(gs.Node("Add", add, {}, [raw, gs.Constant(names(f"{node.name}_recenter_bias"), bias)],
-                               [out]))
+    graph.nodes.append(gs.Node("Add", add, {}, [raw, constant(names(f"{node.name}_recenter_bias"), bias)], [out]))
     return add

@@ -43,6 +43,7 @@ from trt_bridge.annotations import Annotations, WeightSpec, drop_layers
 from trt_bridge.calibrate.apply import apply_ranges
 from trt_bridge.calibrate.observers import CalibMethod
 from trt_bridge.calibrate.session import CalibrationResult, CalibrationSession, HeldOut, finite
+from trt_bridge.convert.refit import Refittable
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
 from trt_bridge.ir.export import export_model
 from trt_bridge.ir.finalize import finalize
@@ -159,11 +160,14 @@ def choose_method(graph, annotations: Annotations, needed: list[str], held_out: 
     # and a model whose weights fill much memory is judged one candidate at a time
     workers = 2 if sum(spec.int8.nbytes for spec in weights.values()) < BIG_WEIGHTS else 1
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        jobs = []
+        jobs, built = [], None
         for method, pct, name in candidates:
             fitted = fitted_on(held_out, method, pct, small)
-            try:
-                model = candidate_model(graph, annotations, weights, needed, fitted, lowering)
+            try:  # the last candidate built, re-fitted where the ranges keep its structure (convert.refit)
+                model = built.refit(fitted) if built is not None else None
+                if model is None:
+                    built = Refittable(graph, annotations, weights, needed, fitted, lowering)
+                    model = built.model
             except TrtBridgeError as exc:
                 return fallback(f"the {name} candidate could not be made ({str(exc).splitlines()[0]})")
             jobs.append((name, model, pool.submit(score, model, feeds, outputs)))

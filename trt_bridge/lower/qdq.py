@@ -62,9 +62,10 @@ def needs_opset(quantized: list[QuantizedTensor]) -> int:
     return FP16_QDQ_OPSET if any(q.dtype == "float16" for q in quantized) else 13
 
 
-def lower(graph: gs.Graph, annotations: Annotations) -> list[QuantizedTensor]:
+def lower(graph: gs.Graph, annotations: Annotations, scales: dict | None = None) -> list[QuantizedTensor]:
     """Insert Q/DQ for every placed annotation (in place); return what was quantized. Activations marked
-    ``runtime`` get runtime ranges (:mod:`trt_bridge.lower.runtime_ranges`), before the weights are lowered."""
+    ``runtime`` get runtime ranges (:mod:`trt_bridge.lower.runtime_ranges`), before the weights are lowered.
+    ``scales``: filled with each quantized activation's scale constant (its Q and DQ share it) and float type."""
     names = NameAllocator(graph)
     done: list[QuantizedTensor] = []
     runtime = [annotations.activations[name] for name in sorted(annotations.activations)
@@ -108,6 +109,8 @@ def lower(graph: gs.Graph, annotations: Annotations) -> list[QuantizedTensor]:
                 "huge or non-finite values, the scale file, the model).")
         ftype = float_type(tensors[name], "activation")
         scale = gs.Constant(names(f"{name}_scale"), representable_scale(np.array(spec.scale), ftype))
+        if scales is not None:
+            scales[name] = (scale, ftype)
         zero = gs.Constant(names(f"{name}_zero_point"), np.array(0, np.int8))
         q_out = gs.Variable(names(f"{name}_quantized"), dtype=np.int8)
         dq_out = gs.Variable(names(f"{name}_dequantized"), dtype=ftype)
