@@ -62,14 +62,10 @@ def recenter(graph: gs.Graph, annotations: Annotations, calibration: Calibration
     wrote follows from its centre and range (:class:`Recipe`), for a caller that re-fits the same structure.
     """
     names = NameAllocator(graph)
-    nodes = {n.name: n for n in graph.nodes}
     tensors = graph.tensors()
     done = []
-    for name in sorted(annotations.activations):
-        found = None if name in skip else _decide(annotations, calibration, center_type, nodes, tensors, name)
-        if found is None:
-            continue
-        center, a0, a1, sites = found
+    # lazily: each decision is made after the previous tensor's rewrite, as the walk reaches it
+    for name, center, a0, a1, sites in _plan(graph, annotations, calibration, skip, center_type, tensors):
         recipe = None if recipes is None else recipes.setdefault(name, [])
         compensated = _apply(graph, names, annotations, tensors, annotations.activations[name], sites,
                              np.float32(center), a1, recipe)
@@ -83,13 +79,18 @@ def decisions(graph: gs.Graph, annotations: Annotations, calibration: Calibratio
               skip: set[str] = frozenset(), center_type: str | None = None) -> list[tuple[str, np.float32, float]]:
     """(tensor, centre, centred range) of each activation :func:`recenter` would re-centre, in its order; nothing is
     changed."""
-    nodes, tensors = {n.name: n for n in graph.nodes}, graph.tensors()
-    found = []
+    return [(name, np.float32(center), a1)
+            for name, center, _, a1, _ in _plan(graph, annotations, calibration, skip, center_type)]
+
+
+def _plan(graph, annotations: Annotations, calibration, skip, center_type, tensors=None):
+    """(tensor, centre, symmetric range, centred range, sites) of each activation to re-centre, in name order; a
+    generator, so a caller that rewrites as it goes has each decision made after the rewrites before it."""
+    nodes, tensors = {n.name: n for n in graph.nodes}, graph.tensors() if tensors is None else tensors
     for name in sorted(annotations.activations):
-        got = None if name in skip else _decide(annotations, calibration, center_type, nodes, tensors, name)
-        if got is not None:
-            found.append((name, np.float32(got[0]), got[2]))
-    return found
+        found = None if name in skip else _decide(annotations, calibration, center_type, nodes, tensors, name)
+        if found is not None:
+            yield (name, *found)
 
 
 @dataclass(frozen=True)

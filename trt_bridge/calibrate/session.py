@@ -264,8 +264,9 @@ class CalibrationSession:
         return count
 
     def _ahead(self, feeds, names_of):
-        """``(index, feed, names, job)`` per feed in order, ``job`` the future of onnxruntime's run on it: the runs
-        of the next feeds go on (in worker threads, without the GIL) while the observers take this one's."""
+        """``(index, feed, job)`` per feed in order, ``job`` the future of ``(names fetched, their values)`` from
+        onnxruntime's run on it: the runs of the next feeds go on (in worker threads, without the GIL) while the
+        observers take this one's."""
         run = self.session.run
 
         def start(item):

@@ -29,7 +29,6 @@ After:   every activation's amax = the chosen method's, reported with each candi
 from __future__ import annotations
 
 import contextlib
-import copy
 import itertools
 import logging
 from collections.abc import Callable
@@ -39,17 +38,12 @@ from typing import Any
 
 import numpy as np
 
-from trt_bridge.annotations import Annotations, WeightSpec, drop_layers
-from trt_bridge.calibrate.apply import apply_ranges
+from trt_bridge.annotations import Annotations, WeightSpec
 from trt_bridge.calibrate.observers import CalibMethod
 from trt_bridge.calibrate.session import CalibrationResult, CalibrationSession, HeldOut, finite
 from trt_bridge.convert.refit import Refittable
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
-from trt_bridge.ir.export import export_model
-from trt_bridge.ir.finalize import finalize
-from trt_bridge.ir.model import default_opset
 from trt_bridge.lift.weights import float_type, weight_values
-from trt_bridge.lower.qdq import lower, needs_opset
 from trt_bridge.verify.metrics import snr_db
 
 log = logging.getLogger("trt_bridge.convert")
@@ -253,17 +247,7 @@ def candidate_model(graph, annotations: Annotations, weights: dict[str, WeightSp
                     fitted: CalibrationResult, lowering: Lowering, drop=()):
     """The Q/DQ model the conversion would write with ``fitted``'s scales, the layers ``drop`` left in float (on
     copies; float32 throughout but for the centres' type)."""
-    work = graph.copy()
-    ann = Annotations(activations=copy.deepcopy(annotations.activations),
-                      weights={k: replace(v, sites=list(v.sites)) for k, v in weights.items()})
-    if drop:
-        drop_layers(ann, drop)
-        needed = [t for t in needed if t in ann.activations]
-    apply_ranges(work, ann, fitted, needed, lowering.shared, lowering.recentre, lowering.center_type, sort=False)
-    quantized = lower(work, ann)  # cleans up and sorts
-    exported = export_model(work)  # with float16 Q/DQ, opset 19 as the written model will have
-    # onnxruntime infers its shapes (a measurement that needs the types infers them: ir.types.value_types)
-    return finalize(exported, default_opset(exported), check=False, min_opset=needs_opset(quantized), infer=False)
+    return Refittable(graph, annotations, weights, needed, fitted, lowering, drop).model
 
 
 def score(model, feeds: list, outputs: list) -> float | None:

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from trt_bridge.annotations import Annotations, ScaleSource
+from trt_bridge.annotations import Annotations, ScaleSource, drop_layers
 from trt_bridge.calibrate.apply import apply_ranges
 from trt_bridge.calibrate.recenter import decisions
 from trt_bridge.calibrate.session import CalibrationResult
@@ -35,18 +35,22 @@ from trt_bridge.place.shared import share_scales
 
 
 class Refittable:
-    """A candidate model of ``fitted``'s ranges (``model``), which :meth:`refit` turns into another's.
+    """A candidate model of ``fitted``'s ranges, the layers ``drop`` left in float (``model``), which :meth:`refit`
+    turns into another's.
 
     ``graph``, ``annotations`` and ``weights`` are not changed (the candidate lowers a copy); ``lowering`` is
     :class:`~trt_bridge.convert.range_choice.Lowering`."""
 
     def __init__(self, graph, annotations: Annotations, weights: dict, needed: list[str],
-                 fitted: CalibrationResult, lowering):
+                 fitted: CalibrationResult, lowering, drop=()):
+        ann = Annotations(activations=copy.deepcopy(annotations.activations),
+                          weights={k: replace(v, sites=list(v.sites)) for k, v in weights.items()})
+        if drop:  # layers left in float
+            drop_layers(ann, drop)
+            needed = [t for t in needed if t in ann.activations]
         self.graph, self.needed, self.lowering = graph, list(needed), lowering
-        self.pristine = copy.deepcopy(annotations.activations)
-        self.weights = {k: replace(v, sites=list(v.sites)) for k, v in weights.items()}
+        self.pristine, self.weights = copy.deepcopy(ann.activations), dict(ann.weights)
         self.work = graph.copy()
-        ann = Annotations(activations=copy.deepcopy(annotations.activations), weights=dict(self.weights))
         self.recipes: dict[str, list] = {}
         apply_ranges(self.work, ann, fitted, self.needed, lowering.shared, lowering.recentre, lowering.center_type,
                      sort=False, recipes=self.recipes)

@@ -224,12 +224,12 @@ def calibrate(state: Conversion) -> StageResult:
                                "bias_corrected": None, "runtime_ranges": None}
     needed = ctx.annotations.needing_calibration()
     mode = options.activations.runtime_ranges
-    shared = {t: "it shares one scale with other tensors (a Concat's inputs), which a per-input range cannot"
-              for group in state.placement.shared_scales for t in group}
+    in_groups = {t: "it shares one scale with other tensors (a Concat's inputs), which a per-input range cannot"
+                 for group in state.placement.shared_scales for t in group}  # no runtime range for these
     runtime = runtime_choice.RuntimeChoice(mode, reason="off" if mode == "off" else "no activation needs a scale")
     if needed and mode != "off" and (mode == "on" or feeds is None):
         found, declined, considered = runtime_choice.eligible(state.graph, ctx.annotations, needed, mode == "on",
-                                                              shared)
+                                                              in_groups)
         runtime_choice.mark(ctx.annotations, found)
         needed = [t for t in needed if t not in found]
         runtime = runtime_choice.RuntimeChoice(mode, tuple(found), considered, declined, reason=(
@@ -261,7 +261,8 @@ def calibrate(state: Conversion) -> StageResult:
             options.ranges.smooth, options.progress, held_out, options.ranges.split_outliers)
         candidates = None
         if mode == "auto":
-            excluded = {**shared, **{s.tensor: "its massive channels were split off into a float path" for s in splits}}
+            split = {s.tensor: "its massive channels were split off into a float path" for s in splits}
+            excluded = {**in_groups, **split}
             candidates = runtime_choice.eligible(state.graph, ctx.annotations, needed, False, excluded)
         if method is CalibMethod.AUTO:
             if choice is None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
@@ -58,10 +59,12 @@ class LiftContext:
         """Record that ``rule`` lifted ``node`` to an approximation (reported, and warned about once per rule)."""
         self.approximated.append(Approximation(rule, node, what))
 
-    def constant(self, base: str, values: np.ndarray, key: tuple) -> gs.Constant:
-        """A float constant, shared between rules that derive the same values from the same source."""
+    def constant(self, base: str, values: np.ndarray | Callable[[], np.ndarray], key: tuple) -> gs.Constant:
+        """A float constant, shared between rules that derive the same values from the same source (``values`` may
+        be a function that computes them, called only for a key not seen before)."""
         const = self.constants.get(key)
         if const is None:
+            values = values() if callable(values) else values
             # (np.ascontiguousarray would make a 0-d array 1-d: a scalar must stay a scalar, or the Reshape
             # shapes built from it change rank — AIMET quantizes MobileViT's shape arithmetic)
             const = gs.Constant(self.names(base), np.ascontiguousarray(values).reshape(np.shape(values)))

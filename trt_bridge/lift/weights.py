@@ -40,9 +40,7 @@ def lift_integer_weight(ctx: LiftContext, tensor: gs.Tensor, values: np.ndarray,
     sc = scale.reshape(shape) if scale.ndim else scale
     key = ("integer-weight", tensor.name, scale.tobytes(), zero_point.tobytes())
     base = tensor.name.removesuffix("_quantized") or origin
-    const = ctx.constants.get(key)  # lifted already by another site: its values need not be computed again
-    if const is None:
-        const = ctx.constant(f"{base}_float", _dequantized(values, zp, sc), key)
+    const = ctx.constant(f"{base}_float", lambda: _dequantized(values, zp, sc), key)
     spec = ctx.annotations.weights.get(const.name)
     if spec is None:
         spec = _weight_spec(const.name, values, zero_point, scale, axis, origin)
