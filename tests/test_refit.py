@@ -1,12 +1,13 @@
 """convert/refit.py: auto's candidates after the first are the first one's lowered graph with new values wherever
 the ranges keep its structure. Each re-fitted candidate must be, byte for byte, the model a fresh build of the same
-ranges gives (convert/range_choice.candidate_model), and the conversion's output must not change."""
+ranges gives (convert/range_choice.candidate_model), and the conversion's output must not change. Every output is
+built by TensorRT-RTX and follows its float model in onnxruntime."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
-from helpers import quantize_dynamic, save
+from helpers import assert_tensorrt_ready, quantize_dynamic, run_ort, save, snr_db
 from onnx import TensorProto, helper, numpy_helper
 
 from trt_bridge.annotations import Annotations
@@ -34,17 +35,19 @@ def _gemm_net(with_c: bool, seed: int = 0) -> onnx.ModelProto:
 def _cases(root):
     images = np.stack(image_feeds(16, seed=2))
     conv = save(conv_net(channels=(8, 16)), root / "conv.onnx")
-    yield "conv float", conv, {"x": images}, {}
-    yield "conv float16", conv, {"x": images}, {"precision": PrecisionOptions(high_precision="fp16")}
-    yield "conv dynamic", quantize_dynamic(conv, root / "dynamic.onnx"), {"x": images}, {
+    yield "conv float", conv, conv, {"x": images}, {}
+    yield "conv float16", conv, conv, {"x": images}, {"precision": PrecisionOptions(high_precision="fp16")}
+    yield "conv dynamic", quantize_dynamic(conv, root / "dynamic.onnx"), conv, {"x": images}, {
         "activations": ActivationOptions(runtime_ranges="off")}
     rng = np.random.default_rng(5)
     one_sided = (np.abs(rng.standard_normal((16, 1024, 32))) * np.geomspace(0.5, 4, 16)[:, None, None]
                  ).astype(np.float32)
-    yield "gemm", save(_gemm_net(True), root / "gemm.onnx"), {"x": one_sided}, {}
-    yield "gemm without C", save(_gemm_net(False), root / "gemm-no-c.onnx"), {"x": one_sided}, {}
+    gemm, gemm_no_c = save(_gemm_net(True), root / "gemm.onnx"), save(_gemm_net(False), root / "gemm-no-c.onnx")
+    yield "gemm", gemm, gemm, {"x": one_sided}, {}
+    yield "gemm without C", gemm_no_c, gemm_no_c, {"x": one_sided}, {}
     block = transformer_block(hidden=64, heads=4, seq=128)
-    yield "transformer", save(block, root / "block.onnx"), {
+    block_path = save(block, root / "block.onnx")
+    yield "transformer", block_path, block_path, {
         block.graph.input[0].name: np.stack(sequence_feeds(32, seed=3, seq=128, hidden=64))}, {}
 
 
@@ -67,11 +70,15 @@ def test_a_refit_candidate_is_the_fresh_build(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Refittable, "refit", checking_refit)
     monkeypatch.setattr(Refittable, "__init__", counting_init)
-    for case, path, feeds, extra in _cases(tmp_path):
+    for case, path, float_path, feeds, extra in _cases(tmp_path):
         data = tmp_path / f"{case.replace(' ', '-')}.npz"
         np.savez(data, **feeds)
-        convert(path, tmp_path / f"{case.replace(' ', '-')}.out.onnx",
-                ConvertOptions(calibration=CalibrationOptions(data=str(data)), progress=False, check=False, **extra))
+        out = tmp_path / f"{case.replace(' ', '-')}.out.onnx"
+        convert(path, out, ConvertOptions(calibration=CalibrationOptions(data=str(data)), progress=False, check=False,
+                                          **extra))
+        assert_tensorrt_ready(out)
+        held = [{name: values[i] for name, values in feeds.items()} for i in range(4)]
+        assert snr_db(run_ort(float_path, held), run_ort(out, held)) > 25, case  # Q/DQ simulated as TensorRT runs it
     cases = {case for case, _ in checked}
     assert {"conv float", "conv float16", "conv dynamic", "gemm", "gemm without C"} <= cases, (checked, built)
     assert len(checked) >= 8
