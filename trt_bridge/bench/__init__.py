@@ -154,7 +154,7 @@ def _run(path: Path, kind: str, options: BenchOptions) -> tuple[BenchRow, str | 
         runner = OrtRunner(path, options)
         times, seconds = runner.measure()
         row = BenchRow(str(path), kind, runner.backend, LatencyStats.from_times(times, seconds),
-                       inputs=runner.input_shapes, feed=runner.feed_source)
+                       inputs=runner.input_shapes, feed=runner.feed_source, simulated=runner.simulated)
         return row, None
     with EngineRunner(path, options) as runner:
         times, seconds = runner.measure()

@@ -31,6 +31,17 @@ PROVIDERS = {
 }
 
 
+#: ops that make a model quantized for the CPU-latency caveat (Q/DQ, integer ops, com.microsoft quantized ops)
+QUANTIZED_OPS = frozenset({"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger",
+                           "ConvInteger", "QGemm", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention",
+                           "DynamicQuantizeLSTM", "QEmbedLayerNormalization", "DynamicInt8Gemm"})
+
+
+def is_quantized(model: onnx.ModelProto) -> bool:
+    """Whether ``model``'s main graph has quantized ops."""
+    return any(n.op_type in QUANTIZED_OPS or n.op_type.startswith("QLinear") for n in model.graph.node)
+
+
 def _onnxruntime():
     try:
         import onnxruntime
@@ -64,6 +75,8 @@ class OrtRunner:
         name = check_provider(options.provider)
         model = self._load()
         specs = model_inputs(model)
+        #: a quantized model on onnxruntime's CPU provider: Q/DQ and integer ops as CPU integer math
+        self.simulated = options.provider == "cpu" and is_quantized(model)
         where = str(self.path)
         concrete = concrete_specs(specs, options.shapes, where)
         self.feed, self.feed_source = first_feed(specs, concrete, options.data, options.seed, where, options.shapes)

@@ -13,6 +13,10 @@ from trt_bridge.bench.stats import LatencyStats
 #: (header, LatencyStats field) of the latency columns, in milliseconds
 LATENCY = (("median", "median"), ("mean", "mean"), ("min", "min"), ("max", "max"), ("p90", "p90"),
            ("p95", "p95"), ("p99", "p99"))
+#: under the table when a quantized ONNX model ran on onnxruntime's CPU provider
+CPU_CAVEAT = ("onnxruntime's CPU provider runs quantized (Q/DQ) models as simulated integer math on the CPU, so their "
+              "latency here is no estimate of a TensorRT INT8 engine's: build an engine (trt-bridge build) and bench "
+              "it on the GPU")
 RATIO_MEANING = "speed-up = the first row's median latency / this row's (above 1: faster than the first row)"
 
 
@@ -29,6 +33,7 @@ class BenchRow:
     feed: str = ""  # where the input data came from
     cuda_graph: bool | None = None  # engines: whether the timed runs launched a CUDA graph
     note: str | None = None  # e.g. why no CUDA graph was used
+    simulated: bool = False  # a quantized ONNX model on onnxruntime's CPU provider (see CPU_CAVEAT)
 
 
 @dataclass
@@ -88,9 +93,14 @@ class BenchReport:
     def __bool__(self) -> bool:
         return bool(self.rows)
 
+    @property
+    def notes(self) -> list[str]:
+        """What the numbers do not mean, printed under the table."""
+        return [CPU_CAVEAT] if any(r.simulated for r in self.rows) else []
+
     def to_dict(self) -> dict:
         return {"rows": [asdict(r) for r in self.rows], "options": asdict(self.options),
-                "machine": asdict(self.machine), "ratio": RATIO_MEANING}
+                "machine": asdict(self.machine), "ratio": RATIO_MEANING, "notes": self.notes}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, allow_nan=False)
@@ -124,6 +134,7 @@ class BenchReport:
             shapes = ", ".join(f"{name}{shape}" for name, shape in r.inputs.items()) or "no inputs"
             lines.append(f"  {r.path}: {shapes} from {r.feed}" + (f"; {r.note}" if r.note else ""))
         lines.append(f"  ({RATIO_MEANING})")
+        lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)
 
     def table(self) -> str:
@@ -141,6 +152,7 @@ class BenchReport:
             cells = [f"`{r.path}`", r.kind, r.backend, inputs or "-", *self._cells(r, _ms)]
             lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         lines += ["", f"{self._header()}. {RATIO_MEANING}."]
+        lines += [f"Note: {note}." for note in self.notes]
         return "\n".join(lines) + "\n"
 
 

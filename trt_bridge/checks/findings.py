@@ -42,9 +42,15 @@ class Finding:
     fixable: bool
     tensorrt: str | None = None  # TensorRT's own parser message for this node, when a parser ran
 
+    @property
+    def where(self) -> str:
+        """``Op 'node'``, or ``model`` for a finding about the whole model (never an empty name)."""
+        if self.node:
+            return f"{self.op} '{self.node}'" if self.op else f"'{self.node}'"
+        return f"{self.op} (unnamed)" if self.op else "model"
+
     def lines(self) -> list[str]:
-        where = f"{self.op} '{self.node}'" if self.node else "model"
-        out = [f"[{self.rule}] {where}: {self.why}"]
+        out = [f"[{self.rule}] {self.where}: {self.why}"]
         if self.tensors:
             out.append("    tensors: " + ", ".join(t.text() for t in self.tensors))
         if self.tensorrt:

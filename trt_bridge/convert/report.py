@@ -77,7 +77,7 @@ class ConversionReport:
         per_channel = sum(1 for w in weights if w["axis"] is not None)
         lines.append(f"  quantized: {len(acts)} activation(s), {len(weights)} weight(s) "
                      f"({per_channel} per-channel); scale sources: "
-                     + ", ".join(f"{k} {v}" for k, v in sorted(sources.items())))
+                     + (", ".join(f"{k} {v}" for k, v in sorted(sources.items())) or "none"))
         lines.append(f"  placement {self.placement}; source activation scales from the {self.scales}")
         if self.plugin:
             lines.append(f"  plugin {self.plugin['name']}: {len(self.plugin['layers'])} MatMul(s) with activation "

@@ -20,7 +20,7 @@ from trt_bridge.calibrate.session import HeldOut
 from trt_bridge.calibrate.two_pass import calibrate_graph
 from trt_bridge.checks import CheckOptions, check_model
 from trt_bridge.checks.rules import is_int8
-from trt_bridge.convert import bias_correction, give_back, range_choice, runtime_choice
+from trt_bridge.convert import bias_correction, data_choices, give_back, range_choice, runtime_choice
 from trt_bridge.convert.options import ConvertOptions, ScalePolicy
 from trt_bridge.convert.report import FloatLeftover, RuleHits
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
@@ -74,6 +74,7 @@ class Conversion:
     recentered: list = field(default_factory=list)
     ranges: dict | None = None  # --high-precision fp16: observed ranges of the float layers
     out_model: onnx.ModelProto | None = None
+    data_choices: str = ""  # without a scale source: the ways to give one, for the error that needs them
 
 
 def input_files(options: ConvertOptions) -> list[Path]:
@@ -96,6 +97,13 @@ def check_paths(state: Conversion) -> None:
     check_writable(output_path, "output model")
 
 
+def _has_scale_source(options: ConvertOptions) -> bool:
+    """Calibration data (real or random), a scale file or a QAT export: where activation scales can come from
+    besides the model itself."""
+    return (options.calibration.data is not None or options.calibration.random is not None
+            or bool(options.scales.files) or options.scales.qat is not None)
+
+
 def load(state: Conversion) -> StageResult:
     """Load and check the source; open (and check) the calibration data and any scale files before any work, so
     a bad path fails fast."""
@@ -105,6 +113,8 @@ def load(state: Conversion) -> StageResult:
     check_source_scales(model, state.model_path)
     check_source_weights(model, state.model_path)
     state.source_nonfinite = nonfinite_count(model)  # -inf attention masks are fine; new ones are overflows
+    if not _has_scale_source(options):  # the ways to give scales, named by the error that may need them
+        state.data_choices = data_choices.choices(model, options.activations.mode == "static")
     if options.calibration.data is not None or options.calibration.random is not None:
         inputs = feed_types(model_inputs(model), options.precision.bf16)
         state.feeds = open_feeds(options.calibration.data, options.calibration.random, inputs, model=model)
@@ -130,6 +140,9 @@ def lift(state: Conversion) -> StageResult:
     state.lifted, ctx = lift_model(state.model, state.model_path, state.options.precision.bf16, state.declared,
                                    state.store, rules)
     state.ctx, state.model = ctx, None
+    if (activations.mode == "static" and not _has_scale_source(state.options) and not ctx.annotations.activations
+            and not ctx.annotations.weights):  # a float model: nothing would be quantized
+        raise CalibrationDataError(data_choices.float_model_message(state.model_path, state.data_choices))
     _release_memory(state)
     state.graph = gs.import_onnx(state.lifted)  # keeps referring to lifted's weights: no copy
     if state.store is not None:
@@ -246,8 +259,8 @@ def calibrate(state: Conversion) -> StageResult:
             raise CalibrationDataError(
                 f"{state.model_path}: {len(needed)} activation(s) (e.g. '{needed[0]}') have no static scale in "
                 "the model (dynamic quantization computes them at run time; block floating point has none "
-                f"TensorRT can use).{dynamic} Pass --calib-data with "
-                "representative inputs, or --calib-random N for a quick smoke test."
+                f"TensorRT can use), and no calibration data or scale file was given; nothing was written.{dynamic} "
+                + (state.data_choices or "Pass --calib-data with representative inputs.")
             )
         method, choice, held_out = options.calibration.method, None, None
         if method is CalibMethod.AUTO:
@@ -364,4 +377,4 @@ def check(state: Conversion) -> StageResult:
     checked = check_model(state.output_path, CheckOptions())
     return StageResult(changed=0, records={
         "check": {**checked.to_dict(), "headline": checked.headline()},
-        "remaining_blockers": [f"{f.op} '{f.node}': {f.why}" for f in checked.blockers]})
+        "remaining_blockers": [f"{f.where}: {f.why}" for f in checked.blockers]})

@@ -11,6 +11,7 @@ import onnx
 
 from trt_bridge.errors import ModelLoadError
 from trt_bridge.ir.files import check_name_lengths, external_locations
+from trt_bridge.ir.names import name_nodes, node_label
 from trt_bridge.ir.repair import dedupe_initializers, drop_io_value_info, import_used_domains
 from trt_bridge.ir.types import declared_types, infer_shapes, skeleton
 
@@ -109,6 +110,7 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
     claim_ort_contrib_ops(model, path)  # onnxruntime's contrib ops written in the ONNX domain
     dedupe_initializers(model, path, repairs)  # what onnxruntime runs and onnx rejects, read as onnxruntime does
     import_used_domains(model, path, repairs)
+    name_nodes(model)  # every message from here on names a node, an unnamed one as its op type and index
     weightless = skeleton(model)
     try:
         _check_ignoring_missing_io_shapes(weightless)
@@ -156,9 +158,10 @@ def sort_nodes(model: onnx.ModelProto, path="model") -> bool:
     done = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
     producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
     known = done | set(producer) | {i.values.name for i in graph.sparse_initializer}
-    orphan = next(((n, x) for n in graph.node for x in n.input if x not in known), None)
+    orphan = next(((n, x, i) for i, n in enumerate(graph.node) for x in n.input if x not in known), None)
     if orphan is not None:  # no order can fix it (Intel Neural Compressor's QOperator EfficientNet)
-        raise ModelLoadError(f"{path}: node '{orphan[0].name}' ({orphan[0].op_type}) reads '{orphan[1]}', which no "
+        reader, name, index = orphan
+        raise ModelLoadError(f"{path}: node '{node_label(reader, index)}' ({reader.op_type}) reads '{name}', which no "
                              "node, initializer or graph input produces, so onnxruntime refuses the model too: the "
                              "tool that wrote it lost that tensor. Re-export or re-quantize the model.")
     needs = [{producer[x] for x in (*n.input, *_outer_names(n)) if x in producer and x not in done}

@@ -36,6 +36,11 @@ def unique_node_names(nodes: list[tuple[str, str]]) -> list[str]:
     return names
 
 
+def node_label(node: onnx.NodeProto, index: int) -> str:
+    """``node``'s name, or for an unnamed one (at ``index`` in its graph) the name :func:`name_nodes` gives it."""
+    return node.name or f"{node.op_type}_{index}"
+
+
 def name_nodes(model: onnx.ModelProto) -> None:
     """Give every node a unique name: rules, sites and reports refer to nodes by name."""
     for node, name in zip(model.graph.node, unique_node_names([(n.name, n.op_type) for n in model.graph.node])):

@@ -13,6 +13,10 @@ stores it), since the CPU provider has no bfloat16 kernels.
 
 trt-bridge's plugin nodes (``DynamicInt8Gemm``) run as their decomposition into standard ops with the same
 integer math (:func:`trt_bridge.ir.dynamic_gemm.decompose`), the reference the plugin's kernels are held to.
+
+The integer ops of a quantized source (``MatMulInteger``, ``ConvInteger``, ``QLinearConv``, ...) saturate the
+same way on those CPUs; they run with their int8 weights offset to uint8
+(:mod:`trt_bridge.runtime.exact_integer`), which onnxruntime computes exactly everywhere.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import onnx
 
 from trt_bridge.ir.dynamic_gemm import decompose, disabled_optimizers, has_plugin_nodes
 from trt_bridge.runtime.bf16 import emulate_bfloat16, has_bfloat16
+from trt_bridge.runtime.exact_integer import exact_integer, has_saturating_ops
 
 
 def session(model: str | Path | onnx.ModelProto | bytes, simulate_qdq: bool = True):
@@ -42,7 +47,7 @@ def session(model: str | Path | onnx.ModelProto | bytes, simulate_qdq: bool = Tr
         model = model.SerializeToString()
     elif isinstance(model, Path):
         model = str(model)
-    return create_session(model, options)
+    return create_session(model, options, exact=True)
 
 
 T = TypeVar("T")
@@ -114,17 +119,22 @@ def quiet_default_logger() -> None:
     ort.set_default_logger_severity(3)
 
 
-def create_session(model, options, providers=("CPUExecutionProvider",)):
+def create_session(model, options, providers=("CPUExecutionProvider",), exact: bool = False):
     """``onnxruntime.InferenceSession`` (trt-bridge's plugin nodes as their decomposition), retried without
     graph optimizations where onnxruntime's own optimizer fails on a valid model.
 
     onnxruntime's constant folding (1.2x) fails to initialize some valid models, torch's dynamo exports
     converted among them ("AddInitializedOrtValue: Attempt to replace the existing tensor"). Its graph
     optimizations only fuse and fold, so the model computes the same without them.
+
+    ``exact``: uint8 × int8 integer ops run on uint8 weights (:mod:`trt_bridge.runtime.exact_integer`), for
+    measuring what a model computes; timing (``bench``) runs the model's own ops.
     """
     import onnxruntime as ort
 
     model, disabled = _plugins_decomposed(model)
+    if exact:
+        model = _exact(model)
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     extra = {"disabled_optimizers": list(disabled)} if disabled else {}
@@ -149,6 +159,14 @@ def _plugins_decomposed(model: str | Path | onnx.ModelProto | bytes):
     onnxruntime optimizers its session must not run."""
     proto = _loaded_if(model, has_plugin_nodes)
     return (model, ()) if proto is None else (decompose(proto), disabled_optimizers(proto))
+
+
+def _exact(model: str | Path | onnx.ModelProto | bytes):
+    """``model`` itself, or (as a ModelProto) with its uint8 × int8 integer ops on uint8 weights, which onnxruntime
+    computes exactly on every CPU."""
+    proto = _loaded_if(model, has_saturating_ops)
+    exact = None if proto is None else exact_integer(proto)
+    return model if exact is None else exact
 
 
 def _loaded_if(model: str | Path | onnx.ModelProto | bytes, wanted) -> onnx.ModelProto | None:
