@@ -29,7 +29,13 @@ from onnxruntime.quantization import QuantType  # noqa: E402
 from trt_bridge.checks import CheckOptions, TrtProbe, check_model  # noqa: E402
 from trt_bridge.convert import convert  # noqa: E402
 from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
-from trt_bridge.ir.repair import dedupe_initializers, import_used_domains  # noqa: E402
+from trt_bridge.errors import ModelLoadError  # noqa: E402
+from trt_bridge.ir.repair import (  # noqa: E402
+    dedupe_initializers,
+    import_used_domains,
+    per_axis_scale_lengths,
+    single_value_field,
+)
 
 RNG = np.random.default_rng(3)
 
@@ -205,3 +211,117 @@ def test_an_output_repeated_in_value_info_without_a_shape_keeps_its_shape(tmp_pa
     assert "MatMulInteger" in op_types(dpath) and not op_types(out) & {"MatMulInteger", "DynamicQuantizeLinear"}
     assert snr_db(run_ort(fpath, feeds), run_ort(out, feeds)) > 30
     assert_tensorrt_ready(out)
+
+
+# --- a tensor holding its values twice (AIMET's QDQ export): raw_data and float_data -------------------------------
+#
+#   x[1, 8] ─ Q(sx, uint8) ─ DQ ─ Gemm(W_dq, b) ─ Q(sy) ─ DQ ─ y[1, 6]    (onnxruntime's quantize_static QDQ form)
+#   W_q (int8 [8, 6]) ─ DQ(per channel, axis 1: the output channels) ─ W_dq
+#   b (float [6]): its values in raw_data, and again (other numbers) in float_data
+
+def _gemm_qdq_model(axis: int = 1, scales: int = 6, bias: bool = True) -> onnx.ModelProto:
+    rng = np.random.default_rng(11)
+    inits = [numpy_helper.from_array(rng.integers(-127, 128, (8, 6)).astype(np.int8), "W_q"),
+             numpy_helper.from_array(rng.uniform(0.01, 0.02, scales).astype(np.float32), "W_scale"),
+             numpy_helper.from_array(np.zeros(scales, np.int8), "W_zp"),
+             *([numpy_helper.from_array(rng.standard_normal(6).astype(np.float32), "b")] if bias else []),
+             numpy_helper.from_array(np.array(0.03, np.float32), "sx"),
+             numpy_helper.from_array(np.array(128, np.uint8), "zx"),
+             numpy_helper.from_array(np.array(0.1, np.float32), "sy"),
+             numpy_helper.from_array(np.array(128, np.uint8), "zy")]
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"], "x_q"),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"], "x_dq"),
+             helper.make_node("DequantizeLinear", ["W_q", "W_scale", "W_zp"], ["W_dq"], "W_dq", axis=axis),
+             helper.make_node("Gemm", ["xd", "W_dq", "b"] if bias else ["xd", "W_dq"], ["g"], "gemm"),
+             helper.make_node("QuantizeLinear", ["g", "sy", "zy"], ["gq"], "y_q"),
+             helper.make_node("DequantizeLinear", ["gq", "sy", "zy"], ["y"], "y_dq")]
+    graph = helper.make_graph(nodes, "gemm", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 6])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def _gemm_feeds(count, seed):
+    rng = np.random.default_rng(seed)
+    return [{"x": rng.normal(size=(1, 8)).astype(np.float32)} for _ in range(count)]
+
+
+def test_a_tensor_with_two_value_fields_keeps_raw_data_as_onnxruntime_does(tmp_path, caplog):
+    model = _gemm_qdq_model()
+    bias = next(t for t in model.graph.initializer if t.name == "b")
+    bias.float_data.extend([100.0] * 6)  # never read by onnxruntime: raw_data wins
+    with pytest.raises(onnx.checker.ValidationError, match="one and only one value field"):
+        onnx.checker.check_model(model)
+    source = save(model, tmp_path / "aimet.onnx")
+    with caplog.at_level(logging.WARNING, logger="trt_bridge.ir.repair"):
+        out = _convert(source, tmp_path)
+    assert any("hold their values in two fields (b)" in r.getMessage() for r in caplog.records)
+    assert op_types(out) <= {"QuantizeLinear", "DequantizeLinear", "Gemm", "Identity"}  # Identity: the output name
+    feeds = _gemm_feeds(4, 1)
+    (tmp_path / "clean").mkdir()
+    clean = _convert(save(_gemm_qdq_model(), tmp_path / "clean" / "clean.onnx"), tmp_path / "clean")
+    for got, want in zip(run_ort(out, feeds), run_ort(clean, feeds)):  # the values onnxruntime read: raw_data
+        np.testing.assert_array_equal(got, want)
+    assert snr_db(run_ort(source, feeds), run_ort(out, feeds)) > 20  # the source's output Q/DQ is not kept
+    findings = check_model(source, CheckOptions(trt=TrtProbe.OFF)).findings
+    assert any(f.rule == "invalid-onnx" and "two fields" in f.fix for f in findings)
+
+
+def test_single_value_field_keeps_the_typed_field_of_the_type_without_raw_data():
+    tensor = helper.make_tensor("t", TensorProto.FLOAT, [2], [1.0, 2.0])
+    tensor.int64_data.extend([7, 8])
+    model = helper.make_model(helper.make_graph([], "g", [], [], [tensor]))
+    assert single_value_field(model) == ["t"]
+    assert list(model.graph.initializer[0].float_data) == [1.0, 2.0] and not model.graph.initializer[0].int64_data
+    assert single_value_field(model) == []  # idempotent
+
+
+def test_per_axis_scales_of_the_wrong_axis_are_read_per_output_channel(tmp_path, caplog):
+    """6 scales on axis 0 of an [8, 6] weight (length 8): onnxruntime runs the model only fused into its integer
+    Gemm, which reads them per output channel (axis 1); the repair sets that axis."""
+    import onnxruntime as ort
+
+    model = _gemm_qdq_model(axis=0, bias=False)  # onnxruntime fuses Q/DQ into QGemm only without a float bias
+    source = save(model, tmp_path / "ort.onnx")
+    unfused = ort.SessionOptions()
+    unfused.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    with pytest.raises(Exception, match="size 8"):  # as written, onnxruntime cannot run it
+        ort.InferenceSession(str(source), unfused, providers=["CPUExecutionProvider"]).run(None, _gemm_feeds(1, 0)[0])
+    fused = ort.InferenceSession(str(source), providers=["CPUExecutionProvider"])
+    with caplog.at_level(logging.WARNING, logger="trt_bridge.ir.repair"):
+        out = _convert(source, tmp_path)
+    assert any("set axis 1" in r.getMessage() for r in caplog.records)
+    assert op_types(out) <= {"QuantizeLinear", "DequantizeLinear", "Gemm", "Identity"}  # Identity: the output name
+    feeds = _gemm_feeds(4, 2)
+    expected = [fused.run(None, f)[0] for f in feeds]
+    assert snr_db(expected, run_ort(out, feeds)) > 20  # the source's output Q/DQ is not kept
+    (tmp_path / "right").mkdir()
+    right = _convert(save(_gemm_qdq_model(axis=1, bias=False), tmp_path / "right" / "right.onnx"),
+                     tmp_path / "right")
+    for got, want in zip(run_ort(out, feeds), run_ort(right, feeds)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_per_axis_scales_that_fit_no_output_channel_axis_are_refused_with_the_defect(tmp_path):
+    model = _gemm_qdq_model(axis=1, scales=5)
+    with pytest.raises(ModelLoadError, match=r"DequantizeLinear 'W_dq' declares axis 1 of 'W_q' \[8, 6\], but its "
+                                             r"scale 'W_scale' has 5 values"):
+        per_axis_scale_lengths(model, "m.onnx")
+    result = convert_cli_error(save(model, tmp_path / "bad.onnx"), tmp_path)
+    assert "fusing the DequantizeLinear away" in result and "Re-export" in result
+
+
+def convert_cli_error(source: Path, tmp_path: Path) -> str:
+    import io
+    from contextlib import redirect_stderr
+
+    from trt_bridge.cli import main
+
+    err = io.StringIO()
+    with redirect_stderr(err):
+        code = main(["convert", str(source), "-o", str(tmp_path / "out.onnx")])
+    assert code == 2 and not (tmp_path / "out.onnx").exists()
+    lines = [x for x in err.getvalue().splitlines() if x.startswith("trt-bridge convert: error:")]
+    assert len(lines) == 1
+    return lines[0]

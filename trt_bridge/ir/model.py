@@ -12,7 +12,13 @@ import onnx
 from trt_bridge.errors import ModelLoadError
 from trt_bridge.ir.files import check_name_lengths, external_locations
 from trt_bridge.ir.names import name_nodes, node_label
-from trt_bridge.ir.repair import dedupe_initializers, drop_io_value_info, import_used_domains
+from trt_bridge.ir.repair import (
+    dedupe_initializers,
+    drop_io_value_info,
+    import_used_domains,
+    per_axis_scale_lengths,
+    single_value_field,
+)
 from trt_bridge.ir.types import declared_types, infer_shapes, skeleton
 
 log = logging.getLogger("trt_bridge.ir.model")
@@ -109,6 +115,8 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
     sort_nodes(model, path)
     claim_ort_contrib_ops(model, path)  # onnxruntime's contrib ops written in the ONNX domain
     dedupe_initializers(model, path, repairs)  # what onnxruntime runs and onnx rejects, read as onnxruntime does
+    single_value_field(model, path, repairs)
+    per_axis_scale_lengths(model, path, repairs)
     import_used_domains(model, path, repairs)
     name_nodes(model)  # every message from here on names a node, an unnamed one as its op type and index
     weightless = skeleton(model)

@@ -13,6 +13,15 @@ names what it changed, and returns the names it touched (empty when the model wa
 
   onnxruntime keeps the last copy of each name ("the model will use the latest encountered initializer");
   so does this repair, so the converted model computes what the source computed.
+- **A tensor with two value fields.** AIMET's QDQ export can write an initializer's values twice, in
+  ``raw_data`` and in a typed field (``float_data``, ``int32_data``, ...); onnx requires one and only one.
+  onnxruntime (and ``numpy_helper``) read ``raw_data`` when it is there, so the other field goes.
+- **A per-axis DequantizeLinear whose scales fit another axis.** A weight's ``DequantizeLinear`` declares an
+  axis whose length is not its scale's (6 scales on axis 0 of a [4, 6] Gemm weight). onnxruntime cannot run it
+  as written; it runs the model only after fusing the DequantizeLinear into its integer Gemm/MatMul/Conv, which
+  reads the scales per output channel. Where the scales fit the output-channel axis of every weighted op that
+  reads the weight, the axis is set to that one (what onnxruntime computed); otherwise the model is refused
+  with the defect named.
 - **Domains used without an opset import.** INC's SmoothQuant path (with onnxruntime's optimizations off)
   writes com.microsoft ``QLinearAdd``/``QLinearMul`` into a model that imports only the default domain;
   onnxruntime assumes version 1 of such a domain, and so does this repair.
@@ -23,6 +32,8 @@ from __future__ import annotations
 import logging
 
 import onnx
+
+from trt_bridge.errors import ModelLoadError
 
 log = logging.getLogger("trt_bridge.ir.repair")
 
@@ -93,3 +104,103 @@ def import_used_domains(model: onnx.ModelProto, path="model", notes: list[str] |
         if notes is not None:
             notes.append(what)
     return missing
+
+
+#: TensorProto's typed value fields (raw_data aside)
+_TYPED_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+
+
+def _tensors(model: onnx.ModelProto):
+    """Every initializer and Constant value in every graph, with the node or graph it belongs to."""
+    for graph in _graphs(model.graph):
+        yield from graph.initializer
+        for node in graph.node:
+            if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
+                yield from (a.t for a in node.attribute if a.name == "value")
+
+
+def single_value_field(model: onnx.ModelProto, path="model", notes: list[str] | None = None) -> list[str]:
+    """Keep one value field per tensor: ``raw_data`` where it is set (what onnxruntime reads), else the typed
+    field of the tensor's data type; return the tensors repaired."""
+    touched = []
+    for tensor in _tensors(model):
+        if tensor.data_location == onnx.TensorProto.EXTERNAL:
+            continue
+        filled = [f for f in _TYPED_FIELDS if len(getattr(tensor, f))]
+        if not filled or (len(filled) == 1 and not tensor.HasField("raw_data")):
+            continue
+        if tensor.HasField("raw_data"):
+            keep = None
+        else:
+            keep = onnx.helper.tensor_dtype_to_field(tensor.data_type)
+        for name in filled:
+            if name != keep:
+                tensor.ClearField(name)
+        touched.append(tensor.name)
+    if touched:
+        what = (f"{len(touched)} tensor(s) hold their values in two fields ({', '.join(touched[:3])}"
+                f"{', ...' if len(touched) > 3 else ''}); kept raw_data (or the field of the tensor's type), as "
+                "onnxruntime reads them")
+        log.warning("%s: %s", path, what)
+        if notes is not None:
+            notes.append(what)
+    return touched
+
+
+def _output_channel_axis(node: onnx.NodeProto, rank: int) -> int | None:
+    """The axis of a weight (input 1 of ``node``) that indexes the op's output channels."""
+    if node.op_type == "Gemm":
+        trans = next((a.i for a in node.attribute if a.name == "transB"), 0)
+        return 0 if trans else 1
+    if node.op_type == "MatMul":
+        return rank - 1
+    if node.op_type == "Conv":
+        return 0
+    if node.op_type == "ConvTranspose":
+        return 1
+    return None
+
+
+def per_axis_scale_lengths(model: onnx.ModelProto, path="model", notes: list[str] | None = None) -> list[str]:
+    """Set the axis of a main-graph weight DequantizeLinear whose scales fit its readers' output-channel axis and
+    not the axis it declares (see the module docstring); refuse one whose scales fit neither. Returns the nodes
+    repaired."""
+    graph = model.graph
+    dims = {t.name: list(t.dims) for t in graph.initializer}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input[1:2]:
+            readers.setdefault(name, []).append(node)
+    touched = []
+    for index, node in enumerate(graph.node):
+        if node.op_type != "DequantizeLinear" or len(node.input) < 2 or node.input[0] not in dims:
+            continue
+        shape, scale = dims[node.input[0]], dims.get(node.input[1])
+        if scale is None or len(scale) != 1 or scale[0] <= 1 or not shape:
+            continue
+        axis_attr = next((a for a in node.attribute if a.name == "axis"), None)
+        axis = axis_attr.i if axis_attr is not None else 1
+        axis = axis + len(shape) if axis < 0 else axis
+        if 0 <= axis < len(shape) and shape[axis] == scale[0]:
+            continue
+        name = node.name or f"{node.op_type}_{index}"
+        fits = {_output_channel_axis(r, len(shape)) for r in readers.get(node.output[0], [])}
+        if len(fits) != 1 or None in fits or shape[next(iter(fits))] != scale[0]:
+            raise ModelLoadError(
+                f"{path}: DequantizeLinear '{name}' declares axis {axis} of '{node.input[0]}' {shape}, but its scale "
+                f"'{node.input[1]}' has {scale[0]} values, which fit no output-channel axis of the ops reading it: "
+                "onnxruntime runs such a model only after fusing the DequantizeLinear away. Re-export the model "
+                "with the weight's per-channel axis set right.")
+        right = next(iter(fits))
+        if axis_attr is None:
+            node.attribute.append(onnx.helper.make_attribute("axis", right))
+        else:
+            axis_attr.i = right
+        touched.append(name)
+        what = (f"DequantizeLinear '{name}' declares axis {axis} of '{node.input[0]}' {shape}, but its {scale[0]} "
+                f"scales fit axis {right} (its readers' output channels), as onnxruntime's fused kernel reads them; "
+                f"set axis {right}")
+        log.warning("%s: %s", path, what)
+        if notes is not None:
+            notes.append(what)
+    return touched
