@@ -24,6 +24,7 @@ from trt_bridge.plugins.plugin import plugin_classes
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.dynamic_gemm import OP_TYPE, PLUGIN_NAMESPACE, PLUGIN_VERSION, file_has_plugin_nodes
 from trt_bridge.tensorrt.sidecar import read_sidecar, sidecar_path
+from trt_bridge.user_code import import_user_file
 
 log = logging.getLogger("trt_bridge.plugins")
 
@@ -32,6 +33,11 @@ BUILTIN = "trt-bridge"
 #: the creators registered so far, per TensorRT module (kept alive: the registry holds raw pointers)
 _CREATORS: dict[str, object] = {}
 _LOADED: dict[tuple[str, str], PluginRecord] = {}
+
+
+class PluginFileError(TrtBridgeError):
+    """A ``--plugins`` file is missing, cannot be loaded, or its code failed: the command cannot do what was asked
+    (``check`` does not fall back to its static rules as it does when no TensorRT is there)."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,7 @@ def load_plugin_files(trt: ModuleType, paths) -> list[PluginRecord]:
     for given in paths:
         path = Path(given)
         if not path.is_file():
-            raise TrtBridgeError(f"--plugins {given}: no such file. Give the path of a TensorRT plugin library "
+            raise PluginFileError(f"--plugins {given}: no such file. Give the path of a TensorRT plugin library "
                                  "(.so) or of a Python file that registers plugin creators (.py).")
         key = (trt.__name__, str(path.resolve()))
         if key not in _LOADED:
@@ -105,7 +111,7 @@ def load_plugin_files(trt: ModuleType, paths) -> list[PluginRecord]:
             if path.suffix == ".py":
                 _run_python_plugins(path)
             elif trt.get_plugin_registry().load_library(str(path)) is None:
-                raise TrtBridgeError(f"--plugins {given}: {trt.__name__} could not load it as a plugin library "
+                raise PluginFileError(f"--plugins {given}: {trt.__name__} could not load it as a plugin library "
                                      "(built for another TensorRT or CUDA? run with -v for TensorRT's log).")
             _LOADED[key] = PluginRecord(str(path.resolve()), digest)
         records.append(_LOADED[key])
@@ -113,12 +119,9 @@ def load_plugin_files(trt: ModuleType, paths) -> list[PluginRecord]:
 
 
 def _run_python_plugins(path: Path) -> None:
-    spec = importlib.util.spec_from_file_location(f"trt_bridge_user_plugins_{len(_LOADED)}", path)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as exc:  # noqa: BLE001 - the user's code: say where it failed
-        raise TrtBridgeError(f"--plugins {path}: running it failed ({type(exc).__name__}: {exc}).") from exc
+    """Run a ``--plugins`` Python file (the user's code: ``sys.exit`` or any exception it raises is one error)."""
+    import_user_file(path, f"trt_bridge_user_plugins_{len(_LOADED)}", f"--plugins {path}", PluginFileError,
+                     "; a plugin file must only register its plugin creators")
 
 
 def sidecar_plugins(trt: ModuleType, recorded: list[dict], extra=()) -> list[PluginRecord]:

@@ -201,7 +201,8 @@ def test_cli_table_json_and_markdown_files(models, tmp_path):
     lines = result.stdout.splitlines()
     assert lines[0].startswith("bench: at least 10 iterations") and lines[1].split()[0] == "model"
     assert lines[2].startswith(str(models["float"])) and lines[3].startswith(str(models["int8"]))
-    assert f"  {models['int8']}: x[2, 3, 32, 32] from random (seed 0)" in lines
+    detail = next(line for line in lines if line.startswith(f"  {models['int8']}: "))
+    assert detail.startswith(f"  {models['int8']}: x[2, 3, 32, 32] from random (seed 0); TensorRT engine ")
     data = json.loads((tmp_path / "bench.json").read_text())
     assert [r["inputs"]["x"] for r in data["rows"]] == [[2, 3, 32, 32]] * 2
     assert data["options"]["shapes"] == {"x": [2, 3, 32, 32]}

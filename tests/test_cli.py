@@ -100,6 +100,20 @@ def test_help_does_not_import_heavy_dependencies():
     assert not heavy, f"--help imported {heavy}"
 
 
+def test_top_level_help_imports_no_subcommand_and_neither_onnx_nor_numpy():
+    """`trt-bridge --help` lists every subcommand from the command table (cli/commands.py) without importing one."""
+    from trt_bridge.cli.commands import COMMANDS
+
+    imported = _imported("-m", "trt_bridge", "--help") - _imported("-c", "pass")
+    assert "trt_bridge.cli" in imported and "trt_bridge.cli.commands" in imported
+    assert not {m for m in imported if m.split(".")[0] in ("onnx", "numpy", "onnx_graphsurgeon", *HEAVY)}
+    assert not {module for module, _ in COMMANDS.values()} & imported
+    listed = cli("--help").stdout
+    assert all(name in listed for name in COMMANDS)
+    chosen = cli("check", "--help")  # the chosen subcommand is built whole
+    assert chosen.returncode == 0 and "--costs" in chosen.stdout
+
+
 def test_importing_the_cli_and_building_the_parser_stays_light():
     def loaded(code: str) -> set[str]:
         result = subprocess.run([sys.executable, "-c", code + "print('\\n'.join(sorted(sys.modules)))"],

@@ -28,3 +28,7 @@ class MissingDependencyError(TrtBridgeError):
 
 class InternalError(Exception):
     """A bug in trt-bridge (an invariant did not hold). Please report it."""
+
+
+class Terminated(BaseException):
+    """SIGTERM arrived: unwinds like KeyboardInterrupt, so temporary folders and files are removed."""

@@ -9,7 +9,7 @@ The guarantees they name (README, "Hostile input"):
   G1 no input of a command is ever modified or overwritten (models, feeds, scale files, manifests)
   G2 a failed conversion writes nothing: no partial model, no model with non-finite or non-positive scales
   G3 non-finite or non-positive scales and weights are refused where they enter (source model, scale file, QAT)
-  G4 non-finite calibration statistics are skipped per feed, with a warning and a count; none left is an error
+  G4 a feed with a NaN input or NaN outputs is skipped, with a warning and a count; none left is an error
   G5 every error is one line, non-zero exit, no traceback
   G6 a manifest cannot write outside its folder (unless --output is given) nor expand YAML aliases without bound
 """
@@ -42,6 +42,9 @@ class Case:
     pipe_to_true: bool = False  # stdout is a pipe closed at once (`| true`)
     preamble: str = ""  # python run in the subprocess before the CLI (fault injection)
     then: Callable[[Path], None] | None = None  # further assertions on the case's folder
+    env: dict[str, str | None] | None = None  # the subprocess's environment changes (None: the variable unset)
+    timeout: float = 300  # seconds a subprocess may run (a hang fails the case, it does not stall the suite)
+    not_in_err: tuple[str, ...] = ()  # text stderr must not hold (another library's log lines)
 
 
 def nothing(d: Path) -> None:

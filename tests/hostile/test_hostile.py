@@ -1,5 +1,5 @@
-"""Issue 16: every hostile case of ``cases.py`` ends in a clear one-line error (or the documented outcome), with
-no traceback, nothing overwritten and no partial or non-finite model written."""
+"""Issues 16 and 28: every hostile case of ``cases.py`` and ``cases_round2.py`` ends in a clear one-line error (or
+the documented outcome), with no traceback, nothing overwritten and no partial or non-finite model written."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.hostile.cases import CASES, Case
+from tests.hostile.cases_round2 import CASES as ROUND2
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -36,6 +37,11 @@ def _run_inprocess(argv: list[str], capsys, caplog) -> tuple[int, str]:
 def _run_subprocess(case: Case, argv: list[str], d: Path) -> tuple[int, str]:
     code = case.preamble + "import sys\nfrom trt_bridge.cli import main\nsys.exit(main(sys.argv[1:]))\n"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for name, value in (case.env or {}).items():
+        if value is None:
+            env.pop(name, None)
+        else:
+            env[name] = value
     proc = subprocess.Popen([sys.executable, "-c", code, *argv], cwd=d, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     out = ""
@@ -43,13 +49,18 @@ def _run_subprocess(case: Case, argv: list[str], d: Path) -> tuple[int, str]:
         proc.stdout.close()  # the reader (`| true`) is gone before anything is written
         err = proc.stderr.read().decode()
     else:
-        out, err = (b.decode() for b in proc.communicate())
+        try:
+            out, err = (b.decode(errors="backslashreplace") for b in proc.communicate(timeout=case.timeout))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail(f"the command hung: still running after {case.timeout} s")
     proc.wait(timeout=120)
     code = proc.returncode if proc.returncode >= 0 else 128 - proc.returncode
     return code, err, out
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
+@pytest.mark.parametrize("case", CASES + ROUND2, ids=[c.id for c in CASES + ROUND2])
 def test_hostile(case: Case, case_dir: Path, capsys, caplog) -> None:
     d = case_dir
     case.make(d)
@@ -58,6 +69,8 @@ def test_hostile(case: Case, case_dir: Path, capsys, caplog) -> None:
     code, err, out = _run_subprocess(case, argv, d) if case.subprocess else _run_inprocess(argv, capsys, caplog)
     assert "Traceback" not in err, err
     assert "RuntimeWarning" not in err, err  # numpy's warnings stay out of the user's way
+    for text in case.not_in_err:
+        assert text not in err, err
     assert code == case.exit, f"exit {code}, expected {case.exit}: {err}"
     assert case.fragment.lower() in (err + out).lower(), err + out
     errors = [line for line in err.splitlines() if "error:" in line]

@@ -26,6 +26,7 @@ from trt_bridge.bench.report import BenchReport, BenchRow, Machine
 from trt_bridge.bench.stats import LatencyStats
 from trt_bridge.calibrate.feeds import model_inputs
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.tensorrt.build import costs_or_none
 from trt_bridge.tensorrt.cuda import gpu_name, gpu_problem
 from trt_bridge.tensorrt.sidecar import read_sidecar
 
@@ -51,6 +52,9 @@ class BenchOptions:
     provider: str = "cpu"  # onnx: cpu | cuda | tensorrt (onnxruntime execution provider)
     threads: int | None = None  # onnxruntime intra-op threads
     plugins: tuple[str, ...] = ()  # engines: plugin files to register besides those the sidecar lists
+    #: ONNX rows: build ahead of time for this compute capability and show the engine's size and activation memory
+    #: (TensorRT-RTX; where no GPU times TensorRT, the costs it can still state); None: not measured
+    costs: str | None = "8.9"
 
     def check(self) -> None:
         if self.iterations < 1:
@@ -154,7 +158,9 @@ def _run(path: Path, kind: str, options: BenchOptions) -> tuple[BenchRow, str | 
         runner = OrtRunner(path, options)
         times, seconds = runner.measure()
         row = BenchRow(str(path), kind, runner.backend, LatencyStats.from_times(times, seconds),
-                       inputs=runner.input_shapes, feed=runner.feed_source, simulated=runner.simulated)
+                       inputs=runner.input_shapes, feed=runner.feed_source, simulated=runner.simulated,
+                       costs=costs_or_none(path, options.costs, options.plugins, options.shapes) if options.costs
+                       else None)
         return row, None
     with EngineRunner(path, options) as runner:
         times, seconds = runner.measure()

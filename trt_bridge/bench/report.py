@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from trt_bridge.bench.stats import LatencyStats
+from trt_bridge.tensorrt.costs import EngineCosts
 
 #: (header, LatencyStats field) of the latency columns, in milliseconds
 LATENCY = (("median", "median"), ("mean", "mean"), ("min", "min"), ("max", "max"), ("p90", "p90"),
@@ -34,6 +35,7 @@ class BenchRow:
     cuda_graph: bool | None = None  # engines: whether the timed runs launched a CUDA graph
     note: str | None = None  # e.g. why no CUDA graph was used
     simulated: bool = False  # a quantized ONNX model on onnxruntime's CPU provider (see CPU_CAVEAT)
+    costs: EngineCosts | None = None  # ONNX rows: the engine an ahead-of-time build makes of the model
 
 
 @dataclass
@@ -132,7 +134,8 @@ class BenchReport:
         lines += [line(cells).rstrip() for cells in body]
         for r in self.rows:
             shapes = ", ".join(f"{name}{shape}" for name, shape in r.inputs.items()) or "no inputs"
-            lines.append(f"  {r.path}: {shapes} from {r.feed}" + (f"; {r.note}" if r.note else ""))
+            lines.append(f"  {r.path}: {shapes} from {r.feed}" + (f"; {r.note}" if r.note else "")
+                         + (f"; TensorRT {r.costs.text()} ({r.costs.target})" if r.costs else ""))
         lines.append(f"  ({RATIO_MEANING})")
         lines += [f"  note: {note}" for note in self.notes]
         return "\n".join(lines)

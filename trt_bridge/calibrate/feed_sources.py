@@ -14,7 +14,6 @@ Sources (all yield ``{input name: array}`` one feed at a time, validated by
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import math
 from pathlib import Path
@@ -22,9 +21,11 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from trt_bridge.calibrate.feeds import FeedSource, InputSpec
+from trt_bridge.calibrate.feeds import FEED_LIMIT, FeedSource, InputSpec
 from trt_bridge.errors import CalibrationDataError
+from trt_bridge.ir.files import check_regular_input
 from trt_bridge.ir.shapes import BroadcastChecker
+from trt_bridge.user_code import import_user_file, user_code
 
 log = logging.getLogger("trt_bridge.calibrate")
 #: the largest random feed input drawn (bytes): a model declaring [1, 3, 100000, 100000] is refused, not allocated
@@ -39,6 +40,10 @@ class NpzFeeds(FeedSource):
             npz = np.load(path, allow_pickle=False)
         except Exception as exc:
             raise CalibrationDataError(f"{path}: not a readable .npz file ({exc}).") from exc
+        if not isinstance(npz, np.lib.npyio.NpzFile):
+            raise CalibrationDataError(f"{path}: holds a single array (a .npy file named .npz), not arrays keyed by "
+                                       "input name. Save it with np.savez(path, INPUT=array), or rename it .npy and "
+                                       "put it in a folder of feeds.")
         with npz:
             self._arrays = self._read(npz, inputs)
         counts = {spec.name: self._count(spec, self._arrays[spec.name]) for spec in inputs}
@@ -110,6 +115,8 @@ class FolderFeeds(FeedSource):
         self.files = sorted(p for p in path.iterdir() if p.suffix in (".npz", ".npy"))
         if not self.files:
             raise CalibrationDataError(f"{path}: folder has no .npz or .npy files.")
+        for p in self.files:
+            check_regular_input(p, "calibration feed")
         if any(p.suffix == ".npy" for p in self.files) and len(inputs) != 1:
             raise CalibrationDataError(
                 f"{path}: .npy files hold one array, but the model has {len(inputs)} inputs; use .npz files "
@@ -138,18 +145,11 @@ class ScriptFeeds(FeedSource):
         path_text, _, func = spec.partition(":")
         self.path, self.func = Path(path_text), func or "load_data"
         self.description = f"{self.path}:{self.func}"
+        check_regular_input(self.path, "data-loader script")
         if not self.path.is_file():
             raise CalibrationDataError(f"{self.path}: data-loader script not found.")
-        module_spec = importlib.util.spec_from_file_location("trt_bridge_user_loader", self.path)
-        module = importlib.util.module_from_spec(module_spec)
-        try:
-            module_spec.loader.exec_module(module)
-        except SystemExit as exc:
-            raise CalibrationDataError(f"{self.path}: the data-loader script called sys.exit({exc.code!r}) while "
-                                       "being imported; it must define a function that returns the feeds, not "
-                                       "exit.") from None
-        except Exception as exc:
-            raise CalibrationDataError(f"{self.path}: the data-loader script failed to import: {exc!r}") from exc
+        module = import_user_file(self.path, "trt_bridge_user_loader", f"{self.path} (data-loader script)",
+                                  CalibrationDataError, "; it must define a function that returns the feeds")
         self._load = getattr(module, self.func, None)
         if not callable(self._load):
             raise CalibrationDataError(
@@ -157,27 +157,15 @@ class ScriptFeeds(FeedSource):
             )
 
     def raw(self):
-        try:
+        hint = "; it must return an iterable of {input name: array} dicts"
+        with user_code(f"{self.description} (the data loader)", CalibrationDataError, hint):
             iterator = iter(self._load())
-        except SystemExit as exc:
-            raise CalibrationDataError(f"{self.description}: the data loader called sys.exit({exc.code!r}); it must "
-                                       "return an iterable of {input name: array} dicts.") from None
-        except Exception as exc:
-            raise CalibrationDataError(
-                f"{self.description}: the data loader failed ({exc!r}); it must return an iterable of "
-                "{input name: array} dicts."
-            ) from exc
-        i = 0
+        i, end = 0, object()
         while True:
-            try:
-                feed = next(iterator)
-            except StopIteration:
+            with user_code(f"{self.description} (the data loader, at feed {i})", CalibrationDataError, hint):
+                feed = next(iterator, end)
+            if feed is end:
                 return
-            except SystemExit as exc:
-                raise CalibrationDataError(f"{self.description}: the data loader called sys.exit({exc.code!r}) at "
-                                           f"feed {i}.") from None
-            except Exception as exc:
-                raise CalibrationDataError(f"{self.description}: the data loader raised {exc!r} at feed {i}.") from exc
             yield f"{self.description} (feed {i})", feed
             i += 1
 
@@ -227,13 +215,18 @@ def source_path(spec) -> Path | None:
 
 
 def open_feeds(data: str | None, random_count: int | None, inputs: list[InputSpec], *,
-               model: onnx.ModelProto | BroadcastChecker | None = None) -> FeedSource:
-    """The feed source a user asked for with ``--calib-data`` or ``--calib-random``.
+               model: onnx.ModelProto | BroadcastChecker | None = None, limit: int | None = FEED_LIMIT,
+               flag: str = "--calib-max") -> FeedSource:
+    """The feed source a user asked for with ``--calib-data`` or ``--calib-random``, reading at most ``limit``
+    feeds per pass (``flag`` names the option that sets it, in the warning at the cap).
 
     With ``model`` (or its :class:`BroadcastChecker`), each distinct set of feed shapes is also checked
     against the model's broadcasting nodes (:meth:`FeedSource.check_broadcasts`).
     """
-    source = _open_feeds(data, random_count, inputs)
+    if data is None and random_count is not None and limit is not None and random_count > limit:
+        raise CalibrationDataError(f"--calib-random {random_count} asks for more feeds than {flag} {limit}; give "
+                                   f"{flag} {random_count} too if that many are meant.")
+    source = _open_feeds(data, random_count, inputs).capped(None if data is None else limit, flag)
     return source.check_broadcasts(model) if model is not None else source
 
 
@@ -249,6 +242,7 @@ def _open_feeds(data: str | None, random_count: int | None, inputs: list[InputSp
                     "with real inputs for a usable model", random_count)
         return RandomFeeds(random_count, inputs)
     path = source_path(data)
+    check_regular_input(path, "calibration data")
     if path.suffix == ".py":
         return ScriptFeeds(data, inputs)
     if path.is_dir():

@@ -14,6 +14,7 @@ node's inputs impossible to broadcast is reported with the input, the node and b
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -24,6 +25,9 @@ from trt_bridge.errors import CalibrationDataError
 from trt_bridge.ir.shapes import BroadcastChecker, BroadcastConflict, shape_text
 
 Feed = dict[str, np.ndarray]
+log = logging.getLogger("trt_bridge.calibrate")
+#: the most feeds a source gives by default (``convert --calib-max``): a data loader that yields forever stops there
+FEED_LIMIT = 512
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,10 @@ def validate_feed(feed: object, inputs: list[InputSpec], where: str) -> Feed:
     if not isinstance(feed, dict):
         raise CalibrationDataError(f"{where}: a feed must be a dict of input name → array, got {type(feed).__name__}.")
     names = [i.name for i in inputs]
+    keys = [k for k in feed if not isinstance(k, str)]
+    if keys:
+        raise CalibrationDataError(f"{where}: the feed's key {keys[0]!r} ({type(keys[0]).__name__}) is not an input "
+                                   f"name; key each array by its input's name (a string): {', '.join(names)}.")
     unknown = sorted(set(feed) - set(names))
     if unknown:
         raise CalibrationDataError(
@@ -80,7 +88,14 @@ def validate_feed(feed: object, inputs: list[InputSpec], where: str) -> Feed:
                 f"{where}: no data for input '{spec.name}' (expected shape {spec.shape_text()}, "
                 f"{spec.dtype}). Given: {', '.join(sorted(feed)) or 'nothing'}."
             )
-        arr = np.asarray(feed[spec.name])
+        try:
+            arr = np.asarray(feed[spec.name])
+        except (ValueError, TypeError) as exc:  # a ragged nested list: rows of different lengths
+            raise CalibrationDataError(f"{where}: input '{spec.name}' is not an array of one shape ({exc}); give a "
+                                       "numpy array (nested lists must have rows of equal length).") from None
+        if arr.dtype == object:
+            raise CalibrationDataError(f"{where}: input '{spec.name}' holds Python objects, not numbers; give a "
+                                       f"numeric numpy array of shape {spec.shape_text()}.")
         if arr.ndim != spec.rank:
             raise CalibrationDataError(
                 f"{where}: input '{spec.name}' expects rank {spec.rank}, shape {spec.shape_text()}, "
@@ -128,10 +143,23 @@ class FeedSource:
     max_shape_checks = 16
     #: Each feed is copied once validated: the source may reuse its buffers, and calibration reads a feed ahead.
     copies = False
+    #: The most feeds one pass reads (``--calib-max``); a source with more stops there, with a warning.
+    limit: int | None = None
+    flag = "--calib-max"  # the option that sets ``limit``, for the warning
+    _capped = False
 
     def __init__(self, inputs: list[InputSpec]):
         self.inputs = inputs
         self._shape_sets: set[tuple] = set()
+
+    def capped(self, limit: int | None, flag: str = "--calib-max") -> FeedSource:
+        """Read at most ``limit`` feeds per pass (None: all)."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise CalibrationDataError(f"{flag} must be a positive number of feeds, got {limit!r}.")
+        self.limit, self.flag = limit, flag
+        if limit is not None and self.total is not None:
+            self.total = min(self.total, limit)
+        return self
 
     def check_broadcasts(self, model: onnx.ModelProto | BroadcastChecker) -> FeedSource:
         """Also check each distinct set of feed shapes against ``model``'s broadcasting nodes (or a checker
@@ -155,6 +183,12 @@ class FeedSource:
     def __iter__(self) -> Iterator[Feed]:
         count = 0
         for where, feed in self.raw():
+            if self.limit is not None and count >= self.limit:
+                if not self._capped:
+                    self._capped = True
+                    log.warning("%s: stopped at %d feeds; it has more (%s).", self.description, self.limit,
+                                f"{self.flag} N reads up to N" if self.flag.startswith("--") else self.flag)
+                return
             count += 1
             feed = validate_feed(feed, self.inputs, where)
             if self.copies:

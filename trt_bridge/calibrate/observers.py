@@ -62,6 +62,8 @@ class RangeObserver:
         self.R = 0.0
         self._zeros = 0  # zeros seen while R is still 0
         self.count = 0
+        self.nonfinite = 0  # NaN and ±Inf values seen (and left out of the range)
+        self.infinite = 0  # of which ±Inf
         self._amax: dict = {}  # (center, method, percentile) → amax, until the next update
 
     @property
@@ -74,8 +76,11 @@ class RangeObserver:
         if v.size == 0:
             return
         lo, hi = float(v.min()), float(v.max())  # NaN if any is; ±inf if any is
-        if not (np.isfinite(lo) and np.isfinite(hi)):
-            v = v[np.isfinite(v)]
+        if not (np.isfinite(lo) and np.isfinite(hi)):  # masked or padded rows: the range is the finite values'
+            finite = v[np.isfinite(v)]
+            self.nonfinite += v.size - finite.size
+            self.infinite += int(np.count_nonzero(np.isinf(v)))
+            v = finite
             if v.size == 0:
                 return
             lo, hi = float(v.min()), float(v.max())

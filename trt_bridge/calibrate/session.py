@@ -218,12 +218,13 @@ class CalibrationSession:
         """Hand every feed's value of each observed tensor to ``observers[name].update``; return the feed count.
         With ``held_out``, snapshot the observers where its held-out feeds start (and keep feeds and outputs)."""
         fetch = [t for t in observers if t not in self.graph_inputs]
-        extra = [o for o in self.graph_outputs if o not in fetch] if held_out and held_out.capture else []
+        # the model's outputs decide whether a feed counts (G4): fetched on every feed
+        outs = [o for o in self.graph_outputs if o not in fetch]
         count, first_bad = 0, None
         index = -1
 
         def names_of(i: int) -> list[str]:
-            return fetch + extra if held_out is not None and held_out.keeps(i) else fetch
+            return fetch + outs
 
         for index, feed, job in self._ahead(_progress(feeds, progress, desc), names_of):
             if held_out is not None:
@@ -236,31 +237,32 @@ class CalibrationSession:
                     f"onnxruntime failed on calibration feed {index} "
                     f"({', '.join(f'{k}{list(v.shape)}' for k, v in feed.items())}): {exc}"
                 ) from exc
-            values = [(name, _as_float32(value)) for name, value in zip(fetch, outputs)]
-            values += [(name, _as_float32(feed[name])) for name in observers if name in self.graph_inputs]
-            # A feed with NaN or Inf, or one that makes a NaN anywhere, must not decide a range: leave it out.
-            # (An activation may hold -Inf on purpose, an attention mask: the observers leave those values out.)
-            bad = next((name for name, value in feed.items() if not finite(np.asarray(value))), None) or \
-                next((name for name, value in values if _has_nan(value)), None)
+            got = dict(zip(names, outputs))
+            # A feed with a NaN input, or on which the model's own outputs are NaN, must not decide a range: leave
+            # it out. Inside the model, NaN and ±Inf are legitimate where they never reach an output (an attention
+            # mask's -Inf, a padded row's NaN): the observers leave those values out.
+            bad = bad_feed(feed, {o: got[o] for o in self.graph_outputs if o in got}, index)
             if bad is not None:
                 if index not in self.skipped:
-                    log.warning("calibration feed %d skipped: '%s' holds NaN or Inf", index, bad)
+                    log.warning("calibration feed %d skipped: %s", index, bad)
                 self.skipped.add(index)
                 first_bad = first_bad or (index, bad)
                 continue
-            for name, value in values:
-                observers[name].update(value)
+            for name in fetch:
+                observers[name].update(_as_float32(got[name]))
+            for name in observers:
+                if name in self.graph_inputs:
+                    observers[name].update(_as_float32(feed[name]))
             if keep:
-                got = dict(zip(names, outputs))
                 held_out.kept(index, feed, {o: got[o] for o in self.graph_outputs if o in got})
             count += 1
         if held_out is not None:
             held_out.end(index + 1)
         if count == 0 and first_bad is not None:
             raise CalibrationDataError(
-                f"every calibration feed ({len(self.skipped)}) holds or gives non-finite values (NaN or Inf; feed "
-                f"{first_bad[0]} first in '{first_bad[1]}'), so no range can be measured. Check the calibration "
-                "data for NaN, Inf or values near float32's limit.")
+                f"every calibration feed ({len(self.skipped)}) holds or gives non-finite values, so no range can "
+                f"be measured ({first_bad[1]}). Check the calibration data for NaN or values near float32's limit, "
+                "and that the source model computes finite outputs on it.")
         return count
 
     def _ahead(self, feeds, names_of):
@@ -285,13 +287,22 @@ class CalibrationSession:
             yield feed, job.result()
 
 
-def finite(value: np.ndarray) -> bool:
-    """No NaN or Inf in ``value`` (integers always)."""
-    return not np.issubdtype(value.dtype, np.inexact) or bool(np.isfinite(value).all())
+def bad_feed(feed: dict, outputs: dict, index: int) -> str | None:
+    """Why calibration feed ``index`` must be left out, or None: an input holding NaN, or an output of the model
+    that is NaN on it (the source itself computes no result there). ±Inf is no reason: an input's is an attention
+    mask's, an output's a log-probability of a masked position (log 0)."""
+    for name, value in feed.items():
+        if has_nan(value):
+            return f"input '{name}' of feed {index} holds NaN"
+    for name, value in outputs.items():
+        if has_nan(value):
+            return f"the source model itself outputs NaN on feed {index} (output '{name}')"
+    return None
 
 
-def _has_nan(value) -> bool:
+def has_nan(value) -> bool:
     """A NaN anywhere in ``value``: its max is NaN (one pass, no temporary; Inf of either sign is no NaN)."""
+    value = np.asarray(value)
     return np.issubdtype(value.dtype, np.inexact) and value.size > 0 and bool(np.isnan(value.max()))
 
 

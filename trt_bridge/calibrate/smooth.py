@@ -72,7 +72,10 @@ class ChannelMaxObserver:
         v = np.abs(np.asarray(values, np.float32))
         self.rows += int(np.prod(v.shape[:-1])) if v.ndim > 1 else 1
         v = v.reshape(-1, v.shape[-1]).max(axis=0) if v.ndim > 1 else v
-        v = np.where(np.isfinite(v), v, 0.0)
+        if not np.isfinite(v).all():  # a masked row's NaN or Inf: the channel's max is its finite values'
+            v = np.abs(np.asarray(values, np.float32))
+            v = np.where(np.isfinite(v), v, 0.0)
+            v = v.reshape(-1, v.shape[-1]).max(axis=0) if v.ndim > 1 else v
         self.max = v if self.max is None else np.maximum(self.max, v)
 
 

@@ -35,8 +35,11 @@ from trt_bridge.ir.values import check_source_scales, check_source_weights
 from trt_bridge.lift import LIFT_RULES
 from trt_bridge.lift.pipeline import lift_graph, lift_model
 from trt_bridge.lower.layer_precisions import layer_precisions
+from trt_bridge.plugins.registry import PluginFileError
 from trt_bridge.prepare.model import prepare
 from trt_bridge.prepare.types import Bf16Policy, feed_types
+from trt_bridge.tensorrt.build import EngineBuildError, ModelRejectedError, engine_costs
+from trt_bridge.tensorrt.costs import EngineCosts
 from trt_bridge.tensorrt.parse import parse
 
 log = logging.getLogger("trt_bridge.checks")
@@ -56,6 +59,9 @@ class CheckOptions:
     trt: TrtProbe = TrtProbe.AUTO
     data: str | None = None  # feeds (as --calib-data takes them) to check against the model's inputs and broadcasts
     plugins: tuple[str, ...] = ()  # plugin files TensorRT's parser needs registered (--plugins)
+    #: measure the engine's size and activation memory for this compute capability (an ahead-of-time build with
+    #: TensorRT-RTX, where the parser takes the model); None: not measured
+    costs: str | None = "8.9"
 
 
 def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> CheckReport:
@@ -100,6 +106,8 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
     report = CheckReport(str(path), opset, int8, findings, precisions=precisions)
     if options.trt is TrtProbe.AUTO:
         report.parser = _probe(path, report, node_names, ops, options.plugins)
+        if options.costs and report.parser is not None and report.parser.ok:
+            report.costs = measure_costs(path, options.costs, report, options.plugins)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -129,7 +137,8 @@ def _feeds(model, data: str, broadcasts) -> list[Finding]:
     """Every feed of ``data`` against the model's inputs and what they imply for each broadcasting node."""
 
     try:  # the feeds convert would take: bfloat16 inputs become float32 (--bf16's default)
-        for _ in open_feeds(data, None, feed_types(model_inputs(model), Bf16Policy.FP32), model=broadcasts):
+        for _ in open_feeds(data, None, feed_types(model_inputs(model), Bf16Policy.FP32), model=broadcasts,
+                            flag="check reads at most that many"):
             pass
     except CalibrationDataError as exc:
         return [Finding("feed", Severity.BLOCKER, "", "", [], str(exc),
@@ -194,9 +203,9 @@ def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: di
         elif sanitized and finding.rule != "type-mismatch" and finding.node not in left:
             finding.fix, finding.fixable = sanitized, True
         elif finding.node in left:
-            finding.fix = (f"it sits in a control-flow subgraph ({left[finding.node]}), which convert does not "
-                           "rewrite" if left[finding.node] else declined.get(
-                               finding.node, f"no rule lifts {finding.op}; please report the pattern"))
+            finding.fix = declined.get(finding.node, f"no rule lifts {finding.op}"
+                                       + (f" in a control-flow body ({left[finding.node]})" if left[finding.node]
+                                          else "") + "; please report the pattern")
         elif finding.node in approximated:
             finding.fix, finding.fixable = (f"lifted by rule '{fired[finding.node]}' to the nearest thing TensorRT "
                                             f"builds: {approximated[finding.node]}"), True
@@ -204,7 +213,11 @@ def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: di
             finding.fix, finding.fixable = LIFT_OUTCOMES.get(fired[finding.node], f"lifted by {fired[finding.node]}"), \
                 True
         elif finding.rule == "control-flow":
-            finding.fix = "convert rewrites the main graph only; quantized ops in subgraphs are left as they are"
+            stuck = [name for name, where in left.items() if f"{finding.op} '{finding.node}' " in where]
+            finding.fix = (f"no rule lifts '{stuck[0]}' inside it: " + declined.get(stuck[0], "please report the "
+                                                                                     "pattern")) if stuck else (
+                "lifted inside the bodies like in the main graph, which get symmetric int8 Q/DQ there")
+            finding.fixable = not stuck
         elif finding.node not in remaining:
             finding.fix, finding.fixable = ABSORBED, True
         else:
@@ -243,6 +256,8 @@ def _probe(path: Path, report: CheckReport, node_names: list[str], ops: dict, pl
     except MissingDependencyError:
         log.info("no TensorRT parser installed: static rules only")
         return None
+    except PluginFileError:  # the user's --plugins file: an error, not a reason to fall back to the static rules
+        raise
     except Exception as exc:  # noqa: BLE001 - e.g. datacenter TensorRT on a machine without a GPU
         log.warning("TensorRT's parser could not run (%s: %s); the findings come from the static rules alone",
                     type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "")
@@ -270,6 +285,23 @@ def _probe(path: Path, report: CheckReport, node_names: list[str], ops: dict, pl
             finding.fix = ("no static rule names it, but convert's lifted model parses past it (checked with "
                            "TensorRT's parser)")
     return ParserRun(result.module, result.version, result.ok, len(result.details), result.layers)
+
+
+def measure_costs(path: Path, compute_capability: str, report: CheckReport | None = None,
+                  plugins: tuple[str, ...] = ()) -> EngineCosts | None:
+    """The engine's costs on the target; a builder failure becomes a ``tensorrt-build`` finding of ``report``
+    (TensorRT's parser took the model, its builder did not), None when no builder can run here."""
+    try:
+        return engine_costs(path, compute_capability, plugins=plugins)
+    except MissingDependencyError:
+        return None
+    except (EngineBuildError, ModelRejectedError) as exc:
+        if report is not None:
+            report.findings.append(Finding(
+                "tensorrt-build", Severity.WARNING, "", "", [], f"TensorRT's parser takes the model, but its builder "
+                f"fails for compute capability {compute_capability}: {str(exc).splitlines()[0]}",
+                "please report it with `trt-bridge build -v`", False))
+        return None
 
 
 def _lifted_model_parses(path: Path) -> bool:

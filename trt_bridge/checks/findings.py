@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from trt_bridge.lower.layer_precisions import precision_line
+from trt_bridge.tensorrt.costs import EngineCosts
 from trt_bridge.tensorrt.parse import ParserError
 
 #: what convert does about the parser's errors on a model ``trt-bridge build`` is given (by their rule)
@@ -79,6 +80,8 @@ class CheckReport:
     parser: ParserRun | None = None  # None: no TensorRT parser ran (--trt off, or none installed)
     seconds: float = 0.0
     precisions: dict | None = None  # layers by the precision TensorRT runs them in (precision.layer_precisions)
+    #: what the engine costs on the target (an ahead-of-time build, tensorrt.costs.EngineCosts); None: not measured
+    costs: EngineCosts | None = None
 
     @property
     def blockers(self) -> list[Finding]:
@@ -124,6 +127,8 @@ class CheckReport:
             lines.append(f"  {len(unfixable)} blocker(s) `trt-bridge convert` cannot fix (see above)")
         if self.precisions is not None:
             lines.append("  " + precision_line(self.precisions))
+        if self.costs is not None:
+            lines.append(f"  costs ({self.costs.target}): {self.costs.text()}")
         return "\n".join(lines)
 
 

@@ -179,7 +179,8 @@ class TrainingDropout:
 
 
 class ControlFlow:
-    """Quantized ops inside If/Loop/Scan bodies: convert rewrites the main graph only."""
+    """Inside If/Loop/Scan bodies: ops TensorRT cannot import (integer or non-ONNX ops convert did not lift) and
+    Q/DQ that break the Q/DQ rules above (a symmetric int8 Q/DQ, as convert writes in a body, is fine)."""
 
     name = "control-flow"
 
@@ -188,11 +189,14 @@ class ControlFlow:
         for value in node.attrs.values():
             for sub in value if isinstance(value, list) else [value]:
                 if isinstance(sub, gs.Graph):  # what convert's lifting leaves in a subgraph
-                    inner.extend(n for n, _ in leftover_blockers(sub))
+                    inner.extend(n for n, _ in leftover_blockers(sub) if n.op not in QDQ)
+                    inner.extend(n for n in _walk(sub) if n.op in QDQ and any(
+                        rule.find(n, graph, opset) is not None for rule in _QDQ_RULES))
         if not inner:
             return None
         names = ", ".join(f"{n.op} '{n.name}'" for n in inner[:5]) + (" ..." if len(inner) > 5 else "")
-        return _finding(self.name, node, f"its subgraph holds quantized or non-ONNX ops ({names})", tensors=[])
+        return _finding(self.name, node, f"its subgraph holds ops TensorRT cannot import or Q/DQ it rejects "
+                                         f"({names})", tensors=[])
 
 
 def _walk(graph: gs.Graph):
@@ -221,6 +225,9 @@ def _values_text(values: np.ndarray) -> str:
         return str(int(flat[0]))
     return f"[{', '.join(str(int(v)) for v in flat[:4])}{', ...' if flat.size > 4 else ''}]"
 
+
+#: the rules a Q/DQ node inside a control-flow body is held to
+_QDQ_RULES = (QDQZeroPoint(), QDQInt32(), QDQScales())
 
 #: every static rule, in the order findings are listed for one node
 CHECK_RULES: tuple[CheckRule, ...] = (PluginNode(), NoImporter(), QDQZeroPoint(), QDQInt32(), QDQScales(),

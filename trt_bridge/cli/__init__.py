@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import signal
 import sys
@@ -10,21 +11,28 @@ import threading
 import warnings
 
 from trt_bridge import __version__
-from trt_bridge.cli import bench, build, check, convert, pipeline, scales, verify
-from trt_bridge.cli.common import EXIT_ERROR
-from trt_bridge.errors import TrtBridgeError
-from trt_bridge.runtime.session import own_process
+from trt_bridge.cli.commands import COMMANDS
+from trt_bridge.cli.common import EXIT_ERROR, absolute_paths, check_input_files
+from trt_bridge.errors import Terminated, TrtBridgeError
+from trt_bridge.runtime.process import own_process
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
+    """The command line's parser. Only the subcommand ``argv`` names has its module imported and its flags added
+    (every one when ``argv`` is None); the others are listed with their one-line help, so ``trt-bridge --help``
+    imports no subcommand (:mod:`trt_bridge.cli.commands`)."""
     parser = argparse.ArgumentParser(
         prog="trt-bridge",
         description="Get quantized ONNX models onto NVIDIA TensorRT as real INT8 engines.",
     )
     parser.add_argument("--version", action="version", version=f"trt-bridge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for module in (convert, check, verify, build, bench, pipeline, scales):
-        module.add_parser(sub)
+    chosen = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
+    for name, (module, text) in COMMANDS.items():
+        if argv is None or name == chosen:
+            importlib.import_module(module).add_parser(sub)
+        else:
+            sub.add_parser(name, help=text, add_help=False)  # listed; its flags are added when it is chosen
     return parser
 
 
@@ -45,10 +53,6 @@ def _quiet_graphsurgeon(verbose: int) -> None:
         G_LOGGER.severity = G_LOGGER.ERROR
 
 
-class Terminated(BaseException):
-    """SIGTERM arrived: unwinds like KeyboardInterrupt, so temporary folders and files are removed."""
-
-
 def _on_sigterm(signum, frame) -> None:
     raise Terminated()
 
@@ -64,6 +68,16 @@ def _stdout_gone() -> None:
         os.close(devnull)
     except (OSError, ValueError):
         pass
+
+
+def _printable_streams() -> None:
+    """Whatever stdout and stderr encode (ASCII in a C locale), printing a path or a name they cannot encode must
+    not fail after the work is done: such characters are written as backslash escapes (\\xf6)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):  # not a text file of the io module (a test's capture)
+            pass
 
 
 def _return_freed_memory() -> None:
@@ -84,10 +98,18 @@ def main(argv: list[str] | None = None) -> int:
     """The CLI. Whatever happens, it ends with an exit status and at most one line on stderr: 0/1 as each command
     documents, 2 for an error in the input (or an unexpected one, whose traceback ``-vv`` shows), 130 on Ctrl-C,
     141 when stdout's reader went away, 143 on SIGTERM (temporary files removed, nothing half-written)."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
+    _printable_streams()
+    absolute_paths(args)  # before any user code (a loader, a plugin file) can change the working folder
     _return_freed_memory()
     verbose = getattr(args, "verbose", 0)
+    try:
+        check_input_files(args)  # a pipe or a device as an input: refused before anything opens it
+    except TrtBridgeError as exc:
+        print(f"trt-bridge {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     _configure_logging(verbose, getattr(args, "quiet", False))
     _quiet_graphsurgeon(verbose)
     if verbose < 2:
@@ -125,6 +147,13 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("trt_bridge").debug("traceback of the unexpected error", exc_info=True)
         print(f"trt-bridge {args.command}: internal error: {type(exc).__name__}: {_one_line(exc)} (a bug in "
               "trt-bridge; please report it with the command and its input; -vv shows the traceback)", file=sys.stderr)
+        return EXIT_ERROR
+    except BaseException as exc:  # noqa: BLE001 - SystemExit, CancelledError, ... from a library: never "success"
+        logging.getLogger("trt_bridge").debug("traceback of the unexpected exit", exc_info=True)
+        code = f"({exc.code!r})" if isinstance(exc, SystemExit) else ""
+        print(f"trt-bridge {args.command}: error: the command was ended by {type(exc).__name__}{code}"
+              f"{': ' + _one_line(exc) if str(exc) and not code else ''} before it finished; nothing it did is "
+              "complete (-vv shows the traceback).", file=sys.stderr)
         return EXIT_ERROR
     finally:
         if previous is not None:

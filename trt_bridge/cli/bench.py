@@ -8,7 +8,8 @@ from pathlib import Path
 from trt_bridge.bench import BenchOptions, bench
 from trt_bridge.bench.inputs import parse_shapes
 from trt_bridge.calibrate.feed_sources import source_path
-from trt_bridge.cli.common import EXIT_OK, add_plugins_flag, check_output_path, emit_report
+from trt_bridge.cli.commands import help_of
+from trt_bridge.cli.common import EXIT_OK, add_plugins_flag, check_output_path, check_seed, emit_report
 from trt_bridge.ir.files import write_text_atomic
 
 DESCRIPTION = """\
@@ -28,11 +29,14 @@ examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("bench", help="time engines and ONNX models side by side", description=DESCRIPTION,
+    p = sub.add_parser("bench", help=help_of("bench"), description=DESCRIPTION,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="TensorRT engines and/or ONNX models")
     runs = p.add_argument_group("runs")
     runs.add_argument("--iterations", type=int, default=100, metavar="N", help="at least N timed runs (default 100)")
+    runs.add_argument("--costs", default="8.9", metavar="CC|off",
+                      help="ONNX models: build ahead of time with TensorRT-RTX for this compute capability and show "
+                           "the engine's size and activation memory under the table (default: 8.9; off: skip)")
     runs.add_argument("--warmup", type=int, default=10, metavar="N", help="untimed runs first (default 10)")
     runs.add_argument("--duration", type=float, metavar="S", help="time each model for at least S seconds too")
     inputs = p.add_argument_group("inputs")
@@ -65,13 +69,14 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_seed(args.seed)
     outputs = ((args.json, "JSON report"), (args.markdown, "markdown table"))
     for i, (target, what) in enumerate(outputs):
-        check_output_path(target, [*args.paths, source_path(args.data), outputs[1 - i][0]], what)
+        check_output_path(target, [*args.paths, source_path(args.data), *args.plugins, outputs[1 - i][0]], what)
     options = BenchOptions(iterations=args.iterations, warmup=args.warmup, duration=args.duration,
                            shapes=parse_shapes(args.shapes), data=args.data, seed=args.seed, transfers=args.transfers,
                            cuda_graph=args.cuda_graph, provider=args.provider, threads=args.threads,
-                           plugins=tuple(args.plugins))
+                           plugins=tuple(args.plugins), costs=None if args.costs == "off" else args.costs)
     report = bench(args.paths, options)
     emit_report(args.json, report.to_json(), report.table() if args.quiet else report.summary())
     if args.markdown:

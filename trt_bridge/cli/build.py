@@ -9,8 +9,10 @@ import sys
 from pathlib import Path
 
 from trt_bridge.checks.findings import findings_json, parser_findings
+from trt_bridge.cli.commands import help_of
 from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, add_output_flags, add_plugins_flag, check_output_path, emit_report
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.ir.files import check_regular_input
 from trt_bridge.tensorrt.build import EngineBuildError, ModelRejectedError, build
 from trt_bridge.tensorrt.options import BuildOptions
 from trt_bridge.tensorrt.profiles import Profile, parse_shapes
@@ -50,7 +52,7 @@ SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("build", help="build a TensorRT engine (and its sidecar JSON) from an ONNX model",
+    p = sub.add_parser("build", help=help_of("build"),
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", type=Path, help="the ONNX model (TensorRT-ready: see `trt-bridge check`)")
     p.add_argument("-o", "--output", type=Path, metavar="ENGINE",
@@ -119,8 +121,11 @@ def profiles_from_args(shapes, mins, opts, maxs) -> tuple:
 
 def run(args: argparse.Namespace) -> int:
     output = args.output or args.model.with_suffix(".engine")
+    if args.timing_cache:
+        check_regular_input(args.timing_cache, "timing cache")
     if args.json not in (None, "-"):
-        check_output_path(args.json, [args.model, output, sidecar_path(output), args.timing_cache], "report")
+        check_output_path(args.json, [args.model, output, sidecar_path(output), args.timing_cache, *args.plugins],
+                          "report")
     ccs = tuple(c.strip() for group in args.compute_capability or [] for c in group.split(",") if c.strip())
     options = BuildOptions(
         profiles=profiles_from_args(args.shapes, args.min_shapes, args.opt_shapes, args.max_shapes),

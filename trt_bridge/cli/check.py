@@ -7,6 +7,7 @@ from pathlib import Path
 
 from trt_bridge.calibrate.feed_sources import source_path
 from trt_bridge.checks import CheckOptions, TrtProbe, check_model
+from trt_bridge.cli.commands import help_of
 from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, add_plugins_flag, check_output_path, emit_report
 
 DESCRIPTION = """\
@@ -24,7 +25,7 @@ examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("check", help="say why TensorRT would reject a model and what convert will do",
+    p = sub.add_parser("check", help=help_of("check"),
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", type=Path, help="the ONNX model to check")
     p.add_argument("--data", metavar="DATA",
@@ -33,6 +34,10 @@ def add_parser(sub) -> None:
     p.add_argument("--trt", choices=["auto", "off"], default="auto",
                    help="auto (default): also run TensorRT's ONNX parser when installed; off: static rules only")
     add_plugins_flag(p)
+    p.add_argument("--costs", default="8.9", metavar="CC|off",
+                   help="where TensorRT's parser takes the model, build it ahead of time with TensorRT-RTX for this "
+                        "compute capability and report the engine's size and activation memory (default: 8.9; off: "
+                        "skip the build)")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     p.add_argument("-q", "--quiet", action="store_true", help="print the one-line verdict only")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",
@@ -41,7 +46,8 @@ def add_parser(sub) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    check_output_path(args.json, [args.model, source_path(args.data)], "report")
-    report = check_model(args.model, CheckOptions(TrtProbe(args.trt), args.data, tuple(args.plugins)))
+    check_output_path(args.json, [args.model, source_path(args.data), *args.plugins], "report")
+    report = check_model(args.model, CheckOptions(TrtProbe(args.trt), args.data, tuple(args.plugins),
+                                                     None if args.costs == "off" else args.costs))
     emit_report(args.json, report.to_json(), report.headline() if args.quiet else report.summary())
     return EXIT_OK if report.ready else EXIT_FAIL

@@ -6,7 +6,14 @@ import argparse
 from pathlib import Path
 
 from trt_bridge.errors import TrtBridgeError
-from trt_bridge.ir.files import check_writable, external_data_files, same_file, write_text_atomic
+from trt_bridge.ir.files import (
+    check_regular_input,
+    check_writable,
+    external_data_files,
+    inside_folder,
+    same_file,
+    write_text_atomic,
+)
 
 EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 
@@ -26,6 +33,55 @@ def add_plugins_flag(parser) -> None:
                              "register plugin creators (.py); trt-bridge's own plugins need no flag")
 
 
+#: the arguments (of any subcommand) that name files a command writes
+OUTPUT_ARGS = ("output", "report", "json", "html", "markdown", "save_outputs", "save_inputs", "timing_cache")
+
+
+def absolute_paths(args: argparse.Namespace) -> None:
+    """Make every output path absolute (in place), before any user code runs: a data loader or plugin file that
+    changes the working folder cannot redirect an output into another folder. (Inputs keep the names the user
+    gave, which messages and summaries repeat, and so does a default output beside its input:
+    :func:`trt_bridge.user_code.user_code` puts the working folder back after each call into user code.)"""
+    import os
+
+    try:
+        cwd = os.getcwd()
+    except OSError:  # the working folder was removed: relative paths name nothing anyway (their errors say so)
+        return
+
+    def absolute(value):  # joined to the working folder, not normalized: 'link/..' keeps meaning what it meant
+        if isinstance(value, (list, tuple)):
+            return type(value)(absolute(v) for v in value)
+        if isinstance(value, Path):
+            return Path(cwd, value)
+        if isinstance(value, str) and value not in ("", "-", "model", "data"):
+            return os.path.join(cwd, value)
+        return value
+
+    for name in OUTPUT_ARGS:
+        if getattr(args, name, None) is not None:
+            setattr(args, name, absolute(getattr(args, name)))
+
+
+#: the arguments that name files a command reads (never a device or a pipe: see :func:`check_input_files`)
+INPUT_ARGS = ("model", "reference", "candidate", "paths", "data", "calib_data", "eval_data", "qat", "scales",
+              "load_inputs", "load_outputs", "plugins", "manifest", "engine", "timing_cache")
+
+
+def check_input_files(args: argparse.Namespace) -> None:
+    """Refuse an input that is a named pipe, a socket or a device before anything opens it: reading a pipe blocks
+    until a writer comes (maybe never), reading /dev/zero never ends. (Outputs may be devices: --json /dev/stdout.)"""
+    for name in INPUT_ARGS:
+        value = getattr(args, name, None)
+        for item in value if isinstance(value, (list, tuple)) else [value]:
+            if item is None or str(item) in ("-", "model", "data"):
+                continue
+            text = str(item)
+            path = text.split(":", 1)[0] if ".py:" in text else text  # loader.py:function
+            positional = name in ("model", "paths", "manifest", "reference", "candidate")
+            check_regular_input(path, "input" if positional else f"--{name.replace('_', '-')} file")
+
+
 def check_output_path(path, protected, what: str) -> None:
     """Fail before any work if the file ``path`` (a report, an export, a model) would overwrite one of
     ``protected`` (every file the command reads: models, their external data, feeds, scale files, loader
@@ -43,7 +99,16 @@ def check_output_path(path, protected, what: str) -> None:
         if same_file(path, other):
             raise TrtBridgeError(f"the {what} {path} is also {other}, which this command reads or writes; it would "
                                  f"be overwritten. Choose another file name for the {what}.")
+        if inside_folder(path, other):
+            raise TrtBridgeError(f"the {what} {path} lies inside {other}, a folder this command reads (feeds); "
+                                 f"writing there would replace or add one of its files. Write the {what} elsewhere.")
     check_writable(path, what)
+
+
+def check_seed(seed: int) -> None:
+    """``--seed``: numpy's generators take 0 up to 2**128 - 1."""
+    if not 0 <= seed < 2**128:
+        raise TrtBridgeError(f"--seed must be a non-negative integer below 2**128, got {seed}.")
 
 
 def emit_report(json_target: str | None, json_text: str, text: str | None) -> None:

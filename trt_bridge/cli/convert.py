@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from trt_bridge.calibrate.feed_sources import source_path
+from trt_bridge.cli.commands import help_of
 from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, add_output_flags, check_output_path
 from trt_bridge.cli.convert_args import (
     AccuracyTargetArgs,
@@ -47,7 +48,7 @@ CALIBRATION, SCALES, PLACEMENT, RANGES, TARGET, PRECISION, ACTIVATIONS = (
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("convert", help="rewrite a quantized model into TensorRT-ready INT8 Q/DQ",
+    p = sub.add_parser("convert", help=help_of("convert"),
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("model", type=Path, help="the input ONNX model (never modified)")
     p.add_argument("--int8", action="store_true", default=True,
@@ -74,10 +75,13 @@ def options_from_args(args: argparse.Namespace) -> ConvertOptions:
 def run(args: argparse.Namespace) -> int:
     output = args.output or args.model.with_name(args.model.stem + ".int8.onnx")
     options = options_from_args(args)
-    report_path = args.report or (Path(args.json) if args.json not in (None, "-") else None)
-    if report_path:
-        check_output_path(report_path, [args.model, output, output.with_name(output.name + ".data"),
-                                        *input_files(options), source_path(args.eval_data)], "report")
+    reads = [args.model, *input_files(options), source_path(args.eval_data)]
+    check_output_path(output, reads[1:], "output model")  # the model itself: the conversion's own check
+    # --report FILE and --json FILE both write the report (to each file given)
+    report_paths = [Path(p) for p in (args.report, args.json) if p not in (None, "-")]
+    for i, report_path in enumerate(report_paths):
+        check_output_path(report_path, [*reads, output, output.with_name(output.name + ".data"),
+                                        *report_paths[:i]], "report")
     target = TARGET.parse(args)
     if target.target is not None:
         report, result = convert_to_target(args.model, output, options, target.target, target.data, target.random,
@@ -85,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
         report.accuracy = {**asdict(result), "summary": result.summary()}
     else:
         report = convert(args.model, output, options)
-    if report_path:
+    for report_path in report_paths:
         write_text_atomic(report_path, report.to_json() + "\n")
     if args.json == "-":
         print(report.to_json())

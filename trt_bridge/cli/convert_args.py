@@ -11,12 +11,14 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
+from trt_bridge.calibrate.feeds import FEED_LIMIT
 from trt_bridge.calibrate.observers import CalibMethod
 from trt_bridge.convert.options import (
     ACCURACY_METRICS,
     ACTIVATION_MODES,
     DYNAMIC_GRANULARITIES,
     IO_TYPES,
+    PREFER,
     RUNTIME_RANGES,
     AccuracyTarget,
     ActivationOptions,
@@ -33,7 +35,7 @@ from trt_bridge.prepare.types import Bf16Policy
 
 
 class CalibrationArgs:
-    """--calib-data, --calib-random, --calib-method, --percentile: :class:`CalibrationOptions`."""
+    """--calib-data, --calib-random, --calib-max, --calib-method, --percentile: :class:`CalibrationOptions`."""
 
     def add_to(self, parser: argparse.ArgumentParser) -> None:
         group = parser.add_argument_group("calibration")
@@ -42,6 +44,9 @@ class CalibrationArgs:
                                 "or a data-loader script (loader.py or loader.py:function)")
         group.add_argument("--calib-random", type=int, metavar="N",
                            help="calibrate on N random feeds (smoke tests only: scales from noise are poor)")
+        group.add_argument("--calib-max", type=int, default=FEED_LIMIT, metavar="N",
+                           help="read at most N calibration feeds (default: %(default)s): a data loader that yields "
+                                "more, or forever, stops there with a warning")
         group.add_argument("--calib-method", choices=[m.value for m in CalibMethod], default="auto",
                            help="how an activation's range is chosen from its histogram; auto (the default) "
                                 "tries max, percentile and mse and keeps the one whose outputs are closest to "
@@ -64,7 +69,8 @@ class CalibrationArgs:
     def parse(self, args: argparse.Namespace) -> CalibrationOptions:
         return CalibrationOptions(data=args.calib_data, random=args.calib_random,
                                   method=CalibMethod(args.calib_method), percentile=args.percentile,
-                                  give_back=args.give_back, bias_correction=args.bias_correction)
+                                  give_back=args.give_back, bias_correction=args.bias_correction,
+                                  max_feeds=args.calib_max)
 
 
 class ScaleArgs:
@@ -198,10 +204,16 @@ class ActivationArgs:
                            help="quantize Conv/MatMul/Gemm inputs on the range each has in every inference, with "
                                 "standard ONNX ops around TensorRT's own INT8 layers (no plugin). auto (default): "
                                 "the inputs a dynamically quantized source computed at run time, where the held-out "
-                                "calibration feeds show it 1 dB better than calibrated scales (or where no "
-                                "calibration data is given); on: every input that can, no calibration data needed "
-                                "for them; off: calibrated scales only")
+                                "calibration feeds show it no worse than calibrated scales and --prefer accepts its "
+                                "cost (or where no calibration data is given); on: every input that can, no "
+                                "calibration data needed for them; off: calibrated scales only")
+
+        group.add_argument("--prefer", choices=PREFER, default="balanced",
+                           help="how auto weighs accuracy against the engine's cost: balanced (default) keeps runtime "
+                                "ranges that make the engine over 25%% larger than the static one (an ahead-of-time "
+                                "TensorRT-RTX build of each) only for a held-out gain of 1 dB; accuracy keeps any "
+                                "gain; size keeps calibrated scales only and gives no layer back to float")
 
     def parse(self, args: argparse.Namespace) -> ActivationOptions:
         return ActivationOptions(mode=args.activations, granularity=args.dynamic_granularity,
-                                 runtime_ranges=args.runtime_ranges)
+                                 runtime_ranges=args.runtime_ranges, prefer=args.prefer)

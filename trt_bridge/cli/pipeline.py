@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from trt_bridge.cli.commands import help_of
 from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, add_plugins_flag, check_output_path, emit_report
 from trt_bridge.manifest import PipelineOptions, run_pipeline
 from trt_bridge.manifest.schema import load_manifest
@@ -25,7 +26,7 @@ examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("pipeline", help="convert, check, build, verify and bench every model of a manifest",
+    p = sub.add_parser("pipeline", help=help_of("pipeline"),
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("manifest", type=Path, help="the YAML manifest (see trt_bridge/pipeline/manifest.py)")
     p.add_argument("--model", action="append", default=[], metavar="NAME", help="run only this model (repeatable)")

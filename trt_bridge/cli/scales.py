@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from trt_bridge.cli.commands import help_of
 from trt_bridge.cli.common import EXIT_OK, check_output_path
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.model import load_model
@@ -34,7 +35,7 @@ examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("scales", help="export a converted model's scales (TensorRT cache, JSON, fixed point)",
+    p = sub.add_parser("scales", help=help_of("scales"),
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     actions = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     export = actions.add_parser("export", help="write the scales of a converted model",

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 from trt_bridge.calibrate.feed_sources import source_path
-from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, add_plugins_flag, check_output_path, emit_report
+from trt_bridge.cli.commands import help_of
+from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, add_plugins_flag, check_output_path, check_seed, emit_report
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.files import write_text_atomic
 from trt_bridge.verify import VerifyOptions, verify
@@ -31,7 +32,7 @@ examples:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("verify", help="compare a converted model (and engine) against a reference",
+    p = sub.add_parser("verify", help=help_of("verify"),
                        description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("reference", type=Path, help="the reference ONNX model (float, or the original quantized one)")
     p.add_argument("candidate", type=Path, help="the converted ONNX model")
@@ -51,6 +52,10 @@ def add_parser(sub) -> None:
     gates.add_argument("--max-abs", action="append", metavar="[OUTPUT=]ERR", help="maximum absolute error")
     gates.add_argument("--top-k", type=int, default=5, metavar="K", help="k of the top-k agreement (default 5)")
     layers = p.add_argument_group("per-layer localization")
+    p.add_argument("--costs", default="8.9", metavar="CC|off",
+                   help="build both ONNX models ahead of time with TensorRT-RTX for this compute capability and "
+                        "show their engines' size and activation memory beside the accuracy (default: 8.9; off: "
+                        "skip the builds)")
     layers.add_argument("--per-layer", action="store_true",
                         help="rank the quantized layers by the error they add; name the nodes to keep in float")
     layers.add_argument("--layer-batch", type=int, default=64, metavar="N",
@@ -76,10 +81,12 @@ def run(args: argparse.Namespace) -> int:
     for flag in ("top_k", "layer_batch", "layer_feeds"):
         if getattr(args, flag) < 1:
             raise TrtBridgeError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    check_seed(args.seed)
 
     targets = ((args.json, "report"), (args.html, "HTML report"), (args.save_outputs, "outputs file"),
                (args.save_inputs, "inputs file"))
-    reads = [args.reference, args.candidate, args.engine, source_path(args.data), args.load_outputs, args.load_inputs]
+    reads = [args.reference, args.candidate, args.engine, source_path(args.data), args.load_outputs, args.load_inputs,
+             *args.plugins]
     for i, (target, what) in enumerate(targets):
         others = [t for j, (t, _) in enumerate(targets) if j != i]
         check_output_path(target, reads + others, what)
@@ -89,6 +96,7 @@ def run(args: argparse.Namespace) -> int:
         per_layer=args.per_layer, layer_batch=args.layer_batch, layer_feeds=args.layer_feeds,
         save_outputs=args.save_outputs, load_outputs=args.load_outputs, save_inputs=args.save_inputs,
         load_inputs=args.load_inputs, progress=not args.quiet, plugins=tuple(args.plugins),
+        costs=None if args.costs == "off" else args.costs,
     )
     report = verify(args.reference, args.candidate, options)
     emit_report(args.json, report.to_json(), report.quiet() if args.quiet else report.summary())

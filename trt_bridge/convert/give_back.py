@@ -48,10 +48,19 @@ class GiveBack:
     median_db: float | None = None  # the median weighted layer's isolated SNR
     reason: str = ""  # why none was given back
     model: Any = field(default=None, repr=False, compare=False)  # the candidate with them in float, if given back
+    #: what giving them back costs: their weights' elements, stored in the high precision instead of int8
+    weight_elements: int = 0
 
     def to_dict(self) -> dict:
         return {"layers": self.layers, "isolated_db": dict(self.isolated_db), "scores": dict(self.scores),
-                "median_db": self.median_db, "reason": self.reason}
+                "median_db": self.median_db, "reason": self.reason, "weight_elements": self.weight_elements}
+
+
+def weight_elements(graph, annotations: Annotations, layers) -> int:
+    """The elements of the weights ``layers`` read (what they store in float once given back)."""
+    tensors, chosen = graph.tensors(), set(layers)
+    return sum(int(np.prod(tensors[name].shape)) for name, spec in annotations.weights.items()
+               if name in tensors and tensors[name].shape is not None and any(s.node in chosen for s in spec.sites))
 
 
 def choose_layers(graph, annotations: Annotations, needed: list[str], held_out: HeldOut, fitted: CalibrationResult,

@@ -13,6 +13,7 @@ import enum
 import math
 from dataclasses import Field, dataclass, field
 
+from trt_bridge.calibrate.feeds import FEED_LIMIT
 from trt_bridge.calibrate.observers import CalibMethod
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.dynamic_gemm import GRANULARITIES
@@ -52,8 +53,12 @@ class CalibrationOptions:
     give_back: bool = True
     #: with auto: convolution biases corrected for the mean shift INT8 activations add (convert/bias_correction.py)
     bias_correction: bool = True
+    #: the most calibration feeds read (--calib-max): a data loader that yields forever stops there, with a warning
+    max_feeds: int = field(default=FEED_LIMIT, metadata={"key": "calib_max"})
 
     def __post_init__(self) -> None:
+        if isinstance(self.max_feeds, bool) or not isinstance(self.max_feeds, int) or self.max_feeds < 1:
+            raise TrtBridgeError(f"--calib-max must be a positive number of feeds, got {self.max_feeds!r}")
         if not 0 < self.percentile <= 100:
             raise TrtBridgeError(f"--percentile must be in (0, 100], got {self.percentile}")
 
@@ -108,6 +113,8 @@ ACTIVATION_MODES = ("static", "dynamic")
 DYNAMIC_GRANULARITIES = GRANULARITIES
 #: what --runtime-ranges takes
 RUNTIME_RANGES = ("auto", "on", "off")
+#: what --prefer takes (convert/runtime_choice.py: weigh)
+PREFER = ("balanced", "accuracy", "size")
 
 
 @dataclass(frozen=True)
@@ -124,8 +131,14 @@ class ActivationOptions:
     #: those a dynamic source quantized so, where the held-out feeds show it beats calibrated scales; on: every
     #: activation that can (no calibration data needed for them); off: calibrated scales only
     runtime_ranges: str = "auto"
+    #: how auto weighs accuracy against the engine's cost (convert/runtime_choice.py weigh): balanced keeps runtime
+    #: ranges that grow the engine over 25 % only for 1 dB; accuracy keeps any gain; size keeps none and gives no
+    #: layer back to float
+    prefer: str = "balanced"
 
     def __post_init__(self) -> None:
+        if self.prefer not in PREFER:
+            raise TrtBridgeError(f"--prefer {self.prefer}: choose balanced, accuracy or size.")
         if self.mode not in ACTIVATION_MODES:
             raise TrtBridgeError(f"--activations {self.mode}: choose static or dynamic.")
         if self.runtime_ranges not in RUNTIME_RANGES:

@@ -40,7 +40,7 @@ import numpy as np
 
 from trt_bridge.annotations import Annotations, WeightSpec
 from trt_bridge.calibrate.observers import CalibMethod
-from trt_bridge.calibrate.session import CalibrationResult, CalibrationSession, HeldOut, finite
+from trt_bridge.calibrate.session import CalibrationResult, CalibrationSession, HeldOut, has_nan
 from trt_bridge.convert.refit import Refittable
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
 from trt_bridge.lift.weights import float_type, weight_values
@@ -216,14 +216,14 @@ def fitted_on(held_out: HeldOut, method: CalibMethod, percentile: float | None, 
 
 
 def fit_feeds(feeds, held_out: HeldOut, count: int) -> list[dict]:
-    """The first ``count`` feeds of ``feeds`` (read again from the start) with finite inputs, among those before
-    the held-out ones."""
+    """The first ``count`` feeds of ``feeds`` (read again from the start) without a NaN input (an input's ±Inf is
+    a mask's, as calibration takes it), among those before the held-out ones."""
     found = []
     if count <= 0:
         return found
     with contextlib.closing(iter(feeds)) as iterator:
         for feed in itertools.islice(iterator, max(0, (held_out.total or 0) - held_out.size)):
-            if all(finite(np.asarray(v)) for v in feed.values()):
+            if not any(has_nan(v) for v in feed.values()):
                 found.append(feed)
                 if len(found) == count:
                     break

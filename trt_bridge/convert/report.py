@@ -45,6 +45,8 @@ class ConversionReport:
     scales: str = "model"  # where the source model's activation scales were taken from (model | data)
     sanitized: list[dict] = field(default_factory=list)  # prepare.Change as dicts: casts, Dropout, Identity, ...
     check: dict | None = None  # checks.CheckReport of the output model, as a dict (None: not run)
+    #: the output's engine costs against the float model's (stages._costs; None: not measured)
+    costs: dict | None = None
     imported_scales: dict | None = None  # --scales FILE / --qat: files, matching, applied, unused, warnings, notes
     accuracy: dict | None = None  # --accuracy-target: the ranking, every probe, the chosen tradeoff
     #: nodes lifted to the nearest form TensorRT builds rather than to what they computed (int16 activations
@@ -54,12 +56,23 @@ class ConversionReport:
     precision: dict | None = None  # layers by the precision TensorRT runs them in; --high-precision's fp32 keeps
     #: --activations dynamic: the MatMuls now trt-bridge's DynamicInt8Gemm plugin (name, version, granularity, layers)
     plugin: dict | None = None
+    #: If branches and Loop/Scan bodies quantized as graphs of their own (convert.bodies): how many, the nodes of
+    #: other ops whose bodies stay float, and the body sites left float with their reasons (None: no control flow)
+    control_flow: dict | None = None
 
     def __bool__(self) -> bool:
         return not self.remaining_blockers
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    def cost_line(self) -> str:
+        """The engine's costs against the float model's and what adds to them (the summary's costs line)."""
+        runtime = len((self.runtime_ranges or {}).get("tensors") or ())
+        given = len((self.given_back or {}).get("layers") or ())
+        float_note = f" (float: {self.costs['float_missing']})" if self.costs.get("float_missing") else ""
+        return (f"costs ({self.costs['target']}): {self.costs['summary']}{float_note}; {runtime} activation(s) "
+                f"ranged in each inference, {given} layer(s) given back to float")
 
     def to_json(self) -> str:
 
@@ -87,6 +100,10 @@ class ConversionReport:
             c = self.calibration
             method = c.get("auto") or c["method"]
             lines.append(f"  calibration: {c['feeds']} feed(s), method {method}, {c['seconds']:.2f} s")
+            if c.get("nonfinite_values"):  # masked or padded rows: ranges from the finite values
+                lines.append(f"  non-finite values left out of the ranges of {len(c['nonfinite_values'])} tensor(s) "
+                             f"({sum(c['nonfinite_values'].values())} in all); kept in float for their ±Inf: "
+                             f"{len(c.get('infinite_left_in_float') or [])}")
         if self.smoothed:
             by_mul = sum(1 for x in self.smoothed if x["through"] == "Mul")
             lines.append(f"  smoothed {len(self.smoothed)} MatMul input(s) into their weights "
@@ -100,7 +117,8 @@ class ConversionReport:
             g = self.given_back
             worst = ", ".join(f"{n} ({g['isolated_db'][n]:.1f} dB)" for n in g["layers"])
             lines.append(f"  gave {len(g['layers'])} layer(s) back to float, their isolated INT8 SNR far below the "
-                         f"median layer's {g['median_db']:.1f} dB: {worst}")
+                         f"median layer's {g['median_db']:.1f} dB: {worst}; cost: {g.get('weight_elements', 0):,} "
+                         "weight(s) kept in the high precision instead of int8")
         if self.bias_corrected and self.bias_corrected["layers"]:
             b = self.bias_corrected
             lines.append(f"  corrected the biases of {b['channels']} output channel(s) of {b['layers']} convolution(s) "
@@ -131,6 +149,11 @@ class ConversionReport:
             lines.append("  sanitized: " + ", ".join(f"{k} {v}" for k, v in sorted(kinds.items())))
         if self.left_in_float:
             lines.append(f"  left in float: {len(self.left_in_float)} edge(s) (see the JSON report)")
+        if self.control_flow:
+            flow = self.control_flow
+            lines.append(f"  control flow: {flow['bodies']} If branch(es) and Loop/Scan body(ies) placed"
+                         + (f"; the bodies of {len(flow['float_bodies'])} other node(s) left float (e.g. "
+                            f"'{flow['float_bodies'][0]}')" if flow["float_bodies"] else ""))
         if self.precision is not None:
 
             lines.append("  " + precision_line(self.precision))
@@ -148,6 +171,9 @@ class ConversionReport:
         if self.check is not None:
             lines.append(f"  check: {self.check['headline']}")
             for finding in self.check["findings"]:
-                lines.append(f"    [{finding['rule']}] {finding['op']} '{finding['node']}': {finding['why']}")
+                where = f"{finding['op']} '{finding['node']}'" if finding["node"] else "model"
+                lines.append(f"    [{finding['rule']}] {where}: {finding['why']}")
+        if self.costs is not None:
+            lines.append(f"  {self.cost_line()}")
         lines.append(f"  total {sum(self.seconds.values()):.2f} s")
         return "\n".join(lines)

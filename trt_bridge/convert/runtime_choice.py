@@ -28,7 +28,9 @@ After:   those activations keep a range per input, where that measured better (r
 from __future__ import annotations
 
 import copy
+import tempfile
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from trt_bridge.annotations import Annotations
@@ -36,10 +38,16 @@ from trt_bridge.calibrate.observers import CalibMethod
 from trt_bridge.calibrate.session import CalibrationResult, HeldOut
 from trt_bridge.convert import range_choice
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.ir.save import save_model
 from trt_bridge.lower import runtime_ranges
+from trt_bridge.tensorrt.build import costs_or_none
 
 #: runtime ranges replace the static model unless they score this much below it on the held-out feeds
 MARGIN_DB = 0.0
+#: --prefer balanced (the default): runtime ranges that make the engine this much larger than the static model's
+#: (an ahead-of-time build of each) are kept only for a held-out gain of GAIN_DB or more
+GROWTH_CAP = 0.25
+GAIN_DB = 1.0
 #: the name of the runtime-range model among those auto judges beside its candidates (``MethodChoice.also``)
 RUNTIME = "runtime ranges"
 
@@ -54,12 +62,14 @@ class RuntimeChoice:
     declined: dict[str, str] = field(default_factory=dict)  # activation → why it keeps a calibrated scale
     scores: dict[str, float | None] = field(default_factory=dict)  # "static" / "runtime" → held-out SNR (dB)
     reason: str = ""  # why these (or none) were chosen
+    #: the engines weighed (--prefer balanced): "static" / "runtime" → bytes of an ahead-of-time build
+    engines: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return {"mode": self.mode, "tensors": list(self.tensors), "considered": self.considered,
                 "declined": dict(sorted(self.declined.items())),
                 "scores": {k: None if v is None else round(v, 2) for k, v in self.scores.items()},
-                "reason": self.reason}
+                "engines": dict(self.engines), "reason": self.reason}
 
 
 def eligible(graph, annotations: Annotations, needed: list[str], every: bool, excluded: dict[str, str]
@@ -109,8 +119,43 @@ def beside(graph, annotations: Annotations, needed: list[str], candidates, lower
     return {RUNTIME: make}
 
 
+def engine_sizes(static_model, runtime_model) -> dict[str, int]:
+    """Bytes of an ahead-of-time TensorRT-RTX build (SM 8.9) of each model; {} where none can be built here."""
+    with tempfile.TemporaryDirectory(prefix="trt-bridge-weigh-") as tmp:
+        sizes = {}
+        for name, model in (("static", static_model), ("runtime", runtime_model)):
+            path = save_model(model, Path(tmp) / f"{name}.onnx")
+            costs = costs_or_none(path, "8.9")
+            if costs is None:
+                return {}
+            sizes[name] = costs.engine_bytes
+        return sizes
+
+
+def weigh(gain: float, static_model, runtime_model, prefer: str) -> tuple[bool, str, dict[str, int]]:
+    """Whether runtime ranges that gain ``gain`` dB on the held-out feeds are worth their cost under ``prefer``, why,
+    and the engine sizes weighed. ``accuracy``: any gain (a tie too); ``size``: never; ``balanced``: any gain while
+    the engine grows at most ``GROWTH_CAP`` over the static model's, else ``GAIN_DB`` or more."""
+    if prefer == "size":
+        return False, "--prefer size keeps calibrated scales (no per-inference ranges)", {}
+    if gain < -MARGIN_DB:
+        return False, f"{-gain:.1f} dB below the static model", {}
+    if prefer == "accuracy" or gain >= GAIN_DB:
+        return True, f"{gain:+.1f} dB against the static model", {}
+    sizes = engine_sizes(static_model, runtime_model)
+    if not sizes:
+        return True, f"{gain:+.1f} dB against the static model (no TensorRT builder here to weigh the engines)", {}
+    growth = sizes["runtime"] / sizes["static"] - 1
+    engines = f"engine {growth:+.0%} ({sizes['static'] / 1e6:.1f} → {sizes['runtime'] / 1e6:.1f} MB, SM 8.9)"
+    if growth <= GROWTH_CAP:
+        return True, f"{gain:+.1f} dB against the static model for an {engines}", sizes
+    return False, (f"{gain:+.1f} dB against the static model is not worth an {engines}: --prefer balanced keeps "
+                   f"runtime ranges growing the engine over {GROWTH_CAP:.0%} only for {GAIN_DB:g} dB; --prefer "
+                   "accuracy keeps them"), sizes
+
+
 def judge(graph, annotations: Annotations, choice, held_out: HeldOut | None, needed: list[str], candidates,
-          lowering: range_choice.Lowering) -> tuple[RuntimeChoice, Any]:
+          lowering: range_choice.Lowering, prefer: str = "balanced") -> tuple[RuntimeChoice, Any]:
     """``--runtime-ranges auto`` with calibration data: the dynamic source's activations that can have runtime ranges
     (``candidates``: :func:`eligible`'s answer) get them if the held-out feeds score them no more than ``MARGIN_DB``
     below auto's static ``choice`` (marked in ``annotations``). Returns the choice and, when made, the model with
@@ -141,9 +186,10 @@ def judge(graph, annotations: Annotations, choice, held_out: HeldOut | None, nee
         return replace(judged, scores={"static": static, "runtime": None},
                        reason="the runtime-range model has no float output"), None
     scores = {"static": static, "runtime": got}
-    feeds = f"{len(held_out.outputs)} held-out feed(s)"
-    if not got >= static - MARGIN_DB:
-        return replace(judged, scores=scores, reason=f"{static - got:.1f} dB below the static model on {feeds}"), None
+    keep, why, engines = weigh(got - static, choice.model, model, prefer)
+    feeds = "" if prefer == "size" else f" (on {len(held_out.outputs)} held-out feed(s))"
+    judged = replace(judged, scores=scores, engines=engines, reason=why + feeds)
+    if not keep:
+        return judged, None
     mark(annotations, found)
-    return replace(judged, tensors=tuple(found), scores=scores,
-                   reason=f"{got - static:+.1f} dB against the static model on {feeds}"), model
+    return replace(judged, tensors=tuple(found)), model

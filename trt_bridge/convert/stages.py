@@ -13,21 +13,22 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import drop_layers
 from trt_bridge.calibrate import CalibMethod, model_inputs, open_feeds
-from trt_bridge.calibrate.apply import apply_ranges
+from trt_bridge.calibrate.apply import apply_ranges, float_where_infinite, nonfinite_values
 from trt_bridge.calibrate.feed_sources import source_path
 from trt_bridge.calibrate.ranges import observed_ranges
 from trt_bridge.calibrate.session import HeldOut
 from trt_bridge.calibrate.two_pass import calibrate_graph
 from trt_bridge.checks import CheckOptions, check_model
 from trt_bridge.checks.rules import is_int8
-from trt_bridge.convert import bias_correction, data_choices, give_back, range_choice, runtime_choice
+from trt_bridge.convert import bias_correction, bodies, costs, data_choices, give_back, range_choice, runtime_choice
 from trt_bridge.convert.options import ConvertOptions, ScalePolicy
 from trt_bridge.convert.report import FloatLeftover, RuleHits
+from trt_bridge.convert.support import check_supported
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
 from trt_bridge.ir.dynamic_gemm import OP_TYPE as PLUGIN_OP
 from trt_bridge.ir.dynamic_gemm import PLUGIN_VERSION
 from trt_bridge.ir.export import export_model
-from trt_bridge.ir.files import check_name_lengths, check_writable, external_data_files, same_file
+from trt_bridge.ir.files import check_writable, external_data_files, inside_folder, same_file
 from trt_bridge.ir.finalize import finalize
 from trt_bridge.ir.model import default_opset, load_model
 from trt_bridge.ir.save import save_model
@@ -75,6 +76,7 @@ class Conversion:
     ranges: dict | None = None  # --high-precision fp16: observed ranges of the float layers
     out_model: onnx.ModelProto | None = None
     data_choices: str = ""  # without a scale source: the ways to give one, for the error that needs them
+    float_copy: Any = None  # with check: a temporary folder holding the lifted float model (its engine costs)
 
 
 def input_files(options: ConvertOptions) -> list[Path]:
@@ -86,15 +88,14 @@ def input_files(options: ConvertOptions) -> list[Path]:
 def check_paths(state: Conversion) -> None:
     """The output must be writable, and neither the model nor (with its ``.data`` file) any file it reads."""
     model_path, output_path = state.model_path, state.output_path
-    check_name_lengths(output_path, "output model")
+    check_writable(output_path, "output model")  # first: a link loop or a dangling link before it is resolved
     if output_path.resolve() == model_path.resolve():
         raise TrtBridgeError(f"the output path {output_path} is the input model; choose another with -o.")
     for target in (output_path, output_path.with_name(output_path.name + ".data")):
         for source in input_files(state.options):
-            if same_file(target, source):
+            if same_file(target, source) or inside_folder(target, source):
                 raise TrtBridgeError(f"the output model {output_path} would overwrite {source}, which this "
                                      "conversion reads; choose another output path with -o.")
-    check_writable(output_path, "output model")
 
 
 def _has_scale_source(options: ConvertOptions) -> bool:
@@ -110,6 +111,7 @@ def load(state: Conversion) -> StageResult:
     check_paths(state)
     options = state.options
     model = state.model = load_model(state.model_path, state.declared)
+    check_supported(model, state.model_path)  # an opset onnxruntime cannot run, FP8 Q/DQ
     check_source_scales(model, state.model_path)
     check_source_weights(model, state.model_path)
     state.source_nonfinite = nonfinite_count(model)  # -inf attention masks are fine; new ones are overflows
@@ -117,7 +119,8 @@ def load(state: Conversion) -> StageResult:
         state.data_choices = data_choices.choices(model, options.activations.mode == "static")
     if options.calibration.data is not None or options.calibration.random is not None:
         inputs = feed_types(model_inputs(model), options.precision.bf16)
-        state.feeds = open_feeds(options.calibration.data, options.calibration.random, inputs, model=model)
+        state.feeds = open_feeds(options.calibration.data, options.calibration.random, inputs, model=model,
+                                 limit=options.calibration.max_feeds)
         state.feeds.check()
     state.imported = load_sources(options.scales.files, options.scales.qat, model)  # matched against the source
     return StageResult(records={"input": str(state.model_path), "output": str(state.output_path),
@@ -140,8 +143,10 @@ def lift(state: Conversion) -> StageResult:
     state.lifted, ctx = lift_model(state.model, state.model_path, state.options.precision.bf16, state.declared,
                                    state.store, rules)
     state.ctx, state.model = ctx, None
+    if state.options.check and state.store is None:  # the float model's engine, the costs' reference
+        state.float_copy = costs.keep_float(state.lifted)
     if (activations.mode == "static" and not _has_scale_source(state.options) and not ctx.annotations.activations
-            and not ctx.annotations.weights):  # a float model: nothing would be quantized
+            and not ctx.annotations.weights and not ctx.in_bodies):  # a float model: nothing would be quantized
         raise CalibrationDataError(data_choices.float_model_message(state.model_path, state.data_choices))
     _release_memory(state)
     state.graph = gs.import_onnx(state.lifted)  # keeps referring to lifted's weights: no copy
@@ -209,10 +214,13 @@ def _refine(state: Conversion, choice: range_choice.MethodChoice, held_out: Held
         problem = "" if measured.snr else "no calibration feed before the held-out ones to measure on"
     except (TrtBridgeError, RuntimeError, ValueError) as exc:  # onnxruntime's errors too
         measured, problem = None, f"the layers could not be measured ({str(exc).splitlines()[0]})"
-    if options.calibration.give_back:
+    if options.calibration.give_back and options.activations.prefer == "size":
+        records["given_back"] = give_back.GiveBack(reason="--prefer size keeps every layer INT8").to_dict()
+    elif options.calibration.give_back:
         given = give_back.GiveBack(reason=problem) if problem else give_back.choose_layers(
             state.graph, ctx.annotations, needed, held_out, fitted, base, _lowering(state), measured.snr,
             choice.weights)
+        given = replace(given, weight_elements=give_back.weight_elements(state.graph, ctx.annotations, given.layers))
         records["given_back"] = given.to_dict()
         if given.layers:
             drop_layers(ctx.annotations, given.layers)
@@ -272,6 +280,8 @@ def calibrate(state: Conversion) -> StageResult:
         result, smoothed, splits = calibrate_graph(
             state.graph, ctx.annotations, state.lifted, needed, feeds, method, options.calibration.percentile,
             options.ranges.smooth, options.progress, held_out, options.ranges.split_outliers)
+        infinite = float_where_infinite(ctx.annotations, result, needed)  # a mask's -Inf: no int8 keeps it
+        needed = [t for t in needed if t not in infinite]
         candidates = None
         if mode == "auto":
             split = {s.tensor: "its massive channels were split off into a float path" for s in splits}
@@ -288,7 +298,7 @@ def calibrate(state: Conversion) -> StageResult:
             records["auto_method"] = choice.describe()
         if candidates is not None:
             runtime, model = runtime_choice.judge(state.graph, ctx.annotations, choice, held_out, needed, candidates,
-                                                  _lowering(state))
+                                                  _lowering(state), options.activations.prefer)
             if runtime.tensors:  # give-back and bias correction measure the model with runtime ranges
                 needed = [t for t in needed if t not in runtime.tensors]
                 choice = replace(choice, model=model, scores={**choice.scores, choice.label: runtime.scores["runtime"]})
@@ -302,7 +312,8 @@ def calibrate(state: Conversion) -> StageResult:
             "percentile": (result.percentile or options.calibration.percentile)
             if result.method is CalibMethod.PERCENTILE else None,
             "ranges": {k: {"min": o.lo, "max": o.hi, "amax": result.amax(k)}
-                       for k, o in sorted(result.observers.items())}}
+                       for k, o in sorted(result.observers.items())},
+            "nonfinite_values": nonfinite_values(result), "infinite_left_in_float": infinite}
         records["smoothed"] = [asdict(x) for x in smoothed]
         records["split_outliers"] = [asdict(x) for x in splits]
     lowering = _lowering(state)
@@ -336,7 +347,8 @@ def _release_memory(state: Conversion) -> None:
 def lower_model(state: Conversion) -> StageResult:
     """Q/DQ written, the graph exported and finished, the float layers in ``--high-precision``."""
     options, store = state.options, state.store
-    quantized = lower(state.graph, state.ctx.annotations)
+    inside = bodies.quantize_bodies(state.graph, state.ctx.body_annotations, options, state.feeds, state.calibration)
+    quantized = inside.quantized + lower(state.graph, state.ctx.annotations)
     if store is not None:
         release_memory()  # the float weights just quantized: their maps go before the export copies the rest
     exported, lifted_opset = export_model(state.graph), default_opset(state.lifted)
@@ -356,6 +368,7 @@ def lower_model(state: Conversion) -> StageResult:
         out_model = finalize(out_model, default_opset(out_model), check=True, min_opset=19)
     state.out_model = out_model
     return StageResult(changed=len(quantized), records={
+        "control_flow": inside.to_dict(),
         "quantized": [{k: v for k, v in asdict(q).items() if k != "nodes"} for q in quantized],
         "output_opset": default_opset(out_model),
         "precision": precision_report(out_model, high, kept_fp32)})
@@ -376,5 +389,6 @@ def check(state: Conversion) -> StageResult:
     """``trt-bridge check`` on the written output (with TensorRT's parser where installed)."""
     checked = check_model(state.output_path, CheckOptions())
     return StageResult(changed=0, records={
-        "check": {**checked.to_dict(), "headline": checked.headline()},
+        "check": {**checked.to_dict(), "headline": checked.headline()}, "costs": costs.against_float(
+            checked.costs, state.float_copy, state.store is not None),
         "remaining_blockers": [f"{f.where}: {f.why}" for f in checked.blockers]})

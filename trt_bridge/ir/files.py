@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-
-import onnx
+from typing import TYPE_CHECKING
 
 from trt_bridge.errors import TrtBridgeError
+
+if TYPE_CHECKING:  # onnx is imported where a model is read: the command line's --help imports this module
+    import onnx
 
 
 def check_name_lengths(path: str | os.PathLike, what: str) -> None:
@@ -47,6 +49,8 @@ def external_locations(model: onnx.ModelProto) -> dict[str, list[str]]:
 
 def external_data_files(path: str | os.PathLike) -> list[Path]:
     """The external-data files a model file refers to (read from its header only)."""
+    import onnx
+
     path = Path(path)
     model = onnx.load(str(path), load_external_data=False)
     return [path.parent / loc for loc in sorted(external_locations(model))]
@@ -64,10 +68,51 @@ def is_special_file(path: str | os.PathLike) -> bool:
     return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
+def check_regular_input(path: str | os.PathLike, what: str) -> None:
+    """Refuse an input that exists but is not a regular file (a named pipe, a socket, a device) before it is opened:
+    reading a pipe blocks until a writer comes, which may be never."""
+    if is_special_file(path):
+        raise TrtBridgeError(f"the {what} {path} is not a regular file (a named pipe, a socket or a device): "
+                             "trt-bridge reads regular files only (a pipe would block it). Give a regular file.")
+
+
+def inside_folder(path: str | os.PathLike, folder: str | os.PathLike) -> bool:
+    """Whether ``path`` (existing or not) lies inside the existing folder ``folder`` (through links and ``..``)."""
+    try:
+        if not Path(folder).is_dir():
+            return False
+        return Path(folder).resolve() in Path(path).resolve().parents
+    except (OSError, RuntimeError):
+        return False
+
+
+def check_link_target(path: str | os.PathLike, what: str) -> None:
+    """Refuse a symbolic link that leads nowhere (writing through it would make folders nobody named) or in a
+    loop (nothing can be written through it)."""
+    path = Path(path)
+    if not path.is_symlink():
+        try:  # a link loop above the file name
+            path.resolve(strict=False)
+        except (OSError, RuntimeError):
+            raise TrtBridgeError(f"the {what} path {path} goes through a symbolic link loop; give a path whose "
+                                 "links lead somewhere.") from None
+        return
+    try:
+        path.resolve(strict=True)
+    except RuntimeError:
+        raise TrtBridgeError(f"the {what} path {path} is a symbolic link in a loop (it leads to itself); remove the "
+                             "link or give another path.") from None
+    except OSError:
+        raise TrtBridgeError(f"the {what} path {path} is a symbolic link to {os.readlink(path)}, which does not "
+                             "exist; writing through it would create files and folders nobody named. Remove the "
+                             "link or give another path.") from None
+
+
 def check_writable(path: str | os.PathLike, what: str) -> None:
     """Fail before any work if ``path`` cannot be written (``what``: 'output model', 'report', ...)."""
     path = Path(path)
     check_name_lengths(path, what)
+    check_link_target(path, what)
     if is_special_file(path) and what == "output model":
         raise TrtBridgeError(f"the {what} {path} is not a regular file (a device, a pipe or a socket): a model is "
                              "written atomically, by replacing the file, which would replace that node. Give a regular "

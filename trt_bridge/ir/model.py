@@ -56,20 +56,43 @@ def load_model(path: str | os.PathLike, declared: dict[str, int] | None = None,
         raise ModelLoadError(f"{path}: the graph has no outputs, so it computes nothing; fix the exporter (a model "
                              "needs at least one graph output).")
     _check_input_dims(model, path)
+    _check_dense(model, path)
     return validate_model(model, path, declared=declared, repairs=repairs)
 
 
 def _check_input_dims(model: onnx.ModelProto, path) -> None:
-    """A graph input dimension must be a positive size, a name, or unknown: a negative or zero one is refused."""
+    """A graph input is a tensor of known rank (TensorRT and calibration need it) whose dimensions are positive
+    sizes, names or unknown: a sequence, map or optional input, a missing shape and a negative size are refused."""
     initializers = {t.name for t in model.graph.initializer}
     for value in model.graph.input:
-        if value.name in initializers or not value.type.tensor_type.HasField("shape"):
+        if value.name in initializers:
             continue
+        kind = value.type.WhichOneof("value")
+        if kind != "tensor_type":
+            what = (kind or "value of no type").replace("_type", "")
+            raise ModelLoadError(f"{path}: input '{value.name}' is a {what}, not a tensor; TensorRT and trt-bridge "
+                                 "take tensor inputs only. Re-export the model "
+                                 "with tensor inputs (e.g. stack a sequence into one tensor).")
+        if not value.type.tensor_type.HasField("shape"):
+            raise ModelLoadError(f"{path}: input '{value.name}' declares no shape, not even its rank; TensorRT and "
+                                 "calibration need each input's rank. Re-export the model with the input's shape "
+                                 "(dynamic dimensions may be names, e.g. ['batch', 3, 224, 224]).")
         for axis, dim in enumerate(value.type.tensor_type.shape.dim):
             if dim.HasField("dim_value") and dim.dim_value < 0:
                 raise ModelLoadError(f"{path}: input '{value.name}' declares dimension {dim.dim_value} at axis {axis}; "
                                      "a dimension is a positive size or a name (dynamic). Fix the exporter's "
                                      "input shape.")
+
+
+def _check_dense(model: onnx.ModelProto, path) -> None:
+    """Sparse initializers (``graph.sparse_initializer``) are refused: neither trt-bridge's passes nor TensorRT's
+    parser read them."""
+    sparse = model.graph.sparse_initializer
+    if sparse:
+        name = sparse[0].values.name or "(unnamed)"
+        raise ModelLoadError(f"{path}: the graph holds {len(sparse)} sparse initializer(s) (e.g. '{name}'), which "
+                             "TensorRT's parser does not read; store them as dense initializers (e.g. "
+                             "onnx.numpy_helper.from_array of the densified values) and convert that model.")
 
 
 def _check_external_data_present(model: onnx.ModelProto, path: Path) -> None:
@@ -156,12 +179,11 @@ def claim_ort_contrib_ops(model: onnx.ModelProto, path="model") -> list[str]:
 
 
 def sort_nodes(model: onnx.ModelProto, path="model") -> bool:
-    """Put the main graph's nodes in topological order (in place), as onnx requires and onnxruntime does
-    not: AMD Quark, for one, writes graphs out of order. Stable: nodes already in order keep it.
+    """Put the main graph's nodes, and then each control-flow body's, in topological order (in place), as onnx
+    requires and onnxruntime does not: AMD Quark, for one, writes graphs out of order. A node with a body waits for
+    the outer names its body reads. Stable: nodes already in order keep it.
     Returns whether anything moved; a cycle is left for onnx.checker to name, a tensor no one produces is
-    refused here with the node that reads it."""
-    import heapq
-
+    refused here with the node that reads it (in the main graph)."""
     graph = model.graph
     done = {i.name for i in graph.input} | {i.name for i in graph.initializer} | {""}
     producer = {o: i for i, n in enumerate(graph.node) for o in n.output if o}
@@ -172,6 +194,35 @@ def sort_nodes(model: onnx.ModelProto, path="model") -> bool:
         raise ModelLoadError(f"{path}: node '{node_label(reader, index)}' ({reader.op_type}) reads '{name}', which no "
                              "node, initializer or graph input produces, so onnxruntime refuses the model too: the "
                              "tool that wrote it lost that tensor. Re-export or re-quantize the model.")
+    moved = _sort_graph(graph, done, producer)
+    if moved:
+        log.warning("%s: the graph's nodes were not in topological order (onnx requires it); sorted them", path)
+    bodies = _sort_bodies(graph)
+    if bodies:
+        log.warning("%s: the nodes of %d control-flow body(ies) (e.g. '%s') were not in topological order (onnx "
+                    "requires it, onnxruntime sorts them itself); sorted them", path, len(bodies), bodies[0])
+    return moved or bool(bodies)
+
+
+def _sort_bodies(graph: onnx.GraphProto) -> list[str]:
+    """Sort every control-flow body under ``graph`` (in place; a name a body does not define comes from outside it,
+    so it waits for nothing); returns the names of the nodes whose body moved."""
+    moved = []
+    for node in graph.node:
+        for attr in node.attribute:
+            for body in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                done = {i.name for i in (*body.input, *body.initializer)} | {""}
+                if _sort_graph(body, done, {o: i for i, n in enumerate(body.node) for o in n.output if o}):
+                    moved.append(f"{node.name or node.op_type} {attr.name}")
+                moved += _sort_bodies(body)
+    return moved
+
+
+def _sort_graph(graph: onnx.GraphProto, done: set[str], producer: dict[str, int]) -> bool:
+    """Kahn's algorithm on ``graph``'s nodes (``producer``: tensor → index of its node; ``done``: names available
+    from the start), the smallest original index first: stable. Whether anything moved (a cycle moves nothing)."""
+    import heapq
+
     needs = [{producer[x] for x in (*n.input, *_outer_names(n)) if x in producer and x not in done}
              for n in graph.node]
     if all(max(deps, default=-1) < i for i, deps in enumerate(needs)):
@@ -198,18 +249,20 @@ def sort_nodes(model: onnx.ModelProto, path="model") -> bool:
         copy.CopyFrom(node)
     del graph.node[:]
     graph.node.extend(copies)
-    log.warning("%s: the graph's nodes were not in topological order (onnx requires it); sorted them", path)
     return True
 
 
 def _outer_names(node: onnx.NodeProto) -> list[str]:
-    """Names a node's subgraphs read (they may come from the outer graph)."""
+    """Names a node's subgraphs read from outside themselves (from the outer graph, or further out): what the
+    subgraph's own nodes, inputs and initializers define is left out, so a name a body defines for itself never
+    makes the node wait for an outer node of the same name."""
     names = []
     for attr in node.attribute:
         for g in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+            local = {o for n in g.node for o in n.output} | {i.name for i in (*g.input, *g.initializer)}
             for inner in g.node:
-                names.extend(inner.input)
-                names.extend(_outer_names(inner))
+                names.extend(x for x in (*inner.input, *_outer_names(inner)) if x not in local)
+            names.extend(o.name for o in g.output if o.name not in local)  # a body may return an outer tensor
     return names
 
 

@@ -11,7 +11,17 @@ class NameAllocator:
     """Hands out node and tensor names that do not clash with any in the graph."""
 
     def __init__(self, graph: gs.Graph):
-        self._taken = {n.name for n in graph.nodes} | set(graph.tensors().keys())
+        self._taken: set[str] = set()
+        self._take_all(graph)
+
+    def _take_all(self, graph: gs.Graph) -> None:
+        """Every node and tensor name of ``graph`` and of its control-flow bodies (names are unique model-wide)."""
+        self._taken |= {n.name for n in graph.nodes} | set(graph.tensors().keys())
+        for node in graph.nodes:
+            for value in node.attrs.values():
+                for sub in value if isinstance(value, list) else [value]:
+                    if isinstance(sub, gs.Graph):
+                        self._take_all(sub)
 
     def __call__(self, base: str) -> str:
         name, i = base, 1
@@ -42,7 +52,23 @@ def node_label(node: onnx.NodeProto, index: int) -> str:
 
 
 def name_nodes(model: onnx.ModelProto) -> None:
-    """Give every node a unique name: rules, sites and reports refer to nodes by name."""
+    """Give every node a unique name: rules, sites and reports refer to nodes by name. A node inside a
+    control-flow body is named model-wide too (an unnamed one ``<control-flow node>/<attribute>/<op>_<index>``)."""
     for node, name in zip(model.graph.node, unique_node_names([(n.name, n.op_type) for n in model.graph.node])):
         node.name = name
+    seen = {n.name for n in model.graph.node}
+
+    def bodies(graph: onnx.GraphProto) -> None:
+        for node in graph.node:
+            for attr in node.attribute:
+                for body in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                    for i, inner in enumerate(body.node):
+                        name = inner.name or f"{node.name}/{attr.name}/{inner.op_type}_{i}"
+                        while name in seen:
+                            name = f"{name}_{i}"
+                        inner.name = name
+                        seen.add(name)
+                    bodies(body)
+
+    bodies(model.graph)
 

@@ -167,10 +167,10 @@ def per_axis_scale_lengths(model: onnx.ModelProto, path="model", notes: list[str
     repaired."""
     graph = model.graph
     dims = {t.name: list(t.dims) for t in graph.initializer}
-    readers: dict[str, list[onnx.NodeProto]] = {}
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for node in graph.node:
-        for name in node.input[1:2]:
-            readers.setdefault(name, []).append(node)
+        for position, name in enumerate(node.input):
+            readers.setdefault(name, []).append((node, position))
     touched = []
     for index, node in enumerate(graph.node):
         if node.op_type != "DequantizeLinear" or len(node.input) < 2 or node.input[0] not in dims:
@@ -184,8 +184,12 @@ def per_axis_scale_lengths(model: onnx.ModelProto, path="model", notes: list[str
         if 0 <= axis < len(shape) and shape[axis] == scale[0]:
             continue
         name = node.name or f"{node.op_type}_{index}"
-        fits = {_output_channel_axis(r, len(shape)) for r in readers.get(node.output[0], [])}
-        if len(fits) != 1 or None in fits or shape[next(iter(fits))] != scale[0]:
+        reading = readers.get(node.output[0], [])
+        if not reading or any(position != 1 or _output_channel_axis(r, len(shape)) is None
+                              for r, position in reading):
+            continue  # not a weight of a Gemm/MatMul/Conv (a bias, an activation): lifting reads it as it is
+        fits = {_output_channel_axis(r, len(shape)) for r, _ in reading}
+        if len(fits) != 1 or shape[next(iter(fits))] != scale[0]:
             raise ModelLoadError(
                 f"{path}: DequantizeLinear '{name}' declares axis {axis} of '{node.input[0]}' {shape}, but its scale "
                 f"'{node.input[1]}' has {scale[0]} values, which fit no output-channel axis of the ops reading it: "

@@ -48,6 +48,31 @@ def elem_types(model: onnx.ModelProto) -> dict[str, int]:
     return {name: t.tensor_type.elem_type for name, t in value_types(model).items()}
 
 
+#: the floating-point Q/DQ code types (FP8, FP4, the E8M0 block scale) of the onnx installed
+FLOAT_CODE_TYPES = tuple(getattr(onnx.TensorProto, name) for name in (
+    "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT4E2M1", "FLOAT8E8M0")
+    if hasattr(onnx.TensorProto, name))
+
+
+def float_code_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """The (node name, code type name) of each QuantizeLinear/DequantizeLinear (any domain) of the main graph
+    whose codes are floating point (FP8, FP4), read from its zero point, its ``output_dtype`` or its codes."""
+    qdq = [n for n in model.graph.node if n.op_type.endswith(("QuantizeLinear", "DequantizeLinear"))]
+    if not qdq:
+        return []
+    types = {**{t.name: t.data_type for t in model.graph.initializer}, **elem_types(model)}
+    found = []
+    for node in qdq:
+        code = types.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
+        if code is None and node.op_type.endswith("DequantizeLinear") and node.input:
+            code = types.get(node.input[0])
+        if code is None:
+            code = next((a.i for a in node.attribute if a.name == "output_dtype"), None)
+        if code in FLOAT_CODE_TYPES:
+            found.append((node.name or node.output[0], onnx.TensorProto.DataType.Name(code)))
+    return found
+
+
 def declared_types(values) -> dict[str, int]:
     """The element types that ``values`` (value_info, graph outputs) declare; entries without one are left out."""
     return {v.name: v.type.tensor_type.elem_type for v in values

@@ -79,15 +79,18 @@ def check_source_scales(model: onnx.ModelProto, where) -> None:
                             f" (and {odd.size - 1} more)" if odd.size > 1 else "")
 
 
-#: op types whose constant inputs are weights (their values must be finite); Gather: an embedding table
-WEIGHTED_OPS = {"Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul": (0, 1), "Gather": (0,),
+#: op types whose constant inputs are weights (their values must be finite). Not Gather: a table read by Gather
+#: (or a constant read by Add, Where, ...) may hold -Inf on purpose, a mask or a relative-position bias kept in an
+#: embedding table; it stays float, and a model is refused for it only where its outputs are non-finite
+#: (calibration: :func:`trt_bridge.calibrate.session.bad_feed`)
+WEIGHTED_OPS = {"Conv": (1, 2), "ConvTranspose": (1, 2), "Gemm": (1, 2), "MatMul": (0, 1),
                 "LayerNormalization": (1, 2), "BatchNormalization": (1, 2, 3, 4), "InstanceNormalization": (1, 2)}
 
 
 def check_source_weights(model: onnx.ModelProto, where) -> None:
-    """Refuse a source model whose weights (the constant inputs of Conv, Gemm, MatMul, an embedding Gather and
-    normalizations) hold NaN or Inf: every output would be non-finite, and a NaN would quantize to int8 0.
-    (Other constants may hold -Inf on purpose, as attention masks do.) One tensor at a time."""
+    """Refuse a source model whose weights (the constant inputs of Conv, Gemm, MatMul and normalizations) hold
+    NaN or Inf: every value such a layer computes from them is NaN or ±Inf, and a NaN would quantize to int8 0.
+    (Other constants may hold -Inf on purpose, as attention masks and bias tables do.) One tensor at a time."""
     constants = constant_protos(model)
     seen = set()
     for node in model.graph.node:
@@ -143,8 +146,11 @@ def check_output_finite(model: onnx.ModelProto, source_nonfinite: int, where) ->
 
 
 def nonfinite_count(model: onnx.ModelProto) -> int:
-    """How many NaN/Inf values the model's float constants hold (attention masks legitimately hold -Inf)."""
-    return sum(_nonfinite(model).values())
+    """How many NaN/Inf values the model's float constants hold (attention masks and bias tables legitimately
+    hold -Inf), quantization scales left out: an Inf scale never reaches the output (lifting leaves its tensor in
+    float, and :func:`check_output_finite` refuses any that would), so it allows no non-finite value there."""
+    scales = {name for node in model.graph.node for name in _scale_inputs(node)}
+    return sum(count for name, count in _nonfinite(model).items() if name not in scales)
 
 
 def _nonfinite(model: onnx.ModelProto) -> dict[str, int]:

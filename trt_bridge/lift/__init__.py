@@ -53,17 +53,26 @@ log = logging.getLogger("trt_bridge.lift")
 
 def lift(graph: gs.Graph, rules: tuple[LiftRule, ...] = LIFT_RULES) -> LiftContext:
     """Apply ``rules`` to ``graph`` in place, each to the nodes of its op types in graph order (match, then
-    rewrite); dead source nodes are removed afterwards."""
+    rewrite), then inside every control-flow body (``If`` branches, ``Loop``/``Scan`` bodies, outer bodies first);
+    dead source nodes are removed afterwards.
+
+    A body's nodes are lifted like the main graph's (a pattern may start in the outer graph: onnxruntime's
+    ``EnableSubgraph`` quantizes an outer-scope activation once, outside the ``If``); what they annotate goes to
+    ``ctx.body_annotations`` (sites name nodes, unique model-wide), which the stages place, calibrate and lower
+    apart from the main graph's (:mod:`trt_bridge.convert.bodies`), and the names of the lifted nodes go to
+    ``ctx.in_bodies``. Each body has its own constants: a weight lifted in one branch is not read from another."""
     ctx = LiftContext(graph)
-    for rule in rules:
-        for node in [n for n in graph.nodes if n.op in rule.op_types]:
-            found = rule.match(ctx, node)
-            if isinstance(found, str):
-                if found != NOT_MINE:
-                    ctx.declined.append(Decline(rule.name, node.name, node.op, found))
-                continue
-            rule.rewrite(ctx, found)
-            ctx.fired.setdefault(rule.name, []).append(node.name)
+    _apply_rules(ctx, rules)
+    bodies = list(_bodies(graph))
+    while bodies:
+        body = bodies.pop(0)
+        inner = LiftContext(body, annotations=ctx.body_annotations, fired={}, declined=ctx.declined, names=ctx.names,
+                            approximated=ctx.approximated)
+        _apply_rules(inner, rules)
+        for rule, nodes in inner.fired.items():
+            ctx.fired.setdefault(rule, []).extend(nodes)
+            ctx.in_bodies.extend(nodes)
+        bodies.extend(_bodies(body))
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     by_rule: dict[str, list[Approximation]] = {}
     for approx in ctx.approximated:
@@ -75,10 +84,28 @@ def lift(graph: gs.Graph, rules: tuple[LiftRule, ...] = LIFT_RULES) -> LiftConte
     return ctx
 
 
+def _apply_rules(ctx: LiftContext, rules: tuple[LiftRule, ...]) -> None:
+    for rule in rules:
+        for node in [n for n in ctx.graph.nodes if n.op in rule.op_types]:
+            found = rule.match(ctx, node)
+            if isinstance(found, str):
+                if found != NOT_MINE:
+                    ctx.declined.append(Decline(rule.name, node.name, node.op, found))
+                continue
+            rule.rewrite(ctx, found)
+            ctx.fired.setdefault(rule.name, []).append(node.name)
+
+
+def _bodies(graph: gs.Graph) -> list[gs.Graph]:
+    """The control-flow bodies of ``graph``'s own nodes (not those nested deeper), in node order."""
+    return [sub for node in graph.nodes for value in node.attrs.values()
+            for sub in (value if isinstance(value, list) else [value]) if isinstance(sub, gs.Graph)]
+
+
 def leftover_blockers(graph: gs.Graph) -> list[tuple[gs.Node, str]]:
     """Nodes TensorRT cannot import that are still in the graph after lifting, each with
     where it sits: '' in the main graph, else the control-flow node(s) whose subgraph
-    holds it (the rules lift the main graph only, so any such node in a subgraph stays)."""
+    holds it (what no rule lifted there)."""
     found: list[tuple[gs.Node, str]] = []
 
     def visit(g: gs.Graph, where: str) -> None:

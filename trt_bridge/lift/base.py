@@ -50,6 +50,8 @@ class LiftContext:
     names: NameAllocator | None = None
     prepared: list = field(default_factory=list)  # prepare.change.Change records of the steps before lifting
     approximated: list[Approximation] = field(default_factory=list)  # lifted to the nearest TensorRT form
+    in_bodies: list[str] = field(default_factory=list)  # nodes lifted inside control-flow bodies
+    body_annotations: Annotations = field(default_factory=Annotations)  # what lifting annotated inside bodies
 
     def __post_init__(self) -> None:
         if self.names is None:

@@ -29,7 +29,7 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site, WeightSpec
 from trt_bridge.lift.base import NOT_MINE, LiftContext
-from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
+from trt_bridge.lift.scale_algebra import constant_values, dequantized, infinite_scale, quantizer_zero_point
 from trt_bridge.lift.weights import WEIGHT_INPUT, lift_integer_weight, weight_axis
 
 
@@ -111,8 +111,8 @@ class DequantizeConstant:
         axis = int(node.attrs.get("axis", 1)) % max(values.ndim, 1)
         if block and (scale.ndim != values.ndim or scale.shape[axis] * block < values.shape[axis]):
             return f"block-wise scale of shape {list(scale.shape)} does not cover the weight {list(values.shape)}"
-        floats = ((values.astype(np.int64) - broadcast_param(zp.astype(np.int64), values, axis, block))
-                  * broadcast_param(scale, values, axis, block)).astype(np.float32)
+        floats = dequantized(values.astype(np.int64) - broadcast_param(zp.astype(np.int64), values, axis, block),
+                             broadcast_param(scale, values, axis, block)).astype(np.float32)
         scale = scale.astype(np.float64).reshape(-1) if scale.size > 1 else scale.astype(np.float64).reshape(())
         zp = zp.astype(np.int64).reshape(-1) if zp.size > 1 else zp.astype(np.int64).reshape(())
         return DequantizedConstantMatch(node, values, floats, scale, zp, axis, block)
@@ -124,11 +124,14 @@ class DequantizeConstant:
             ctx.approximate(self.name, node.name, f"block-wise weights (block_size {block}) re-quantized as int8 per "
                             "output channel, the nearest form TensorRT builds")
         source, out = node.inputs[0], node.outputs[0]
+        lost = infinite_scale(scale, floats, f"'{source.name}'")
+        if lost:  # a float constant (Inf is no weight scale)
+            ctx.approximate(self.name, node.name, lost)
         for consumer in list(out.outputs):
             for index, tensor in enumerate(consumer.inputs):
                 if tensor is not out:
                     continue
-                weighted = WEIGHT_INPUT.get(consumer.op) == index and values.dtype.itemsize == 1
+                weighted = WEIGHT_INPUT.get(consumer.op) == index and values.dtype.itemsize == 1 and not lost
                 if not weighted:
                     consumer.inputs[index] = ctx.constant(f"{source.name}_float", floats,
                                                           ("dequantized", source.name, node.name))

@@ -21,7 +21,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.lift.base import NOT_MINE, LiftContext
-from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
+from trt_bridge.lift.scale_algebra import constant_values, dequantized, infinite_scale, quantizer_zero_point
 
 #: ops that only move or select elements of their first input (the others are indices or shapes)
 DATA_MOVEMENT = frozenset({"Gather", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity",
@@ -87,6 +87,7 @@ class GatheredTableMatch:
     dq: gs.Node
     moves: list[gs.Node]  # Gather and the data-movement nodes after it, the table's side first
     floats: np.ndarray  # the dequantized table
+    lost: str | None = None  # an Inf scale's words for the report (scale_algebra.infinite_scale)
 
 
 class DequantizeGathered:
@@ -115,11 +116,15 @@ class DequantizeGathered:
             shape[axis] = -1
         s = scale.astype(np.float64).reshape(shape if scale.size > 1 else ())
         z = zp.astype(np.float64).reshape(shape if zp.size > 1 else ())
-        return GatheredTableMatch(node, nodes, ((values.astype(np.float64) - z) * s).astype(np.float32))
+        floats = dequantized(values.astype(np.float64) - z, s).astype(np.float32)
+        return GatheredTableMatch(node, nodes, floats, infinite_scale(scale, floats,
+                                                                      f"table '{nodes[0].inputs[0].name}'"))
 
     def rewrite(self, ctx: LiftContext, match: GatheredTableMatch) -> None:
         node, nodes = match.dq, match.moves
         table = nodes[0].inputs[0]
+        if match.lost:
+            ctx.approximate(self.name, node.name, match.lost)
         floats = ctx.constant(f"{table.name}_float", match.floats, ("dequantized", table.name, node.name))
         replay(ctx, nodes, floats, node.outputs[0])
         node.outputs.clear()  # the new chain now produces the DQ's output

@@ -89,10 +89,7 @@ def blocker_message(path: Path, blockers, declined) -> str:
     reasons = {d.node: d.reason for d in declined}
     lines = [f"{path}: {len(blockers)} node(s) that TensorRT cannot import could not be rewritten:"]
     for node, where in blockers[:20]:
-        if where:
-            why = "it sits in a control-flow subgraph, which trt-bridge does not rewrite yet"
-        else:
-            why = reasons.get(node.name, f"no rule handles {node.domain + '.' if node.domain else ''}{node.op} yet")
+        why = reasons.get(node.name, f"no rule handles {node.domain + '.' if node.domain else ''}{node.op} yet")
         lines.append(f"  - {where}{node.op} '{node.name}': {why}")
     if len(blockers) > 20:
         lines.append(f"  ... and {len(blockers) - 20} more")

@@ -62,6 +62,30 @@ def constant_values(tensor: gs.Tensor) -> np.ndarray | None:
     return None
 
 
+def dequantized(offset: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """``(q − z)·s`` from ``offset`` = q − z and ``scale`` (broadcast against it), in float64. An Inf scale is what
+    a quantizer writes for a constant that held ±Inf (onnxruntime's range is its min and max): every finite value
+    rounded to the zero point there, so a code at the zero point reads 0, not the NaN of 0·Inf that the source
+    computes (its values are lost either way; the lift rules report it); other codes keep their ±Inf."""
+    offset, scale = np.asarray(offset, np.float64), np.asarray(scale, np.float64)
+    if not np.isinf(scale).any():  # (a NaN scale is refused where the model is loaded)
+        return offset * scale
+    with np.errstate(invalid="ignore"):
+        return np.where(offset == 0, 0.0, offset * scale)
+
+
+def infinite_scale(scale: np.ndarray, floats: np.ndarray, what: str) -> str | None:
+    """The report's words for a constant dequantized with an Inf scale into ``floats`` (:func:`dequantized`),
+    else None."""
+    scale = np.asarray(scale)
+    if not np.isinf(scale).any():
+        return None
+    return (f"{what} is dequantized with scale {float(scale[np.isinf(scale)].flat[0]):g} (the quantizer saw "
+            f"±Inf in it): its {int(np.count_nonzero(np.asarray(floats) == 0))} code(s) at the zero point read "
+            "0, not the NaN (0·Inf) the source computes; the values the quantizer lost are not recovered. "
+            "Re-quantize with the node excluded, or convert the float model, to keep them")
+
+
 def quantizer_zero_point(node: gs.Node) -> np.ndarray | None:
     """The zero point of a QuantizeLinear/DequantizeLinear, typed like its integer codes.
 

@@ -23,14 +23,19 @@ SKIP = frozenset({"QuantizeLinear", "DequantizeLinear", "Cast", "Constant", "Ide
 def layer_precisions(model: onnx.ModelProto) -> dict:
     """Which compute layers TensorRT runs in INT8, FP16, BF16 or FP32, as the model's types dictate (strong
     typing): a weighted op whose data input is dequantized from int8 runs INT8, any other layer in its output's
-    type. Data movement (reshapes, casts, Q/DQ themselves) is not counted."""
+    type. Data movement (reshapes, casts, Q/DQ themselves) is not counted; the layers inside control-flow bodies are,
+    the If/Loop/Scan nodes holding them are not."""
     types = elem_types(model)
-    producer = {o: n for n in model.graph.node for o in n.output}
+    nodes = list(_nodes(model.graph))  # the layers of control-flow bodies too (If/Loop/Scan only hold them)
+    for body in _bodies(model.graph):
+        types.update({v.name: v.type.tensor_type.elem_type for v in (*body.value_info, *body.output, *body.input)})
+    producer = {o: n for n in nodes for o in n.output}
     names = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16",
              onnx.TensorProto.DOUBLE: "fp64"}
     layers: dict[str, str] = {}
-    for node in model.graph.node:
-        if node.op_type in SKIP or not node.output:
+    for node in nodes:
+        if node.op_type in SKIP or not node.output or any(
+                a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
             continue
         src = producer.get(node.input[0]) if node.input else None
         if is_plugin_node(node):
@@ -46,6 +51,20 @@ def layer_precisions(model: onnx.ModelProto) -> dict:
     for kind in layers.values():
         counts[kind] = counts.get(kind, 0) + 1
     return {"counts": dict(sorted(counts.items())), "layers": layers}
+
+
+def _bodies(graph: onnx.GraphProto):
+    for node in graph.node:
+        for attr in node.attribute:
+            for body in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
+                yield body
+                yield from _bodies(body)
+
+
+def _nodes(graph: onnx.GraphProto):
+    yield from graph.node
+    for body in _bodies(graph):
+        yield from body.node
 
 
 def precision_line(precisions: dict) -> str:

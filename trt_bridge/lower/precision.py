@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
-from trt_bridge.errors import MissingDependencyError
+from trt_bridge.errors import MissingDependencyError, UnsupportedPatternError
 from trt_bridge.ir.dynamic_gemm import is_plugin_node
 from trt_bridge.ir.model import default_opset
 from trt_bridge.ir.types import declared_types, value_types
@@ -82,6 +82,13 @@ def to_low_precision(model: onnx.ModelProto, kind: HighPrecision | str, ranges: 
     kind = HighPrecision(kind)
     if kind is HighPrecision.FP32:
         return model, []
+    flow = next((n for n in model.graph.node if any(
+        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)), None)
+    if flow is not None:  # the float16 pass retypes the main graph only: a body would read retyped outer tensors
+        raise UnsupportedPatternError(
+            f"--high-precision {kind.value}: the model has control flow ({flow.op_type} '{flow.name}'), whose bodies "
+            f"read tensors of the main graph that the {kind.value} pass does not retype in them yet; convert with "
+            "--high-precision fp32 (the default).")
     op_of = {n.name: n.op_type for n in model.graph.node}
     kept = [KeptInFloat32(node, op_of[node], f"INT8 layer compensating the re-centred '{tensor}' (or its grid "
                                              "computed per inference): its bias c·ΣW and weight scales stay exact")

@@ -62,11 +62,13 @@ def needs_opset(quantized: list[QuantizedTensor]) -> int:
     return FP16_QDQ_OPSET if any(q.dtype == "float16" for q in quantized) else 13
 
 
-def lower(graph: gs.Graph, annotations: Annotations, scales: dict | None = None) -> list[QuantizedTensor]:
+def lower(graph: gs.Graph, annotations: Annotations, scales: dict | None = None,
+          names: NameAllocator | None = None) -> list[QuantizedTensor]:
     """Insert Q/DQ for every placed annotation (in place); return what was quantized. Activations marked
     ``runtime`` get runtime ranges (:mod:`trt_bridge.lower.runtime_ranges`), before the weights are lowered.
-    ``scales``: filled with each quantized activation's scale constant (its Q and DQ share it) and float type."""
-    names = NameAllocator(graph)
+    ``scales``: filled with each quantized activation's scale constant (its Q and DQ share it) and float type.
+    ``names``: the model's (a control-flow body is lowered as a graph of its own, its names unique model-wide)."""
+    names = names or NameAllocator(graph)
     done: list[QuantizedTensor] = []
     runtime = [annotations.activations[name] for name in sorted(annotations.activations)
                if annotations.activations[name].runtime]

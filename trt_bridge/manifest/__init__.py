@@ -21,13 +21,14 @@ from trt_bridge.bench import BenchOptions, bench
 from trt_bridge.checks import CheckOptions, check_model
 from trt_bridge.convert import convert
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
-from trt_bridge.ir.files import write_text_atomic
+from trt_bridge.ir.files import external_data_files, inside_folder, same_file, write_text_atomic
 from trt_bridge.manifest.report import PipelineReport, Status, StepResult
 from trt_bridge.manifest.schema import Manifest, ModelEntry, Target, load_manifest
 from trt_bridge.tensorrt import MODULES, gpu_present, import_tensorrt, is_rtx
 from trt_bridge.tensorrt.build import build
 from trt_bridge.tensorrt.options import BuildOptions
 from trt_bridge.tensorrt.profiles import Profile
+from trt_bridge.tensorrt.sidecar import sidecar_path
 from trt_bridge.verify import VerifyOptions, verify
 from trt_bridge.verify.gates import Gate
 from trt_bridge.verify.html import render
@@ -51,6 +52,7 @@ def run_pipeline(manifest_path: str | Path, options: PipelineOptions = PipelineO
     if unknown:
         raise TrtBridgeError(f"--model {unknown[0]}: the manifest has no such model; it has "
                              f"{', '.join(m.name for m in manifest.models)}.")
+    check_artifacts(manifest, options)
     manifest.output.mkdir(parents=True, exist_ok=True)
     report = PipelineReport(str(manifest.path), str(manifest.output), machine=_machine())
     for model in manifest.models:
@@ -62,6 +64,42 @@ def run_pipeline(manifest_path: str | Path, options: PipelineOptions = PipelineO
     write_text_atomic(manifest.output / "pipeline.md", report.markdown())
     write_text_atomic(manifest.output / "pipeline.junit.xml", report.junit_xml())
     return report
+
+
+def artifacts(manifest: Manifest, model: ModelEntry) -> list[Path]:
+    """Every file the pipeline may write for ``model`` (and the summaries beside its folder)."""
+    out, folder, name = manifest.output, manifest.output / model.name, model.name
+    paths = [out / "pipeline.json", out / "pipeline.md", out / "pipeline.junit.xml"]
+    paths += [folder / f for f in (f"{name}.int8.onnx", f"{name}.int8.onnx.data", "convert.json", "check.json",
+                                   "verify.json", "reference-outputs.json", "inputs.json", "verify.html", "bench.json")]
+    for target in manifest.targets:
+        engine = folder / f"{name}.{target.name}.engine"
+        paths += [out / f"timing-cache.{target.name}.bin", engine, sidecar_path(engine),
+                  folder / f"verify.{engine.stem}.json", folder / f"bench.{engine.stem}.json"]
+    return paths
+
+
+def check_artifacts(manifest: Manifest, options: PipelineOptions = PipelineOptions()) -> None:
+    """Before any work: no file the pipeline writes may be one it reads (the manifest, a source or reference model
+    and its external data, calibration or evaluation data, a file inside a data folder, a --plugins file)."""
+    reads = [manifest.path, *options.plugins]
+    for model in manifest.models:
+        reads += [model.source, model.reference, model.calib_data, model.eval_data]
+        for path in (model.source, model.reference):
+            try:
+                reads += external_data_files(path)
+            except Exception:  # noqa: BLE001 - an unreadable model fails in its own step, with its own message
+                pass
+    reads = [Path(p) for p in reads if p is not None]
+    for model in manifest.models:
+        if options.models and model.name not in options.models:
+            continue
+        for target in artifacts(manifest, model):
+            for source in reads:
+                if same_file(target, source) or inside_folder(target, source):
+                    raise TrtBridgeError(f"{manifest.path}: the pipeline would write {target} over {source}, which it "
+                                         "reads; choose another output folder (the manifest's output, or "
+                                         "--output DIR) or move the file.")
 
 
 def _machine() -> dict:

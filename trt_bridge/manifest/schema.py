@@ -48,6 +48,7 @@ CONVERT_FIELDS = {option_key(f): (section, f.name, typing.get_type_hints(kind)[f
 CONVERT_KEYS = set(CONVERT_FIELDS)
 GATE_KEYS = {"min_snr", "min_cosine", "max_abs"}
 BENCH_KEYS = {"iterations", "warmup", "duration", "provider", "threads"}
+BENCH_PROVIDERS = ("cpu", "cuda", "tensorrt")
 MODEL_KEYS = {"name", "source", "reference", "calib_data", "calib_random", "eval_data", "eval_random", "convert",
               "shapes", "gates", "bench"}
 TARGET_KEYS = {"name", "compute_capabilities", "gpu"}
@@ -206,6 +207,9 @@ def _model(entry: dict, where: str, base: Path) -> ModelEntry:
             raise ManifestError(f"{where}: {label} {p} does not exist.")
     calib_data = base / entry["calib_data"] if entry.get("calib_data") else None
     eval_data = base / entry["eval_data"] if entry.get("eval_data") else None
+    for label, data in (("calib_data", calib_data), ("eval_data", eval_data)):  # checked before any step runs
+        if data is not None and not Path(str(data).split(":", 1)[0] if ".py:" in str(data) else data).exists():
+            raise ManifestError(f"{where}: {label} {data} does not exist.")
     for label, key in (("calib_random", "calib_random"), ("eval_random", "eval_random")):
         if key in entry and (isinstance(entry[key], bool) or not isinstance(entry[key], int) or entry[key] < 1):
             raise ManifestError(f"{where}: '{label}' must be a positive integer.")
@@ -220,6 +224,7 @@ def _model(entry: dict, where: str, base: Path) -> ModelEntry:
         if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
             raise ManifestError(f"{where}: gates.{key} must be a number or a mapping of output name → number.")
     bench = _mapping(entry.get("bench") or {}, f"{where}: bench", BENCH_KEYS)
+    _check_bench(bench, f"{where}: bench")
     shapes_raw = _mapping(entry.get("shapes") or {}, f"{where}: shapes", set(entry.get("shapes") or {}))
     shapes = {}
     for name, dims in shapes_raw.items():
@@ -229,6 +234,23 @@ def _model(entry: dict, where: str, base: Path) -> ModelEntry:
         shapes[name] = tuple(dims)
     return ModelEntry(entry["name"], source, reference, calib_data, entry.get("calib_random"), eval_data,
                       entry.get("eval_random"), convert, shapes, dict(gates), dict(bench))
+
+
+def _check_bench(bench: dict, where: str) -> None:
+    """The bench table's values, checked with the manifest (before any step runs), as bench's flags take them."""
+    for key, value in bench.items():
+        if key == "provider":
+            if value not in BENCH_PROVIDERS:
+                raise ManifestError(f"{where}.provider: {value!r} is not one of {', '.join(BENCH_PROVIDERS)}.")
+            continue
+        integer = key != "duration"
+        number = not isinstance(value, bool) and (isinstance(value, int) if integer else
+                                                  isinstance(value, (int, float)) and math.isfinite(value))
+        low = 0 if key == "warmup" else 1 if integer else 0
+        if not number or value < low or (key == "duration" and value <= 0):
+            kind = "an integer" if integer else "a number of seconds"
+            raise ManifestError(f"{where}.{key}: expected {kind} {'of at least ' + str(low) if integer else 'above 0'}"
+                                f", got {value!r}.")
 
 
 def _convert_options(table: dict, where: str, calibration: CalibrationOptions) -> ConvertOptions:

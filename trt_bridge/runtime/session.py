@@ -33,6 +33,7 @@ import onnx
 from trt_bridge.ir.dynamic_gemm import decompose, disabled_optimizers, has_plugin_nodes
 from trt_bridge.runtime.bf16 import emulate_bfloat16, has_bfloat16
 from trt_bridge.runtime.exact_integer import exact_integer, has_saturating_ops
+from trt_bridge.runtime.process import owns_process
 
 
 def session(model: str | Path | onnx.ModelProto | bytes, simulate_qdq: bool = True):
@@ -99,24 +100,46 @@ def in_order(run: Callable[[T], Any], items: Iterable[T], workers: int | None = 
                 job.cancel()
 
 
-_OWN_PROCESS = {"quiet": False}
-
-
-def own_process() -> None:
-    """The command line owns its process: onnxruntime's default logger may be set to errors there (a library
-    call leaves the caller's logger alone)."""
-    _OWN_PROCESS["quiet"] = True
-
-
 def quiet_default_logger() -> None:
     """Sessions made by others with default options (onnx-graphsurgeon's constant folding) log onnxruntime's
     optimizer warnings ("UnsqueezeElimination cannot remove node") through the default logger: errors only, in
-    the command line's own process."""
-    if not _OWN_PROCESS["quiet"]:
+    the command line's own process (fatal only: what onnxruntime refuses reaches the user as its exception, in
+    trt-bridge's one line; -vv leaves onnxruntime's log on)."""
+    if not owns_process():
         return
     import onnxruntime as ort
 
-    ort.set_default_logger_severity(3)
+    ort.set_default_logger_severity(4)
+
+
+_OPSETS: dict[int, str | None] = {}
+
+
+def opset_problem(version: int) -> str | None:
+    """Why the installed onnxruntime cannot run a model of ``ai.onnx`` opset ``version`` (None: it can), found by
+    loading a one-node model of that opset (once per version). A model it cannot load could be neither calibrated
+    nor verified, and a converted model keeps its source's opset."""
+    if version not in _OPSETS:
+        import re
+
+        import onnxruntime as ort
+        from onnx import TensorProto, helper
+
+        value = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])]
+        graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "probe", value,
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+        probe = helper.make_model(graph, opset_imports=[helper.make_opsetid("", version)])
+        probe.ir_version = 8
+        options = ort.SessionOptions()
+        options.log_severity_level = 4
+        try:
+            ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            _OPSETS[version] = None
+        except Exception as exc:  # noqa: BLE001 - its refusal is the answer
+            supported = re.search(r"support for domain ai\.onnx is till opset (\d+)", str(exc))
+            up_to = f"opsets up to {supported.group(1)}" if supported else "older opsets only"
+            _OPSETS[version] = f"onnxruntime {ort.__version__} runs {up_to}"
+    return _OPSETS[version]
 
 
 def create_session(model, options, providers=("CPUExecutionProvider",), exact: bool = False):
@@ -132,6 +155,9 @@ def create_session(model, options, providers=("CPUExecutionProvider",), exact: b
     """
     import onnxruntime as ort
 
+    if owns_process():  # the command line: onnxruntime's own log lines stay off stderr (see above)
+        quiet_default_logger()
+        options.log_severity_level = 4
     model, disabled = _plugins_decomposed(model)
     if exact:
         model = _exact(model)

@@ -58,6 +58,8 @@ from trt_bridge.scales.table import ScaleEntry, ScaleTable
 
 log = logging.getLogger("trt_bridge.scales")
 
+#: the widest bit width an encoding may give (AIMET quantizes to 4, 8, 16 or 32 bits)
+MAX_BITS = 32
 SECTIONS = ("activation_encodings", "param_encodings")
 #: the ops whose weight AIMET quantizes per channel, and where that channel is (AIMET's own table)
 _WEIGHTED = ("Conv", "ConvTranspose", "Gemm", "MatMul")
@@ -177,6 +179,18 @@ class _Reader:
             return True
         return False
 
+    def bits(self, name: str, value, key: str) -> int:
+        """A bit width, bounded before it is used (``2**bw`` of a huge one takes minutes and gigabytes)."""
+        try:
+            bits = None if isinstance(value, bool) else int(value) if isinstance(value, (int, str)) else \
+                int(value) if isinstance(value, float) and value.is_integer() else None
+        except (ValueError, OverflowError):
+            bits = None
+        if bits is None or not 1 <= bits <= MAX_BITS:
+            raise self.error(name, f"\"{key}\" gives a bit width of {str(value)[:20]!r}; AIMET encodings have "
+                             f"1 to {MAX_BITS} bits (8 for int8)")
+        return bits
+
     # ------------------------------------------------------------ layouts
 
     def legacy(self, section: dict, kind: str) -> None:
@@ -191,7 +205,7 @@ class _Reader:
             if self.skip(name, channels[0], ""):
                 continue
             try:
-                bits = int(channels[0]["bitwidth"])
+                bits = self.bits(name, channels[0]["bitwidth"], "bitwidth")
                 symmetric = str(channels[0].get("is_symmetric", "False")).lower() == "true"
                 scale = [float(c["scale"]) for c in channels]
                 offset = np.array([float(c["offset"]) for c in channels])
@@ -214,7 +228,7 @@ class _Reader:
             if self.skip(name, entry, "enc_type"):
                 continue
             try:
-                bits = int(entry["bw"])
+                bits = self.bits(name, entry["bw"], "bw")
                 scale = np.asarray(entry["scale"], np.float64).reshape(-1)
                 offset = np.asarray(entry["offset"], np.float64).reshape(-1)
                 offset = np.broadcast_to(offset, scale.shape)
@@ -235,7 +249,8 @@ class _Reader:
                 continue
             dtype = str(entry.get("output_dtype", ""))
             try:
-                signed, bits = not dtype.startswith("u"), int(dtype.lstrip("u").removeprefix("int"))
+                signed = not dtype.startswith("u")
+                bits = self.bits(name, dtype.lstrip("u").removeprefix("int"), "output_dtype")
                 scale = np.asarray(entry["y_scale"], np.float64).reshape(-1)
                 zp = np.broadcast_to(np.asarray(entry.get("y_zero_point", 0), np.float64).reshape(-1), scale.shape)
             except (KeyError, TypeError, ValueError) as exc:

@@ -152,6 +152,8 @@ class _ClipObserver:
 
     def update(self, values) -> None:
         v = np.abs(np.asarray(values, np.float32)).ravel()
+        if v.size and not np.isfinite(v.max()):  # masked or padded rows (NaN, a mask's -Inf): not the range's
+            v = v[np.isfinite(v)]
         if v.size:
             self.count += v.size
             self.clipped += int(np.sum(v > self.amax))

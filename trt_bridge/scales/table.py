@@ -37,7 +37,11 @@ def _as_amax(tensor: str, amax) -> float | tuple[float, ...]:
         if isinstance(v, bool) or not isinstance(v, (int, float)):
             raise TrtBridgeError(f"tensor '{tensor}': amax {v!r} is not a number. Give a positive float "
                                  "(or a list of floats for per-channel weights).")
-        v = float(v)
+        try:
+            v = float(v)
+        except OverflowError:  # an integer beyond any float (10**400)
+            raise TrtBridgeError(f"tensor '{tensor}': amax {str(v)[:12]}... ({len(str(v))} digits) is beyond float32's "
+                                 "range; Q/DQ scales are float32. Fix or remove the entry.") from None
         if not math.isfinite(v) or not v / QMAX >= FLOAT32_TINY:
             raise TrtBridgeError(f"tensor '{tensor}': amax {v!r} is not a finite positive number; a scale must be "
                                  f"finite and positive (amax / 127 ≥ {FLOAT32_TINY:.4g}, float32's smallest normal), "

@@ -20,17 +20,18 @@ import hashlib
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 
 from trt_bridge import __version__
-from trt_bridge.errors import TrtBridgeError
+from trt_bridge.errors import MissingDependencyError, TrtBridgeError
 from trt_bridge.ir.files import check_writable, external_data_files, write_bytes_atomic
 from trt_bridge.plugins.plugin import take_build_problems
 from trt_bridge.plugins.registry import register_for_model
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
 from trt_bridge.tensorrt.config import check_typing, configure
+from trt_bridge.tensorrt.costs import EngineCosts
 from trt_bridge.tensorrt.logger import BuildLogger
 from trt_bridge.tensorrt.options import BuildOptions
 from trt_bridge.tensorrt.parse import ParserError, create_network, named_errors
@@ -41,6 +42,36 @@ from trt_bridge.tensorrt.target import engine_target, parse_compute_capability, 
 from trt_bridge.tensorrt.timing_cache import load_timing_cache, save_timing_cache
 
 log = logging.getLogger("trt_bridge.tensorrt")
+
+
+def engine_costs(path: str | Path, compute_capability: str = "SM89", module: str | None = None,
+                 shapes: dict[str, tuple[int, ...]] | None = None, plugins: tuple[str, ...] = ()) -> EngineCosts:
+    """What an engine of ``path`` costs on the target: its size and the activation memory TensorRT's builder reports
+    (an ahead-of-time build with TensorRT-RTX for ``compute_capability``; datacenter TensorRT builds for the GPU
+    here). Dynamic inputs get ``shapes[name]``, or 1 for every dynamic dimension."""
+    options = BuildOptions(profiles=(Profile.fixed(shapes),) if shapes else (),
+                           compute_capabilities=(compute_capability,), module=module, progress=False,
+                           plugins=plugins)
+    trt = select_module(options)
+    if not is_rtx(trt):
+        options = replace(options, compute_capabilities=())
+    compiled = _compile(trt, Path(path), options, fill_unnamed=True)
+    target = f"SM {parse_compute_capability(trt, compute_capability)[1]}" if is_rtx(trt) else "this GPU"
+    return EngineCosts(len(compiled.engine), compiled.memory.get("activation_bytes"),
+                       compiled.memory.get("weights_bytes"), f"{target}, {trt.__name__} {trt.__version__}")
+
+
+def costs_or_none(path: str | Path, compute_capability: str, plugins: tuple[str, ...] = (),
+                  shapes: dict[str, tuple[int, ...]] | None = None) -> EngineCosts | None:
+    """:func:`engine_costs`, or None (logged) where no TensorRT builder is installed or it fails on the model: for
+    reports that show costs beside what they measure (verify, bench)."""
+    try:
+        return engine_costs(path, compute_capability, shapes=shapes, plugins=plugins)
+    except MissingDependencyError:
+        return None
+    except EngineBuildError as exc:
+        log.info("%s: no engine costs: %s", path, str(exc).splitlines()[0])
+        return None
 
 
 def build_engine(path: str | Path, compute_capability: str | None = "SM89", workspace: int = 1 << 30,
@@ -111,6 +142,9 @@ def build(model: str | Path, output: str | Path, options: BuildOptions = BuildOp
     for path, what in ((output, "engine"), (sidecar, "sidecar"), (options.timing_cache, "timing cache")):
         if path is not None and any(Path(path).resolve() == p.resolve() for p in protected):
             raise TrtBridgeError(f"the {what} {path} would overwrite the model {model}; choose another path.")
+        if path is not None and any(Path(path).resolve() == Path(p).resolve() for p in options.plugins):
+            raise TrtBridgeError(f"the {what} {path} would overwrite the --plugins file of that name; choose "
+                                 "another path.")
         if path is not None:
             check_writable(path, what)
     if options.timing_cache and Path(options.timing_cache).resolve() in (output.resolve(), sidecar.resolve()):
@@ -154,6 +188,7 @@ class _Compiled:
     flags: dict
     timing_cache: dict | None
     plugins: list[dict]
+    memory: dict[str, int]  # the builder's memory summary (BuildLogger.memory): activation, weights, persistent
 
 
 def _compile(trt, path: Path, options: BuildOptions, fill_unnamed: bool = False) -> _Compiled:
@@ -200,7 +235,7 @@ def _compile(trt, path: Path, options: BuildOptions, fill_unnamed: bool = False)
     timing = save_timing_cache(trt, config, options.timing_cache, cache) if options.timing_cache else None
     del parser
     return _Compiled(bytes(engine), _tensors(trt, network, True), _tensors(trt, network, False), profiles, flags,
-                     timing, plugins)
+                     timing, plugins, dict(logger.memory))
 
 
 def _tensors(trt, network, inputs: bool) -> list[dict]:
@@ -238,4 +273,5 @@ def _build_failure(trt, path: Path, options: BuildOptions, errors: list[str]) ->
     return f"{path}: TensorRT's builder ({trt.__name__} {trt.__version__}) failed: {said}.{hint}"
 
 
-__all__ = ["BuildResult", "EngineBuildError", "ModelRejectedError", "build", "build_engine"]
+__all__ = ["BuildResult", "EngineBuildError", "ModelRejectedError", "build", "build_engine", "costs_or_none",
+           "engine_costs"]

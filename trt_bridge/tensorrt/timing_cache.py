@@ -6,7 +6,7 @@ import logging
 import warnings
 from pathlib import Path
 
-from trt_bridge.ir.files import write_bytes_atomic
+from trt_bridge.ir.files import check_regular_input, write_bytes_atomic
 from trt_bridge.tensorrt import is_rtx
 
 log = logging.getLogger("trt_bridge.tensorrt")
@@ -20,6 +20,7 @@ def load_timing_cache(trt, config, path: str | None, logger) -> dict | None:
     own empty cache, so the same command line and CI cache step work with either TensorRT."""
     if path is None:
         return None
+    check_regular_input(path, "timing cache")  # a named pipe would block the read, and the write after the build
     data = Path(path).read_bytes() if Path(path).is_file() else b""
     info = {"path": str(Path(path).resolve()), "loaded_bytes": len(data)}
     if is_rtx(trt):

@@ -29,6 +29,8 @@ from trt_bridge.ir.model import load_model
 from trt_bridge.plugins.registry import register_for_engine
 from trt_bridge.runtime.session import session
 from trt_bridge.tensorrt import gpu_present, import_tensorrt, is_rtx
+from trt_bridge.tensorrt.build import costs_or_none
+from trt_bridge.tensorrt.costs import EngineCosts
 from trt_bridge.verify.gates import Gate, apply_gates
 from trt_bridge.verify.layers import Localization, localize
 from trt_bridge.verify.metrics import Accumulator, OutputMetrics, json_safe, snr_text
@@ -57,6 +59,9 @@ class VerifyOptions:
     load_inputs: str | None = None
     progress: bool = True
     plugins: tuple[str, ...] = ()  # --engine: plugin files to register besides those the sidecar lists
+    #: build both ONNX models ahead of time for this compute capability and report their engines' size and
+    #: activation memory beside the accuracy (TensorRT-RTX; None: not measured)
+    costs: str | None = "8.9"
 
 
 @dataclass
@@ -68,6 +73,8 @@ class VerifyReport:
     outputs: list[OutputMetrics] = field(default_factory=list)
     per_layer: Localization | None = None
     seconds: float = 0.0
+    #: the engines' costs, "reference" / "candidate" → tensorrt.costs.EngineCosts (None: not measured)
+    costs: dict[str, EngineCosts] | None = None
 
     @property
     def passed(self) -> bool:
@@ -113,6 +120,9 @@ class VerifyReport:
             if loc.reference_lifted:
                 lines.append("  (per layer, the quantized reference is measured in its lifted float form, as convert "
                              "lifts it: what the source stands for, without its own quantization error)")
+        if self.costs:
+            mine, theirs = self.costs["candidate"], self.costs["reference"]
+            lines.append(f"  costs ({mine.target}): {mine.against(theirs).replace('float', 'reference')}")
         lines.append(f"  {'PASS' if self.passed else 'FAIL'} ({self.seconds:.2f} s)")
         return "\n".join(lines)
 
@@ -146,6 +156,10 @@ def _verify(reference: Path, candidate: Path, options: VerifyOptions) -> VerifyR
         except Exception as exc:  # onnxruntime on a model or feed it cannot run
             raise TrtBridgeError(f"--per-layer: onnxruntime failed while running {reference} and {candidate} with "
                                  f"their tensors exposed: {_first_line(exc)}") from exc
+    if options.costs:
+        measured = {"reference": costs_or_none(reference, options.costs),
+                    "candidate": costs_or_none(candidate, options.costs, options.plugins)}
+        report.costs = measured if all(measured.values()) else None
     report.seconds = time.perf_counter() - start
     return report
 
@@ -184,7 +198,7 @@ def checked_feeds(reference: Path, candidate: Path, options: VerifyOptions) -> l
             raise TrtBridgeError(f"{options.load_inputs}: not a list of feeds; give a file written by --save-inputs.")
         feeds = [validate_feed(feed, inputs, f"{options.load_inputs} (feed {i})") for i, feed in enumerate(loaded)]
     elif options.data is not None:
-        feeds = list(open_feeds(options.data, None, inputs, model=cand))
+        feeds = list(open_feeds(options.data, None, inputs, model=cand, flag="verify reads at most that many"))
     else:
 
         count = options.random if options.random is not None else DEFAULT_RANDOM_FEEDS
