@@ -332,3 +332,62 @@ def test_the_model_zoo_dynamic_mnist(tmp_path):
     feeds = [{"Input3": (rng.random((1, 1, 28, 28)) * 255).astype(np.float32)} for _ in range(4)]
     assert snr_db(run_exact(source, feeds), [session(out, simulate_qdq=True).run(None, f)[0] for f in feeds]) > 30
     assert_tensorrt_ready(out)
+
+
+#   x ─ Conv0 ─ Sigmoid ─ Split ─┬─ p ───────────────────────┐
+#                                └─ q ─┬─ Conv1 ─ Relu ─ r1 ─ Concat ─ cat ─ Conv2 ─ y      (YOLOv8's C2f, small)
+#                                      └─────────────────────┘
+def _c2f() -> onnx.ModelProto:
+    rng = np.random.default_rng(5)
+
+    def w(name, shape):
+        return numpy_helper.from_array((rng.standard_normal(shape) * 0.3).astype(np.float32), name)
+
+    inits = [w("w0", (16, 3, 3, 3)), w("b0", (16,)), w("w1", (8, 8, 3, 3)), w("b1", (8,)), w("w2", (16, 24, 1, 1)),
+             w("b2", (16,)), numpy_helper.from_array(np.array([8, 8], np.int64), "split")]
+    nodes = [helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], "conv0", pads=[1, 1, 1, 1]),
+             helper.make_node("Sigmoid", ["c0"], ["s0"], "act0"),
+             helper.make_node("Split", ["s0", "split"], ["p", "q"], "split", axis=1),
+             helper.make_node("Conv", ["q", "w1", "b1"], ["c1"], "conv1", pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c1"], ["r1"], "act1"),
+             helper.make_node("Concat", ["p", "q", "r1"], ["cat"], "cat", axis=1),
+             helper.make_node("Conv", ["cat", "w2", "b2"], ["y"], "conv2")]
+    graph = helper.make_graph(nodes, "c2f", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 16, 16])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def test_a_cache_naming_part_of_a_concat_group_converts_without_data(tmp_path):
+    """scales export, then convert SOURCE --scales CACHE with no data: the cache of a conversion with runtime ranges
+    names only the Concat inputs that got a Q/DQ (YOLOv8n: '/model.18/Split_output_0' had none); the group shares
+    one scale, so every member takes the one the cache gives (it failed: "have no static scale")."""
+    float_path = save(_c2f(), tmp_path / "float.onnx")
+    source = quantize_dynamic(float_path, tmp_path / "dynamic.onnx")
+    np.savez(tmp_path / "calib.npz", x=image_feeds(8, seed=1, shape=(1, 3, 16, 16)))
+    first = tmp_path / "first.onnx"
+    done = cli("convert", source, "-o", first, "--calib-data", tmp_path / "calib.npz", "--runtime-ranges", "on",
+               "--skip-check", "-q")
+    assert done.returncode == 0, done.stderr
+    assert cli("scales", "export", first, "--format", "trt-cache", "-o", tmp_path / "all.cache").returncode == 0
+    lines = (tmp_path / "all.cache").read_text().splitlines()
+    assert {line.split(":")[0] for line in lines[1:]} >= {"p", "q", "r1", "cat"}
+    (tmp_path / "part.cache").write_text("\n".join(line for line in lines if not line.startswith("p:")) + "\n")
+    out = tmp_path / "from-cache.onnx"
+    done = cli("convert", source, "-o", out, "--scales", tmp_path / "part.cache", "--json", tmp_path / "r.json")
+    assert done.returncode == 0, done.stderr
+    import json
+
+    report = json.loads((tmp_path / "r.json").read_text())
+    scales = {q["tensor"]: (q["scale"], q["source"]) for q in report["quantized"] if q["tensor"] in ("p", "q", "cat")}
+    assert len({s for s, _ in scales.values()}) == 1 and {src for _, src in scales.values()} == {"file"}
+    feeds = [{"x": f} for f in image_feeds(4, seed=2, shape=(1, 3, 16, 16))]
+    floats = [session(float_path).run(None, f)[0] for f in feeds]
+    assert snr_db(floats, [session(out).run(None, f)[0] for f in feeds]) > 25
+    assert_tensorrt_ready(out)
+    small = tmp_path / "small.cache"
+    small.write_text(lines[0] + "\n")  # a cache naming none of them: the error says the file gives none
+    msg = error_message(cli("convert", source, "-o", tmp_path / "none.onnx", "--scales", small,
+                            "--runtime-ranges", "off"))
+    assert "the scale file(s) give them none" in msg and "--calib-data" in msg

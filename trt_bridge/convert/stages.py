@@ -45,6 +45,7 @@ from trt_bridge.lower.layer_precisions import precision_report
 from trt_bridge.lower.precision import to_low_precision
 from trt_bridge.lower.qdq import check_quantizable, lower, needs_opset
 from trt_bridge.place.policies import place
+from trt_bridge.place.shared import share_imported
 from trt_bridge.prepare.types import feed_types
 from trt_bridge.scales.apply import apply, check_against_data, load_sources
 from trt_bridge.stage import StageResult
@@ -115,7 +116,7 @@ def load(state: Conversion) -> StageResult:
     check_source_scales(model, state.model_path)
     check_source_weights(model, state.model_path)
     state.source_nonfinite = nonfinite_count(model)  # -inf attention masks are fine; new ones are overflows
-    if not _has_scale_source(options):  # the ways to give scales, named by the error that may need them
+    if options.calibration.data is None and options.calibration.random is None:  # for the error that may need them
         state.data_choices = data_choices.choices(model, options.activations.mode == "static")
     if options.calibration.data is not None or options.calibration.random is not None:
         inputs = feed_types(model_inputs(model), options.precision.bf16)
@@ -181,6 +182,7 @@ def place_quantizers(state: Conversion) -> StageResult:
                             feeds is not None or state.imported is not None)  # imported scales stand in for data
     if state.imported is not None:
         apply(state.graph, ctx.annotations, state.imported, calibrating=feeds is not None)
+        share_imported(ctx.annotations, state.placement.shared_scales)  # a group's members the file does not name
     check_quantizable(state.graph, ctx.annotations)
     left = [FloatLeftover(x.node, "", f"'{x.tensor}': {x.reason}") for x in state.placement.left_in_float]
     return StageResult(changed=len(ctx.annotations.activations), records={
@@ -267,8 +269,9 @@ def calibrate(state: Conversion) -> StageResult:
             raise CalibrationDataError(
                 f"{state.model_path}: {len(needed)} activation(s) (e.g. '{needed[0]}') have no static scale in "
                 "the model (dynamic quantization computes them at run time; block floating point has none "
-                f"TensorRT can use), and no calibration data or scale file was given; nothing was written.{dynamic} "
-                + (state.data_choices or "Pass --calib-data with representative inputs.")
+                "TensorRT can use), " + ("and the scale file(s) give them none" if state.imported is not None else
+                                         "and no calibration data or scale file was given")
+                + f"; nothing was written.{dynamic} " + state.data_choices
             )
         method, choice, held_out = options.calibration.method, None, None
         if method is CalibMethod.AUTO:
