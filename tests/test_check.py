@@ -338,3 +338,47 @@ def test_check_json_of_a_bf16_model_is_clean_json(tmp_path):
     result = cli("check", src, "--json", "--data", tmp_path / "feeds.npz")
     data = json.loads(result.stdout)
     assert result.returncode == 1 and [f["rule"] for f in data["findings"]] == ["bf16", "not-int8"]
+
+
+# ---------------------------------------------------------------- the precision a quantized model runs in
+
+def test_check_names_fp8_and_int4_weight_only_models(tmp_path):
+    """onnxruntime's FP8 Q/DQ is TensorRT-ready FP8 (not INT8), blocked int4 DequantizeLinear → MatMul INT4
+    weight-only; TensorRT-RTX builds both for SM 8.9 (check's costs)."""
+    from onnxruntime.quantization import CalibrationDataReader, CalibrationMethod
+    from onnxruntime.quantization import quantize_static as ort_quantize_static
+
+    from trt_bridge.samples import conv_net, image_feeds
+
+    onnx.save(conv_net(channels=(8, 16)), str(tmp_path / "float.onnx"))
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.feeds = iter({"x": f} for f in image_feeds(8, seed=0))
+
+        def get_next(self):
+            return next(self.feeds, None)
+
+    ort_quantize_static(str(tmp_path / "float.onnx"), str(tmp_path / "fp8.onnx"), Reader(),
+                        quant_format=QuantFormat.QDQ, activation_type=QuantType.QFLOAT8E4M3FN,
+                        weight_type=QuantType.QFLOAT8E4M3FN, calibrate_method=CalibrationMethod.Distribution)
+    fp8 = check_model(tmp_path / "fp8.onnx", CheckOptions())
+    assert fp8.ready and "TensorRT-ready FP8 (" in fp8.headline() and "INT8" not in fp8.headline()
+    assert fp8.precisions["counts"].get("fp8", 0) >= 3 and "int8" not in fp8.precisions["counts"]
+    assert fp8.costs is not None  # built for SM 8.9
+
+    rng = np.random.default_rng(0)
+    codes = rng.integers(-8, 8, (64, 32)).astype(np.int8)
+    nodes = [helper.make_node("DequantizeLinear", ["wq", "ws"], ["w"], "w_dq", axis=0, block_size=32),
+             helper.make_node("MatMul", ["x", "w"], ["y"], "mm")]
+    graph = helper.make_graph(nodes, "int4", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32])],
+                              [helper.make_tensor("wq", TensorProto.INT4, [64, 32], codes.flatten().tolist()),
+                               numpy_helper.from_array(rng.uniform(0.01, 0.02, (2, 32)).astype(np.float32), "ws")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    model.ir_version = 10
+    onnx.save(model, str(tmp_path / "int4.onnx"))
+    int4 = check_model(tmp_path / "int4.onnx", CheckOptions())
+    assert "TensorRT-ready INT4 weight-only (" in int4.headline()
+    assert int4.precisions["counts"] == {"int4-w": 1} and "INT4-W 1" in int4.summary()
+    assert int4.costs is not None

@@ -6,7 +6,7 @@ import enum
 import json
 from dataclasses import asdict, dataclass, field
 
-from trt_bridge.lower.layer_precisions import precision_line
+from trt_bridge.lower.layer_precisions import precision_line, quantized_precision
 from trt_bridge.tensorrt.costs import EngineCosts
 from trt_bridge.tensorrt.parse import ParserError
 
@@ -107,7 +107,7 @@ class CheckReport:
         blockers, warnings = len(self.blockers), len(self.findings) - len(self.blockers)
         counts = f"{blockers} blocker(s), {warnings} warning(s)"
         if self.ready:
-            state = "TensorRT-ready INT8"
+            state = f"TensorRT-ready {quantized_precision(self.precisions)}"
         elif not self.int8 and blockers == 1:
             state = "not INT8"
         else:

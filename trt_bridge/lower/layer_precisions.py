@@ -1,8 +1,9 @@
 """Which precision TensorRT runs each compute layer of a converted model in, for the report and ``check``.
 
 Under strong typing TensorRT runs every layer in the type the ONNX gives it: a weighted op whose data input
-is dequantized from int8 runs INT8, trt-bridge's DynamicInt8Gemm plugin INT8 (its GEMM is int8 × int8), any
-other layer in its output's type (FP32, FP16, BF16).
+is dequantized runs in the precision of the codes (int8/uint8: INT8, float8: FP8, int4: INT4, float4: FP4), one
+whose weight alone is dequantized from int4 INT4 weight-only (INT4-W), trt-bridge's DynamicInt8Gemm plugin INT8
+(its GEMM is int8 × int8), any other layer in its output's type (FP32, FP16, BF16).
 """
 
 from __future__ import annotations
@@ -29,6 +30,10 @@ def layer_precisions(model: onnx.ModelProto) -> dict:
     nodes = list(_nodes(model.graph))  # the layers of control-flow bodies too (If/Loop/Scan only hold them)
     for body in _bodies(model.graph):
         types.update({v.name: v.type.tensor_type.elem_type for v in (*body.value_info, *body.output, *body.input)})
+    for graph in (model.graph, *_bodies(model.graph)):  # the code types of weights (initializers, Constant nodes)
+        types.update({i.name: i.data_type for i in graph.initializer})
+        types.update({n.output[0]: a.t.data_type for n in graph.node if n.op_type == "Constant"
+                      for a in n.attribute if a.name == "value"})
     producer = {o: n for n in nodes for o in n.output}
     names = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16",
              onnx.TensorProto.DOUBLE: "fp64"}
@@ -42,7 +47,12 @@ def layer_precisions(model: onnx.ModelProto) -> dict:
             layers[node.name] = "int8"
             continue
         if node.op_type in WEIGHTED_OPS and src is not None and src.op_type == "DequantizeLinear":
-            layers[node.name] = "int8"
+            layers[node.name] = CODE_PRECISIONS.get(_code_type(src, types), "int8")
+            continue
+        weight = producer.get(node.input[1]) if node.op_type in WEIGHTED_OPS and len(node.input) > 1 else None
+        if weight is not None and weight.op_type == "DequantizeLinear" and \
+                CODE_PRECISIONS.get(_code_type(weight, types)) == "int4":
+            layers[node.name] = "int4-w"  # 4-bit weights, activations in float: INT4 weight-only
             continue
         kind = names.get(types.get(node.output[0], 0))
         if kind is not None:
@@ -51,6 +61,30 @@ def layer_precisions(model: onnx.ModelProto) -> dict:
     for kind in layers.values():
         counts[kind] = counts.get(kind, 0) + 1
     return {"counts": dict(sorted(counts.items())), "layers": layers}
+
+
+#: a Q/DQ code type → the precision TensorRT runs the layer it feeds in
+CODE_PRECISIONS = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "int8",
+                   onnx.TensorProto.FLOAT8E4M3FN: "fp8", onnx.TensorProto.FLOAT8E5M2: "fp8",
+                   onnx.TensorProto.FLOAT8E4M3FNUZ: "fp8", onnx.TensorProto.FLOAT8E5M2FNUZ: "fp8",
+                   onnx.TensorProto.INT4: "int4", onnx.TensorProto.UINT4: "int4",
+                   **({onnx.TensorProto.FLOAT4E2M1: "fp4"} if hasattr(onnx.TensorProto, "FLOAT4E2M1") else {})}
+#: the quantized precisions, in the order a headline names them, and how it names them
+QUANTIZED = ("int8", "fp8", "int4-w", "int4", "fp4")
+HEADLINE = {"int4-w": "INT4 weight-only"}
+
+
+def _code_type(dq: onnx.NodeProto, types: dict[str, int]) -> int:
+    """The code type a DequantizeLinear reads: its input's, else its zero point's (0: unknown)."""
+    return types.get(dq.input[0]) or (types.get(dq.input[2], 0) if len(dq.input) > 2 and dq.input[2] else 0)
+
+
+def quantized_precision(precisions: dict | None) -> str:
+    """The quantized precisions a model's layers run in, for a headline: "INT8", "FP8", "INT8 + INT4-W", ...
+    ("INT8" when the layers are not known, a model over 2 GB)."""
+    counts = (precisions or {}).get("counts", {})
+    found = [HEADLINE.get(kind, kind.upper()) for kind in QUANTIZED if counts.get(kind)]
+    return " + ".join(found) or "INT8"
 
 
 def _bodies(graph: onnx.GraphProto):
