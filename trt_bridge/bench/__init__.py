@@ -27,6 +27,7 @@ from trt_bridge.bench.stats import LatencyStats
 from trt_bridge.calibrate.feeds import model_inputs
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.tensorrt.build import costs_or_none
+from trt_bridge.tensorrt.costs import COST_TARGET
 from trt_bridge.tensorrt.cuda import gpu_name, gpu_problem
 from trt_bridge.tensorrt.sidecar import read_sidecar
 
@@ -54,7 +55,7 @@ class BenchOptions:
     plugins: tuple[str, ...] = ()  # engines: plugin files to register besides those the sidecar lists
     #: ONNX rows: build ahead of time for this compute capability and show the engine's size and activation memory
     #: (TensorRT-RTX; where no GPU times TensorRT, the costs it can still state); None: not measured
-    costs: str | None = "8.9"
+    costs: str | None = COST_TARGET
 
     def check(self) -> None:
         if self.iterations < 1:

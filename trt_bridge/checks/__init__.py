@@ -38,8 +38,8 @@ from trt_bridge.lower.layer_precisions import layer_precisions
 from trt_bridge.plugins.registry import PluginFileError
 from trt_bridge.prepare.model import prepare
 from trt_bridge.prepare.types import Bf16Policy, feed_types
-from trt_bridge.tensorrt.build import EngineBuildError, ModelRejectedError, engine_costs
-from trt_bridge.tensorrt.costs import EngineCosts
+from trt_bridge.tensorrt.build import EngineBuildError, engine_costs
+from trt_bridge.tensorrt.costs import COST_TARGET, EngineCosts
 from trt_bridge.tensorrt.parse import parse
 
 log = logging.getLogger("trt_bridge.checks")
@@ -61,7 +61,7 @@ class CheckOptions:
     plugins: tuple[str, ...] = ()  # plugin files TensorRT's parser needs registered (--plugins)
     #: measure the engine's size and activation memory for this compute capability (an ahead-of-time build with
     #: TensorRT-RTX, where the parser takes the model); None: not measured
-    costs: str | None = "8.9"
+    costs: str | None = COST_TARGET
 
 
 def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> CheckReport:
@@ -287,20 +287,20 @@ def _probe(path: Path, report: CheckReport, node_names: list[str], ops: dict, pl
     return ParserRun(result.module, result.version, result.ok, len(result.details), result.layers)
 
 
-def measure_costs(path: Path, compute_capability: str, report: CheckReport | None = None,
+def measure_costs(path: Path, compute_capability: str, report: CheckReport,
                   plugins: tuple[str, ...] = ()) -> EngineCosts | None:
     """The engine's costs on the target; a builder failure becomes a ``tensorrt-build`` finding of ``report``
-    (TensorRT's parser took the model, its builder did not), None when no builder can run here."""
+    (TensorRT's parser took the model, its builder did not), None when no builder can run here. (Reports that
+    only show costs beside what they measure use :func:`~trt_bridge.tensorrt.build.costs_or_none`.)"""
     try:
         return engine_costs(path, compute_capability, plugins=plugins)
     except MissingDependencyError:
         return None
-    except (EngineBuildError, ModelRejectedError) as exc:
-        if report is not None:
-            report.findings.append(Finding(
-                "tensorrt-build", Severity.WARNING, "", "", [], f"TensorRT's parser takes the model, but its builder "
-                f"fails for compute capability {compute_capability}: {str(exc).splitlines()[0]}",
-                "please report it with `trt-bridge build -v`", False))
+    except EngineBuildError as exc:  # ModelRejectedError too: the parser refused what it took in the probe
+        report.findings.append(Finding(
+            "tensorrt-build", Severity.WARNING, "", "", [], f"TensorRT's parser takes the model, but its builder "
+            f"fails for compute capability {compute_capability}: {str(exc).splitlines()[0]}",
+            "please report it with `trt-bridge build -v`", False))
         return None
 
 

@@ -9,7 +9,15 @@ from trt_bridge.bench import BenchOptions, bench
 from trt_bridge.bench.inputs import parse_shapes
 from trt_bridge.calibrate.feed_sources import source_path
 from trt_bridge.cli.commands import help_of
-from trt_bridge.cli.common import EXIT_OK, add_plugins_flag, check_output_path, check_seed, emit_report
+from trt_bridge.cli.common import (
+    EXIT_OK,
+    add_costs_flag,
+    add_plugins_flag,
+    check_output_path,
+    check_seed,
+    costs_target,
+    emit_report,
+)
 from trt_bridge.ir.files import write_text_atomic
 
 DESCRIPTION = """\
@@ -34,9 +42,7 @@ def add_parser(sub) -> None:
     p.add_argument("paths", nargs="+", type=Path, metavar="PATH", help="TensorRT engines and/or ONNX models")
     runs = p.add_argument_group("runs")
     runs.add_argument("--iterations", type=int, default=100, metavar="N", help="at least N timed runs (default 100)")
-    runs.add_argument("--costs", default="8.9", metavar="CC|off",
-                      help="ONNX models: build ahead of time with TensorRT-RTX for this compute capability and show "
-                           "the engine's size and activation memory under the table (default: 8.9; off: skip)")
+    add_costs_flag(runs, "each ONNX model (shown under the table)")
     runs.add_argument("--warmup", type=int, default=10, metavar="N", help="untimed runs first (default 10)")
     runs.add_argument("--duration", type=float, metavar="S", help="time each model for at least S seconds too")
     inputs = p.add_argument_group("inputs")
@@ -76,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     options = BenchOptions(iterations=args.iterations, warmup=args.warmup, duration=args.duration,
                            shapes=parse_shapes(args.shapes), data=args.data, seed=args.seed, transfers=args.transfers,
                            cuda_graph=args.cuda_graph, provider=args.provider, threads=args.threads,
-                           plugins=tuple(args.plugins), costs=None if args.costs == "off" else args.costs)
+                           plugins=tuple(args.plugins), costs=costs_target(args))
     report = bench(args.paths, options)
     emit_report(args.json, report.to_json(), report.table() if args.quiet else report.summary())
     if args.markdown:

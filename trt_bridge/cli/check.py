@@ -8,7 +8,15 @@ from pathlib import Path
 from trt_bridge.calibrate.feed_sources import source_path
 from trt_bridge.checks import CheckOptions, TrtProbe, check_model
 from trt_bridge.cli.commands import help_of
-from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, add_plugins_flag, check_output_path, emit_report
+from trt_bridge.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    add_costs_flag,
+    add_plugins_flag,
+    check_output_path,
+    costs_target,
+    emit_report,
+)
 
 DESCRIPTION = """\
 Report everything that stops TensorRT from building MODEL as an INT8 engine, one finding per
@@ -34,10 +42,7 @@ def add_parser(sub) -> None:
     p.add_argument("--trt", choices=["auto", "off"], default="auto",
                    help="auto (default): also run TensorRT's ONNX parser when installed; off: static rules only")
     add_plugins_flag(p)
-    p.add_argument("--costs", default="8.9", metavar="CC|off",
-                   help="where TensorRT's parser takes the model, build it ahead of time with TensorRT-RTX for this "
-                        "compute capability and report the engine's size and activation memory (default: 8.9; off: "
-                        "skip the build)")
+    add_costs_flag(p, "the model (where TensorRT's parser takes it)")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     p.add_argument("-q", "--quiet", action="store_true", help="print the one-line verdict only")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",
@@ -48,6 +53,6 @@ def add_parser(sub) -> None:
 def run(args: argparse.Namespace) -> int:
     check_output_path(args.json, [args.model, source_path(args.data), *args.plugins], "report")
     report = check_model(args.model, CheckOptions(TrtProbe(args.trt), args.data, tuple(args.plugins),
-                                                     None if args.costs == "off" else args.costs))
+                                                     costs_target(args)))
     emit_report(args.json, report.to_json(), report.headline() if args.quiet else report.summary())
     return EXIT_OK if report.ready else EXIT_FAIL

@@ -14,6 +14,7 @@ from trt_bridge.ir.files import (
     same_file,
     write_text_atomic,
 )
+from trt_bridge.tensorrt.costs import COST_TARGET
 
 EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 
@@ -31,6 +32,19 @@ def add_plugins_flag(parser) -> None:
     parser.add_argument("--plugins", nargs="+", action="extend", default=[], metavar="PATH",
                         help="TensorRT plugins to register first: plugin libraries (.so) or Python files that "
                              "register plugin creators (.py); trt-bridge's own plugins need no flag")
+
+
+def add_costs_flag(parser, what: str) -> None:
+    """``--costs CC|off``: build ahead of time with TensorRT-RTX for compute capability CC and show ``what``'s
+    engine size and activation memory (:func:`costs_target` reads it)."""
+    parser.add_argument("--costs", default=COST_TARGET, metavar="CC|off",
+                        help=f"build {what} ahead of time with TensorRT-RTX for this compute capability and report "
+                             f"the engine's size and activation memory (default: {COST_TARGET}; off: skip the build)")
+
+
+def costs_target(args: argparse.Namespace) -> str | None:
+    """The compute capability ``--costs`` names, None for ``off``."""
+    return None if args.costs == "off" else args.costs
 
 
 #: the arguments (of any subcommand) that name files a command writes

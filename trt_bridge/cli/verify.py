@@ -7,7 +7,16 @@ from pathlib import Path
 
 from trt_bridge.calibrate.feed_sources import source_path
 from trt_bridge.cli.commands import help_of
-from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, add_plugins_flag, check_output_path, check_seed, emit_report
+from trt_bridge.cli.common import (
+    EXIT_FAIL,
+    EXIT_OK,
+    add_costs_flag,
+    add_plugins_flag,
+    check_output_path,
+    check_seed,
+    costs_target,
+    emit_report,
+)
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.files import write_text_atomic
 from trt_bridge.verify import VerifyOptions, verify
@@ -51,11 +60,8 @@ def add_parser(sub) -> None:
     gates.add_argument("--min-cosine", action="append", metavar="[OUTPUT=]COS", help="minimum cosine similarity")
     gates.add_argument("--max-abs", action="append", metavar="[OUTPUT=]ERR", help="maximum absolute error")
     gates.add_argument("--top-k", type=int, default=5, metavar="K", help="k of the top-k agreement (default 5)")
+    add_costs_flag(p, "both ONNX models (shown beside the accuracy)")
     layers = p.add_argument_group("per-layer localization")
-    p.add_argument("--costs", default="8.9", metavar="CC|off",
-                   help="build both ONNX models ahead of time with TensorRT-RTX for this compute capability and "
-                        "show their engines' size and activation memory beside the accuracy (default: 8.9; off: "
-                        "skip the builds)")
     layers.add_argument("--per-layer", action="store_true",
                         help="rank the quantized layers by the error they add; name the nodes to keep in float")
     layers.add_argument("--layer-batch", type=int, default=64, metavar="N",
@@ -96,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
         per_layer=args.per_layer, layer_batch=args.layer_batch, layer_feeds=args.layer_feeds,
         save_outputs=args.save_outputs, load_outputs=args.load_outputs, save_inputs=args.save_inputs,
         load_inputs=args.load_inputs, progress=not args.quiet, plugins=tuple(args.plugins),
-        costs=None if args.costs == "off" else args.costs,
+        costs=costs_target(args),
     )
     report = verify(args.reference, args.candidate, options)
     emit_report(args.json, report.to_json(), report.quiet() if args.quiet else report.summary())

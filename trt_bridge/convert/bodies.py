@@ -45,6 +45,7 @@ from trt_bridge.calibrate.session import CalibrationResult, calibrate
 from trt_bridge.convert import runtime_choice
 from trt_bridge.convert.options import ConvertOptions
 from trt_bridge.ir.export import export_model
+from trt_bridge.ir.graphs import graphs
 from trt_bridge.ir.names import NameAllocator
 from trt_bridge.lower.qdq import QuantizedTensor, lower
 from trt_bridge.place.policies import LeftInFloat, place
@@ -215,11 +216,8 @@ def expose(model: onnx.ModelProto, wanted: set[str], types: dict[str, int]) -> d
 
 
 def _all_names(graph: onnx.GraphProto) -> set[str]:
-    names = {i.name for i in (*graph.input, *graph.initializer, *graph.output)}
-    for node in graph.node:
-        names.add(node.name)
-        names.update(node.output)
-        for attr in node.attribute:
-            for body in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                names |= _all_names(body)
+    names: set[str] = set()
+    for g in graphs(graph):
+        names |= {i.name for i in (*g.input, *g.initializer, *g.output)}
+        names |= {n.name for n in g.node} | {o for n in g.node for o in n.output}
     return names

@@ -1,8 +1,8 @@
 """The written model's engine costs against the float model's (the report's ``costs``).
 
-``check`` builds the written model ahead of time and reports its engine size and activation memory
-(:func:`trt_bridge.checks.measure_costs`); the float model the source was lifted to, kept aside before lowering
-(:func:`keep_float`), is built the same way as the reference. The report adds what makes the difference:
+``check`` builds the written model ahead of time for ``COST_TARGET`` and reports its engine size and activation
+memory (:func:`trt_bridge.checks.measure_costs`); the float model the source was lifted to, kept aside before
+lowering (:func:`keep_float`), is built the same way as the reference. The report adds what makes the difference:
 activations whose range is computed in each inference, layers given back to float.
 """
 
@@ -13,8 +13,9 @@ from pathlib import Path
 
 import onnx
 
-from trt_bridge.checks import CheckOptions, measure_costs
 from trt_bridge.ir.save import save_model
+from trt_bridge.tensorrt.build import costs_or_none
+from trt_bridge.tensorrt.costs import COST_TARGET
 
 
 def keep_float(lifted: onnx.ModelProto) -> tempfile.TemporaryDirectory:
@@ -34,7 +35,7 @@ def against_float(costs, float_copy: tempfile.TemporaryDirectory | None, large: 
     reference, why = None, "a model over 2 GB is not built twice" if large else ""
     if float_copy is not None:
         with float_copy:
-            reference = measure_costs(Path(float_copy.name) / "float.onnx", CheckOptions().costs)
+            reference = costs_or_none(Path(float_copy.name) / "float.onnx", COST_TARGET)
         why = "" if reference is not None else "TensorRT could not build the float model"
     text = costs.against(reference) if reference is not None else costs.text()
     return {"target": costs.target, "output": costs.to_dict(),

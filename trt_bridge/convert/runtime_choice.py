@@ -41,6 +41,7 @@ from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.save import save_model
 from trt_bridge.lower import runtime_ranges
 from trt_bridge.tensorrt.build import costs_or_none
+from trt_bridge.tensorrt.costs import COST_TARGET
 
 #: runtime ranges replace the static model unless they score this much below it on the held-out feeds
 MARGIN_DB = 0.0
@@ -120,12 +121,13 @@ def beside(graph, annotations: Annotations, needed: list[str], candidates, lower
 
 
 def engine_sizes(static_model, runtime_model) -> dict[str, int]:
-    """Bytes of an ahead-of-time TensorRT-RTX build (SM 8.9) of each model; {} where none can be built here."""
+    """Bytes of an ahead-of-time TensorRT-RTX build (for ``COST_TARGET``) of each model; {} where none can be built
+    here."""
     with tempfile.TemporaryDirectory(prefix="trt-bridge-weigh-") as tmp:
         sizes = {}
         for name, model in (("static", static_model), ("runtime", runtime_model)):
             path = save_model(model, Path(tmp) / f"{name}.onnx")
-            costs = costs_or_none(path, "8.9")
+            costs = costs_or_none(path, COST_TARGET)
             if costs is None:
                 return {}
             sizes[name] = costs.engine_bytes
@@ -146,7 +148,8 @@ def weigh(gain: float, static_model, runtime_model, prefer: str) -> tuple[bool, 
     if not sizes:
         return True, f"{gain:+.1f} dB against the static model (no TensorRT builder here to weigh the engines)", {}
     growth = sizes["runtime"] / sizes["static"] - 1
-    engines = f"engine {growth:+.0%} ({sizes['static'] / 1e6:.1f} → {sizes['runtime'] / 1e6:.1f} MB, SM 8.9)"
+    engines = (f"engine {growth:+.0%} ({sizes['static'] / 1e6:.1f} → {sizes['runtime'] / 1e6:.1f} MB, "
+               f"SM {COST_TARGET})")
     if growth <= GROWTH_CAP:
         return True, f"{gain:+.1f} dB against the static model for an {engines}", sizes
     return False, (f"{gain:+.1f} dB against the static model is not worth an {engines}: --prefer balanced keeps "

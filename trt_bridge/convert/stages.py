@@ -118,7 +118,7 @@ def load(state: Conversion) -> StageResult:
     state.source_nonfinite = nonfinite_count(model)  # -inf attention masks are fine; new ones are overflows
     if options.calibration.data is None and options.calibration.random is None:  # for the error that may need them
         state.data_choices = data_choices.choices(model, options.activations.mode == "static")
-    if options.calibration.data is not None or options.calibration.random is not None:
+    else:
         inputs = feed_types(model_inputs(model), options.precision.bf16)
         state.feeds = open_feeds(options.calibration.data, options.calibration.random, inputs, model=model,
                                  limit=options.calibration.max_feeds)
@@ -144,11 +144,11 @@ def lift(state: Conversion) -> StageResult:
     state.lifted, ctx = lift_model(state.model, state.model_path, state.options.precision.bf16, state.declared,
                                    state.store, rules)
     state.ctx, state.model = ctx, None
-    if state.options.check and state.store is None:  # the float model's engine, the costs' reference
-        state.float_copy = costs.keep_float(state.lifted)
     if (activations.mode == "static" and not _has_scale_source(state.options) and not ctx.annotations.activations
             and not ctx.annotations.weights and not ctx.in_bodies):  # a float model: nothing would be quantized
         raise CalibrationDataError(data_choices.float_model_message(state.model_path, state.data_choices))
+    if state.options.check and state.store is None:  # the float model's engine, the costs' reference
+        state.float_copy = costs.keep_float(state.lifted)
     _release_memory(state)
     state.graph = gs.import_onnx(state.lifted)  # keeps referring to lifted's weights: no copy
     if state.store is not None:

@@ -34,23 +34,17 @@ import logging
 import onnx
 
 from trt_bridge.errors import ModelLoadError
+from trt_bridge.ir.graphs import graphs
+from trt_bridge.ir.tensorrt_ops import WEIGHTED, output_channel_axis
 
 log = logging.getLogger("trt_bridge.ir.repair")
-
-
-def _graphs(graph: onnx.GraphProto):
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                yield from _graphs(sub)
 
 
 def dedupe_initializers(model: onnx.ModelProto, path="model", notes: list[str] | None = None) -> list[str]:
     """Keep the last initializer of each name (onnxruntime's rule), in every graph; return the names that had
     copies. ``notes`` receives one line per graph repaired (what the warning says, without the path)."""
     touched: list[str] = []
-    for graph in _graphs(model.graph):
+    for graph in graphs(model.graph):
         last = {t.name: i for i, t in enumerate(graph.initializer)}
         if len(last) == len(graph.initializer):
             continue
@@ -93,7 +87,7 @@ def import_used_domains(model: onnx.ModelProto, path="model", notes: list[str] |
     """Import version 1 of every node domain the model uses but does not import (onnxruntime's assumption);
     return those domains. ``notes`` receives what the warning says."""
     imported = {i.domain for i in model.opset_import}
-    used = {n.domain for g in _graphs(model.graph) for n in g.node if n.domain not in ("", "ai.onnx")}
+    used = {n.domain for g in graphs(model.graph) for n in g.node if n.domain not in ("", "ai.onnx")}
     missing = sorted(used - imported)
     for domain in missing:
         model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
@@ -112,7 +106,7 @@ _TYPED_FIELDS = ("float_data", "int32_data", "string_data", "int64_data", "doubl
 
 def _tensors(model: onnx.ModelProto):
     """Every initializer and Constant value in every graph, with the node or graph it belongs to."""
-    for graph in _graphs(model.graph):
+    for graph in graphs(model.graph):
         yield from graph.initializer
         for node in graph.node:
             if node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
@@ -148,17 +142,10 @@ def single_value_field(model: onnx.ModelProto, path="model", notes: list[str] | 
 
 
 def _output_channel_axis(node: onnx.NodeProto, rank: int) -> int | None:
-    """The axis of a weight (input 1 of ``node``) that indexes the op's output channels."""
-    if node.op_type == "Gemm":
-        trans = next((a.i for a in node.attribute if a.name == "transB"), 0)
-        return 0 if trans else 1
-    if node.op_type == "MatMul":
-        return rank - 1
-    if node.op_type == "Conv":
-        return 0
-    if node.op_type == "ConvTranspose":
-        return 1
-    return None
+    """The axis of a weight (input 1 of ``node``) that indexes the op's output channels; None for other ops."""
+    if node.op_type not in WEIGHTED:
+        return None
+    return output_channel_axis(node.op_type, next((a.i for a in node.attribute if a.name == "transB"), 0), rank)
 
 
 def per_axis_scale_lengths(model: onnx.ModelProto, path="model", notes: list[str] | None = None) -> list[str]:

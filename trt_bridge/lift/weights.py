@@ -12,6 +12,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from trt_bridge.annotations import QMAX, ScaleSource, Site, WeightSpec
 from trt_bridge.errors import InternalError, UnsupportedPatternError
+from trt_bridge.ir.tensorrt_ops import output_channel_axis
 from trt_bridge.ir.values import FLOAT32_TINY, check_finite_weight
 from trt_bridge.lift.base import LiftContext
 
@@ -21,13 +22,7 @@ WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
 
 def weight_axis(node: gs.Node, rank: int) -> int:
     """The output-channel axis of ``node``'s weight: per-channel scales go there."""
-    if node.op == "Conv":
-        return 0
-    if node.op == "ConvTranspose":
-        return 1
-    if node.op == "Gemm":
-        return 0 if node.attrs.get("transB", 0) else 1
-    return rank - 1
+    return output_channel_axis(node.op, node.attrs.get("transB", 0), rank)
 
 
 def lift_integer_weight(ctx: LiftContext, tensor: gs.Tensor, values: np.ndarray, zero_point: np.ndarray,

@@ -13,6 +13,7 @@ from dataclasses import asdict
 import onnx
 
 from trt_bridge.ir.dynamic_gemm import is_plugin_node
+from trt_bridge.ir.graphs import bodies, graphs
 from trt_bridge.ir.size import is_large
 from trt_bridge.ir.types import elem_types
 
@@ -27,10 +28,10 @@ def layer_precisions(model: onnx.ModelProto) -> dict:
     type. Data movement (reshapes, casts, Q/DQ themselves) is not counted; the layers inside control-flow bodies are,
     the If/Loop/Scan nodes holding them are not."""
     types = elem_types(model)
-    nodes = list(_nodes(model.graph))  # the layers of control-flow bodies too (If/Loop/Scan only hold them)
-    for body in _bodies(model.graph):
+    nodes = [n for g in graphs(model.graph) for n in g.node]  # control-flow bodies' layers too (If/Loop/Scan hold them)
+    for body in bodies(model.graph):
         types.update({v.name: v.type.tensor_type.elem_type for v in (*body.value_info, *body.output, *body.input)})
-    for graph in (model.graph, *_bodies(model.graph)):  # the code types of weights (initializers, Constant nodes)
+    for graph in graphs(model.graph):  # the code types of weights (initializers, Constant nodes)
         types.update({i.name: i.data_type for i in graph.initializer})
         types.update({n.output[0]: a.t.data_type for n in graph.node if n.op_type == "Constant"
                       for a in n.attribute if a.name == "value"})
@@ -85,20 +86,6 @@ def quantized_precision(precisions: dict | None) -> str:
     counts = (precisions or {}).get("counts", {})
     found = [HEADLINE.get(kind, kind.upper()) for kind in QUANTIZED if counts.get(kind)]
     return " + ".join(found) or "INT8"
-
-
-def _bodies(graph: onnx.GraphProto):
-    for node in graph.node:
-        for attr in node.attribute:
-            for body in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-                yield body
-                yield from _bodies(body)
-
-
-def _nodes(graph: onnx.GraphProto):
-    yield from graph.node
-    for body in _bodies(graph):
-        yield from body.node
 
 
 def precision_line(precisions: dict) -> str:

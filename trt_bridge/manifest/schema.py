@@ -33,6 +33,7 @@ import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
+from trt_bridge.bench.ort_runner import PROVIDERS
 from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, option_key
 from trt_bridge.errors import TrtBridgeError
 
@@ -48,7 +49,6 @@ CONVERT_FIELDS = {option_key(f): (section, f.name, typing.get_type_hints(kind)[f
 CONVERT_KEYS = set(CONVERT_FIELDS)
 GATE_KEYS = {"min_snr", "min_cosine", "max_abs"}
 BENCH_KEYS = {"iterations", "warmup", "duration", "provider", "threads"}
-BENCH_PROVIDERS = ("cpu", "cuda", "tensorrt")
 MODEL_KEYS = {"name", "source", "reference", "calib_data", "calib_random", "eval_data", "eval_random", "convert",
               "shapes", "gates", "bench"}
 TARGET_KEYS = {"name", "compute_capabilities", "gpu"}
@@ -240,8 +240,8 @@ def _check_bench(bench: dict, where: str) -> None:
     """The bench table's values, checked with the manifest (before any step runs), as bench's flags take them."""
     for key, value in bench.items():
         if key == "provider":
-            if value not in BENCH_PROVIDERS:
-                raise ManifestError(f"{where}.provider: {value!r} is not one of {', '.join(BENCH_PROVIDERS)}.")
+            if value not in PROVIDERS:
+                raise ManifestError(f"{where}.provider: {value!r} is not one of {', '.join(PROVIDERS)}.")
             continue
         integer = key != "duration"
         number = not isinstance(value, bool) and (isinstance(value, int) if integer else

@@ -31,7 +31,7 @@ from trt_bridge.plugins.plugin import take_build_problems
 from trt_bridge.plugins.registry import register_for_model
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
 from trt_bridge.tensorrt.config import check_typing, configure
-from trt_bridge.tensorrt.costs import EngineCosts
+from trt_bridge.tensorrt.costs import COST_TARGET, EngineCosts
 from trt_bridge.tensorrt.logger import BuildLogger
 from trt_bridge.tensorrt.options import BuildOptions
 from trt_bridge.tensorrt.parse import ParserError, create_network, named_errors
@@ -44,7 +44,7 @@ from trt_bridge.tensorrt.timing_cache import load_timing_cache, save_timing_cach
 log = logging.getLogger("trt_bridge.tensorrt")
 
 
-def engine_costs(path: str | Path, compute_capability: str = "SM89", module: str | None = None,
+def engine_costs(path: str | Path, compute_capability: str = COST_TARGET, module: str | None = None,
                  shapes: dict[str, tuple[int, ...]] | None = None, plugins: tuple[str, ...] = ()) -> EngineCosts:
     """What an engine of ``path`` costs on the target: its size and the activation memory TensorRT's builder reports
     (an ahead-of-time build with TensorRT-RTX for ``compute_capability``; datacenter TensorRT builds for the GPU

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+#: the compute capability engine costs are measured for unless told otherwise (an ahead-of-time TensorRT-RTX build:
+#: Ada, the oldest target that runs every precision trt-bridge writes but FP4)
+COST_TARGET = "8.9"
+
 
 def mib(count: int | None) -> str:
     return "?" if count is None else f"{count / (1 << 20):.1f} MiB"

@@ -30,7 +30,7 @@ from trt_bridge.plugins.registry import register_for_engine
 from trt_bridge.runtime.session import session
 from trt_bridge.tensorrt import gpu_present, import_tensorrt, is_rtx
 from trt_bridge.tensorrt.build import costs_or_none
-from trt_bridge.tensorrt.costs import EngineCosts
+from trt_bridge.tensorrt.costs import COST_TARGET, EngineCosts
 from trt_bridge.verify.gates import Gate, apply_gates
 from trt_bridge.verify.layers import Localization, localize
 from trt_bridge.verify.metrics import Accumulator, OutputMetrics, json_safe, snr_text
@@ -61,7 +61,7 @@ class VerifyOptions:
     plugins: tuple[str, ...] = ()  # --engine: plugin files to register besides those the sidecar lists
     #: build both ONNX models ahead of time for this compute capability and report their engines' size and
     #: activation memory beside the accuracy (TensorRT-RTX; None: not measured)
-    costs: str | None = "8.9"
+    costs: str | None = COST_TARGET
 
 
 @dataclass
