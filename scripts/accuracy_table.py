@@ -305,8 +305,8 @@ VARIANTS = (("before", "max", False, False, "off"), ("auto_alone", "auto", False
 def _convert(source: Path, out: Path, calib: Path, method: str, split: bool, give_back: bool, runtime: str):
     """(seconds, report) of converting ``source`` to ``out``."""
     from trt_bridge.calibrate.observers import CalibMethod
-    from trt_bridge.convert import convert
-    from trt_bridge.convert.options import ActivationOptions, CalibrationOptions, ConvertOptions, RangeOptions
+    from trt_bridge.conversion import convert
+    from trt_bridge.conversion.options import ActivationOptions, CalibrationOptions, ConvertOptions, RangeOptions
 
     options = ConvertOptions(calibration=CalibrationOptions(data=str(calib), method=CalibMethod(method),
                                                             give_back=give_back, bias_correction=give_back),
@@ -319,8 +319,8 @@ def _convert(source: Path, out: Path, calib: Path, method: str, split: bool, giv
 
 def _lifted_float(source: Path, out: Path) -> Path:
     """The float model trt-bridge lifts a quantized source to (every layer left in float)."""
-    from trt_bridge.convert import convert
-    from trt_bridge.convert.options import ConvertOptions
+    from trt_bridge.conversion import convert
+    from trt_bridge.conversion.options import ConvertOptions
     from trt_bridge.place.policies import PlacementOptions
 
     convert(source, out, ConvertOptions(placement=PlacementOptions(exclude_ops=".*"), progress=False, check=False))

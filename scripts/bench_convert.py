@@ -1,4 +1,4 @@
-"""Benchmark ``trt_bridge.convert.convert`` on a BERT-base-sized encoder, or on a model you give.
+"""Benchmark ``trt_bridge.conversion.convert`` on a BERT-base-sized encoder, or on a model you give.
 
     python scripts/bench_convert.py                          # 12 layers, hidden 768, seq 128 (≈85 M params)
     python scripts/bench_convert.py --layers 2 --hidden 256  # a quick run
@@ -110,8 +110,8 @@ def main() -> int:
     if args.model is not None and not args.model.is_file():
         parser.error(f"--model {args.model}: no such file")
 
-    from trt_bridge.convert import convert
-    from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+    from trt_bridge.conversion import convert
+    from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
     from trt_bridge.errors import TrtBridgeError
 
     with tempfile.TemporaryDirectory(prefix="trt-bridge-bench-") as tmp:

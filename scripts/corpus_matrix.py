@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, ScaleOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions, ScaleOptions
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.verify.metrics import snr_db
 

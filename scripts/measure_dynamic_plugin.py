@@ -78,8 +78,8 @@ def sources(corpus: Path, work: Path) -> list[tuple[str, str, Path]]:
 def measure(name: str, arch: str, source: Path, corpus: Path, work: Path) -> dict:
     import onnxruntime as ort
 
-    from trt_bridge.convert import convert
-    from trt_bridge.convert.options import ActivationOptions, CalibrationOptions, ConvertOptions
+    from trt_bridge.conversion import convert
+    from trt_bridge.conversion.options import ActivationOptions, CalibrationOptions, ConvertOptions
     from trt_bridge.errors import CalibrationDataError
     from trt_bridge.tensorrt.build import build_engine
 

@@ -26,9 +26,9 @@ sys.path.insert(0, str(ROOT / "scripts"))
 
 from measure_real_models import outputs, pages  # noqa: E402
 
-from trt_bridge.convert import convert  # noqa: E402
-from trt_bridge.convert.accuracy import convert_to_target  # noqa: E402
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, PrecisionOptions  # noqa: E402
+from trt_bridge.conversion import convert  # noqa: E402
+from trt_bridge.conversion.accuracy import convert_to_target  # noqa: E402
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions, PrecisionOptions  # noqa: E402
 from trt_bridge.verify.metrics import snr_db  # noqa: E402
 
 

@@ -32,8 +32,8 @@ import onnx_graphsurgeon as gs
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic, quantize_static
 
 from trt_bridge import samples
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.runtime.session import session
 from trt_bridge.tensorrt.build import build_engine
 from trt_bridge.tensorrt.parse import parse

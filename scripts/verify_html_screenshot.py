@@ -44,8 +44,8 @@ def main() -> int:
     from test_verify import _break_one_scale
 
     from trt_bridge import samples
-    from trt_bridge.convert import convert
-    from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+    from trt_bridge.conversion import convert
+    from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:

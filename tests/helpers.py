@@ -167,8 +167,8 @@ def convert_calibrated(source: Path, out: Path, feeds: list[dict[str, np.ndarray
     """Convert ``source`` into ``out``, calibrated on ``feeds`` (saved beside ``out`` as ``calib.npz``), and assert
     what every converted test model must be: no blocker left, the Q/DQ contract kept, parsed and built ahead of time
     by TensorRT-RTX. Returns the conversion report."""
-    from trt_bridge.convert import convert
-    from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+    from trt_bridge.conversion import convert
+    from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 
     calib = Path(out).parent / "calib.npz"
     np.savez(calib, **{k: np.stack([f[k] for f in feeds]) for k in feeds[0]})

@@ -11,8 +11,8 @@ from onnx import numpy_helper
 from test_cli import cli
 
 from trt_bridge import samples
-from trt_bridge.convert.accuracy import convert_to_target
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, PrecisionOptions
+from trt_bridge.conversion.accuracy import convert_to_target
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions, PrecisionOptions
 
 
 def _hostile() -> onnx.ModelProto:
@@ -111,7 +111,7 @@ def test_isolated_errors_rank_a_broken_scale_first_and_cover_every_layer(tmp_pat
     out = tmp_path / "net.int8.onnx"
     convert_opts = ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), progress=False,
                                   check=False)
-    from trt_bridge.convert import convert
+    from trt_bridge.conversion import convert
 
     convert(src, out, convert_opts)
     assert _snr(src, out) > 35  # measured 38.0 dB
@@ -135,7 +135,7 @@ def test_search_picks_the_better_ranking_and_refines_its_prefix():
     """The search alone, on a synthetic accuracy model (the SNR is 10 dB plus the gain of each excluded layer):
     bisection over each ranking, the one keeping more layers INT8 wins, and refinement then quantizes again a
     layer the ranking put too early."""
-    from trt_bridge.convert.accuracy import Probe, search
+    from trt_bridge.conversion.accuracy import Probe, search
 
     gain = {"a": 4.0, "b": 3.0, "c": 0.0, "d": 2.0, "e": 0.1, "f": 0.1}
     calls = []

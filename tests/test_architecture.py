@@ -1,7 +1,7 @@
 """The import contract (docs/ARCHITECTURE.md), checked over the source's syntax trees, not by importing it.
 
     errors ─ ir ─ annotations/stage/samples ─ runtime ─ prepare ─ lift ─ place ─ calibrate ─ scales ─ lower
-      ─ tensorrt/plugins ─ checks ─ verify ─ convert ─ bench ─ manifest ─ cli
+      ─ tensorrt/plugins ─ checks ─ verify ─ conversion ─ bench ─ manifest ─ cli
 
 (``plugins`` is the repository's top-level ``plugins/`` folder, installed as ``trt_bridge.plugins``.)
 
@@ -42,7 +42,7 @@ LAYERS = (
     ("tensorrt", "plugins"),  # the parser and builder register the plugins; the plugins use the CUDA shim
     ("checks",),
     ("verify",),
-    ("convert",),
+    ("conversion",),
     ("bench",),
     ("manifest",),
     ("cli", "__main__"),

@@ -17,8 +17,8 @@ from trt_bridge import samples
 from trt_bridge.bench import BenchOptions, LatencyStats, bench
 from trt_bridge.bench.inputs import parse_shapes
 from trt_bridge.bench.ort_runner import OrtRunner
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.errors import TrtBridgeError
 
 FAST = BenchOptions(iterations=20, warmup=2)

@@ -1,4 +1,4 @@
-"""Bias correction (convert/bias_correction.py): with ``--calib-method auto``, a convolution whose INT8 input shifts
+"""Bias correction (conversion/bias_correction.py): with ``--calib-method auto``, a convolution whose INT8 input shifts
 its output channels' means gets the shift subtracted from its bias, where the held-out feeds confirm a gain; checked
 against onnxruntime and built by TensorRT-RTX."""
 
@@ -16,8 +16,8 @@ from test_accuracy_target import HELD_OUT
 from test_cli import cli
 
 from trt_bridge import samples
-from trt_bridge.convert import bias_correction, convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, PrecisionOptions
+from trt_bridge.conversion import bias_correction, convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions, PrecisionOptions
 
 
 def _shifted(channels: int = 16, seed: int = 0) -> onnx.ModelProto:

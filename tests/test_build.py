@@ -20,8 +20,8 @@ from test_cli import cli
 
 from trt_bridge import __version__, samples
 from trt_bridge.checks.findings import parser_findings
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
 from trt_bridge.tensorrt.build import EngineBuildError, ModelRejectedError, build
 from trt_bridge.tensorrt.options import BuildOptions

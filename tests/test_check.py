@@ -24,8 +24,8 @@ from test_types import _mixed_add
 
 from trt_bridge import samples
 from trt_bridge.checks import CheckOptions, Severity, TrtProbe, check_model
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.runtime.session import session
 
 STATIC = CheckOptions(TrtProbe.OFF)

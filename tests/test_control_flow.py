@@ -1,5 +1,5 @@
 """Control flow: models whose If branches and Loop bodies read outer-scope tensors sort, lift and convert; the
-bodies are placed, calibrated and lowered as graphs of their own (convert/bodies.py).
+bodies are placed, calibrated and lowered as graphs of their own (conversion/bodies.py).
 
 The model is a small streaming voice-activity detector shaped like Silero VAD (tests/control_flow_models.py): the
 sample rate picks an If branch of Conv → Conv → LSTM → MatMul layers whose weights are Constant nodes in the branch,
@@ -19,9 +19,9 @@ from control_flow_models import constants_as_initializers, vad_feeds, vad_model
 from helpers import assert_qdq_contract, assert_tensorrt_ready, quantize_dynamic, run_ort, save, snr_db
 from onnx import TensorProto, helper, numpy_helper
 
-from trt_bridge.convert import convert
-from trt_bridge.convert.bodies import expose
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.bodies import expose
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.ir.model import load_model
 from trt_bridge.ir.toposort import toposort
 from trt_bridge.runtime.session import session
@@ -308,7 +308,7 @@ def test_nested_if_branches_are_each_quantized(tmp_path):
 
 def test_float16_with_control_flow_is_refused_clearly(tmp_path):
     """--high-precision fp16 does not retype what the bodies read yet: a one-line error, nothing written."""
-    from trt_bridge.convert.options import PrecisionOptions
+    from trt_bridge.conversion.options import PrecisionOptions
     from trt_bridge.errors import UnsupportedPatternError
 
     src = save(vad_model(), tmp_path / "vad.onnx")

@@ -11,7 +11,7 @@ import pytest
 from trt_bridge.calibrate.observers import CalibMethod
 from trt_bridge.cli import build_parser
 from trt_bridge.cli.convert import options_from_args
-from trt_bridge.convert.options import (
+from trt_bridge.conversion.options import (
     AccuracyTarget,
     ActivationOptions,
     CalibrationOptions,

@@ -12,8 +12,8 @@ from helpers import quantize_dynamic, save
 from test_cli import cli
 
 from trt_bridge.checks import CheckOptions, check_model
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.samples import conv_net, image_feeds
 from trt_bridge.tensorrt.costs import EngineCosts
 from trt_bridge.tensorrt.logger import memory_line
@@ -92,7 +92,7 @@ def test_verify_and_bench_show_the_costs(models, tmp_path):
 # ---------------------------------------------------------------- --prefer: what auto's runtime ranges may cost
 
 def test_weigh_follows_the_documented_rule(monkeypatch):
-    from trt_bridge.convert import runtime_choice
+    from trt_bridge.conversion import runtime_choice
 
     sizes = {}
     monkeypatch.setattr(runtime_choice, "engine_sizes", lambda static, runtime: dict(sizes))
@@ -114,7 +114,7 @@ def test_weigh_follows_the_documented_rule(monkeypatch):
 def test_engine_sizes_are_built_ahead_of_time(models):
     import onnx
 
-    from trt_bridge.convert.runtime_choice import engine_sizes
+    from trt_bridge.conversion.runtime_choice import engine_sizes
 
     model = onnx.load(str(models["float"]))
     sizes = engine_sizes(model, model)
@@ -123,7 +123,7 @@ def test_engine_sizes_are_built_ahead_of_time(models):
 
 @pytest.mark.parametrize("prefer", ["size", "accuracy"])
 def test_prefer_size_keeps_calibrated_scales_and_every_layer_int8(models, tmp_path, prefer):
-    from trt_bridge.convert.options import ActivationOptions
+    from trt_bridge.conversion.options import ActivationOptions
 
     np.savez(tmp_path / "calib.npz", x=image_feeds(24, seed=3) * np.geomspace(0.05, 1, 24, dtype=np.float32)[
         :, None, None, None, None])  # enough feeds for auto to judge on held-out ones
@@ -138,7 +138,7 @@ def test_prefer_size_keeps_calibrated_scales_and_every_layer_int8(models, tmp_pa
 
 
 def test_prefer_is_checked_on_the_command_line_and_in_manifests(models, tmp_path):
-    from trt_bridge.convert.options import ActivationOptions
+    from trt_bridge.conversion.options import ActivationOptions
     from trt_bridge.errors import TrtBridgeError
 
     with pytest.raises(TrtBridgeError, match="--prefer speed: choose balanced, accuracy or size"):

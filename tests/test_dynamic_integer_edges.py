@@ -12,8 +12,8 @@ import pytest
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_exact, run_ort, save, snr_db
 from onnx import TensorProto, helper, numpy_helper
 
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 
 REJECTED = {"DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}
 

@@ -1,4 +1,4 @@
-"""Give-back (convert/give_back.py): with ``--calib-method auto``, the few layers whose own INT8 error stands far
+"""Give-back (conversion/give_back.py): with ``--calib-method auto``, the few layers whose own INT8 error stands far
 below the median layer's go back to float by default, where the held-out feeds confirm it; checked against
 onnxruntime and built by TensorRT-RTX."""
 
@@ -14,8 +14,8 @@ from test_cli import cli
 
 from trt_bridge import samples
 from trt_bridge.annotations import Annotations, Site, WeightSpec, drop_layers
-from trt_bridge.convert import convert, give_back
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert, give_back
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 
 
 def _weight_readers(path) -> dict[str, bool]:
@@ -112,7 +112,7 @@ def test_drop_layers_removes_only_their_sites():
 def test_the_accuracy_target_search_keeps_what_give_back_gave(tmp_path):
     """--accuracy-target on top of give-back: the plain conversion gives conv2 back; every later probe excludes it
     too (with give-back off), so excluding more layers never quantizes conv2 again, and a high target is met."""
-    from trt_bridge.convert.accuracy import convert_to_target
+    from trt_bridge.conversion.accuracy import convert_to_target
 
     src = save(_hostile(), tmp_path / "hostile.onnx")
     np.savez(tmp_path / "calib.npz", x=samples.image_feeds(16, 1))

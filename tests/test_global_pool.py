@@ -11,8 +11,8 @@ from onnx import TensorProto, helper
 
 from trt_bridge.calibrate.observers import RangeObserver
 from trt_bridge.calibrate.session import CalibrationResult
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.ir.values import FLOAT32_TINY
 from trt_bridge.prepare.global_pool import GlobalAveragePool, after_folding
 

@@ -11,8 +11,8 @@ import trt_bridge.ir.model as model_io
 import trt_bridge.ir.save as model_save
 import trt_bridge.ir.size as model_size
 from trt_bridge import samples
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.errors import ModelLoadError, TrtBridgeError
 
 
@@ -93,7 +93,7 @@ def test_output_never_overwrites_the_inputs_external_data(tmp_path, monkeypatch,
 def test_calibration_feeds_are_checked_before_any_work(tmp_path, monkeypatch, dynamic_conv_net):
     """A wrong-shape feed (the UNet-timestep kind of mistake) fails at once, naming the input and both
     shapes, before the model is lifted or onnxruntime runs."""
-    import trt_bridge.convert.stages as convert_module
+    import trt_bridge.conversion.stages as convert_module
     from trt_bridge.errors import CalibrationDataError
 
     _, dpath = dynamic_conv_net

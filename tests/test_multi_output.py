@@ -27,8 +27,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantFormat, QuantType
 
 from trt_bridge import samples
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import ActivationOptions, CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import ActivationOptions, CalibrationOptions, ConvertOptions
 from trt_bridge.place.policies import PlacementOptions
 from trt_bridge.runtime.session import session
 

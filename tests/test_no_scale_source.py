@@ -16,9 +16,9 @@ from test_cli import cli, error_message
 
 from trt_bridge.checks import CheckOptions, check_model
 from trt_bridge.checks.findings import Finding, Severity
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import ActivationOptions, CalibrationOptions, ConvertOptions
-from trt_bridge.convert.report import ConversionReport
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import ActivationOptions, CalibrationOptions, ConvertOptions
+from trt_bridge.conversion.report import ConversionReport
 from trt_bridge.errors import CalibrationDataError, ModelLoadError
 from trt_bridge.ir.model import load_model
 from trt_bridge.samples import conv_net, image_feeds

@@ -25,8 +25,8 @@ from helpers import assert_qdq_contract, assert_tensorrt_ready, run_ort, snr_db 
 from trt_bridge.calibrate.observers import CalibMethod, RangeObserver  # noqa: E402
 from trt_bridge.calibrate.smooth import ChannelMaxObserver  # noqa: E402
 from trt_bridge.checks import CheckOptions, check_model  # noqa: E402
-from trt_bridge.convert import convert  # noqa: E402
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
+from trt_bridge.conversion import convert  # noqa: E402
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.errors import CalibrationDataError, UnsupportedPatternError  # noqa: E402
 from trt_bridge.ir.values import nonfinite_count  # noqa: E402
 from trt_bridge.lift.scale_algebra import dequantized  # noqa: E402

@@ -11,8 +11,8 @@ from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_or
 
 from trt_bridge.annotations import Annotations, Site, WeightSpec
 from trt_bridge.calibrate.outliers import MAX_CHANNELS, massive_channels, split_outliers
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, RangeOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions, RangeOptions
 
 
 def test_massive_channels_are_those_far_above_the_bulks_top():
@@ -180,7 +180,7 @@ def test_fp16_keeps_a_side_path_beyond_float16_in_float32(tmp_path):
     from onnx import helper, numpy_helper
     from onnx.reference import ReferenceEvaluator
 
-    from trt_bridge.convert.options import PrecisionOptions
+    from trt_bridge.conversion.options import PrecisionOptions
 
     path, _ = _massive_activation_model(tmp_path)
     model = onnx.load(str(path))

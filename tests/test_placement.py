@@ -14,8 +14,8 @@ from helpers import assert_qdq_contract, assert_tensorrt_ready, run_ort, save, s
 from onnx import TensorProto, helper, numpy_helper
 
 from trt_bridge import samples
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, RangeOptions, ScaleOptions, ScalePolicy
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions, RangeOptions, ScaleOptions, ScalePolicy
 from trt_bridge.place.policies import PlacementOptions, PlacementPolicy
 
 

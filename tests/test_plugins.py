@@ -17,8 +17,8 @@ from trt_bridge.plugins.plugin import PluginFieldError, weights_from_fields
 from trt_bridge.plugins.registry import BUILTIN, load_plugin_files, plugin_problem, sidecar_plugins
 
 from trt_bridge import samples
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import ActivationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import ActivationOptions, ConvertOptions
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.dynamic_gemm import DOMAIN, OP_TYPE, decompose, plugin_attributes
 from trt_bridge.runtime.session import session

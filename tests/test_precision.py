@@ -10,8 +10,8 @@ import pytest
 from helpers import assert_qdq_contract, assert_tensorrt_ready, save, snr_db
 
 from trt_bridge import samples
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import ActivationOptions, CalibrationOptions, ConvertOptions, PrecisionOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import ActivationOptions, CalibrationOptions, ConvertOptions, PrecisionOptions
 from trt_bridge.place.policies import PlacementOptions
 from trt_bridge.runtime.session import session
 

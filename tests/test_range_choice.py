@@ -11,9 +11,9 @@ from onnx import helper, numpy_helper
 from trt_bridge.calibrate.observers import CalibMethod, RangeObserver
 from trt_bridge.calibrate.session import HeldOut
 from trt_bridge.cli import main
-from trt_bridge.convert import bias_correction, convert, range_choice
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
-from trt_bridge.convert.range_choice import HELD_OUT_VALUES, MIN_FEEDS
+from trt_bridge.conversion import bias_correction, convert, range_choice
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion.range_choice import HELD_OUT_VALUES, MIN_FEEDS
 
 SHAPE = [1, 8, 64, 64]  # 32768 values per feed: one held-out feed judges clipping
 

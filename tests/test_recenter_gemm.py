@@ -12,8 +12,8 @@ import pytest
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save, snr_db
 from onnx import TensorProto, helper, numpy_helper
 
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, RangeOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions, RangeOptions
 
 
 def _gemm_model(trans_b: int, with_c: bool, alpha: float, beta: float):

@@ -1,6 +1,6 @@
 """convert/refit.py: auto's candidates after the first are the first one's lowered graph with new values wherever
 the ranges keep its structure. Each re-fitted candidate must be, byte for byte, the model a fresh build of the same
-ranges gives (convert/range_choice.candidate_model), and the conversion's output must not change. Every output is
+ranges gives (conversion/range_choice.candidate_model), and the conversion's output must not change. Every output is
 built by TensorRT-RTX and follows its float model in onnxruntime."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from helpers import assert_tensorrt_ready, quantize_dynamic, run_ort, save, snr_
 from onnx import TensorProto, helper, numpy_helper
 
 from trt_bridge.annotations import Annotations
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import ActivationOptions, CalibrationOptions, ConvertOptions, PrecisionOptions
-from trt_bridge.convert.range_choice import candidate_model
-from trt_bridge.convert.refit import Refittable
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import ActivationOptions, CalibrationOptions, ConvertOptions, PrecisionOptions
+from trt_bridge.conversion.range_choice import candidate_model
+from trt_bridge.conversion.refit import Refittable
 from trt_bridge.samples import conv_net, image_feeds, sequence_feeds, transformer_block
 
 
@@ -98,7 +98,7 @@ def test_the_output_does_not_depend_on_refitting(tmp_path, monkeypatch):
 
 def test_a_refit_refuses_another_structure(monkeypatch):
     """Ranges that re-centre other tensors than the built candidate's give None (a fresh build follows)."""
-    from trt_bridge.convert import refit as refit_module
+    from trt_bridge.conversion import refit as refit_module
 
     class Lowering:
         shared, recentre, center_type = [], True, None

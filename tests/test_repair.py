@@ -27,8 +27,8 @@ from helpers import (  # noqa: E402
 from onnxruntime.quantization import QuantType  # noqa: E402
 
 from trt_bridge.checks import CheckOptions, TrtProbe, check_model  # noqa: E402
-from trt_bridge.convert import convert  # noqa: E402
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
+from trt_bridge.conversion import convert  # noqa: E402
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.errors import ModelLoadError  # noqa: E402
 from trt_bridge.ir.repair import (  # noqa: E402
     dedupe_initializers,

@@ -14,8 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 from test_cli import cli, error_message
 
 from trt_bridge.annotations import ActivationSpec, Annotations, Site, WeightSpec
-from trt_bridge.convert import convert, runtime_choice
-from trt_bridge.convert.options import ActivationOptions, CalibrationOptions, ConvertOptions, PrecisionOptions
+from trt_bridge.conversion import convert, runtime_choice
+from trt_bridge.conversion.options import ActivationOptions, CalibrationOptions, ConvertOptions, PrecisionOptions
 from trt_bridge.lower import runtime_ranges
 from trt_bridge.runtime.session import session
 from trt_bridge.samples import conv_net, image_feeds

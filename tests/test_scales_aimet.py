@@ -15,8 +15,8 @@ from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, save, 
 from onnx import TensorProto, helper, numpy_helper
 from test_cli import cli
 
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, ScaleOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions, ScaleOptions
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.runtime.session import session
 from trt_bridge.scales.formats import read_scales

@@ -21,8 +21,8 @@ from helpers import assert_tensorrt_ready, run_ort, save, snr_db
 from onnx import numpy_helper
 
 from trt_bridge import samples
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
 from trt_bridge.scales import (
     ScaleEntry,

@@ -137,8 +137,8 @@ def test_one_shape_inference_per_distinct_feed_shapes(tmp_path, monkeypatch):
 
 
 def test_convert_reports_the_bad_feed(tmp_path):
-    from trt_bridge.convert import convert
-    from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+    from trt_bridge.conversion import convert
+    from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 
     onnx.save(timestep_model(), tmp_path / "unet.onnx")
     path = timestep_npz(tmp_path / "c.npz", 3)

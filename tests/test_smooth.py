@@ -21,8 +21,8 @@ from onnx import numpy_helper
 from trt_bridge import samples
 from trt_bridge.annotations import Annotations, Site, WeightSpec
 from trt_bridge.calibrate.smooth import candidates, smooth
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import ActivationOptions, CalibrationOptions, ConvertOptions, RangeOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import ActivationOptions, CalibrationOptions, ConvertOptions, RangeOptions
 from trt_bridge.lift.weights import effective_weight
 from trt_bridge.runtime.session import session
 

@@ -26,8 +26,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantFormat, QuantType
 
 from trt_bridge import samples
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import ConvertOptions, RangeOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import ConvertOptions, RangeOptions
 from trt_bridge.lift.qdq_pair import covering_scale
 from trt_bridge.place.policies import PlacementOptions, PlacementPolicy
 from trt_bridge.runtime.session import session

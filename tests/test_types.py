@@ -8,8 +8,8 @@ import pytest
 from helpers import assert_qdq_contract, assert_tensorrt_ready, save, snr_db
 from onnx import TensorProto, helper, numpy_helper
 
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, PrecisionOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions, PrecisionOptions
 from trt_bridge.errors import UnsupportedPatternError
 from trt_bridge.prepare.model import prepare
 from trt_bridge.prepare.types import Bf16Policy, agree_types, promote

@@ -13,8 +13,8 @@ from onnx import numpy_helper
 from test_cli import cli
 
 from trt_bridge import samples
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.runtime.session import session
 from trt_bridge.verify import VerifyOptions, verify
 from trt_bridge.verify.gates import Gate

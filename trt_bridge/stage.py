@@ -2,7 +2,7 @@
 
 A stage is a named function over a shared state that returns the records it contributes (for a conversion: the
 report's fields) and how many things it changed; :func:`run_stages` runs a tuple of them in order and times each.
-The order is data, so a reader sees the whole pipeline in one place (``trt_bridge.convert.STAGES``).
+The order is data, so a reader sees the whole pipeline in one place (``trt_bridge.conversion.STAGES``).
 """
 
 from __future__ import annotations

@@ -34,8 +34,8 @@ from helpers import SHARED_MODELS, quantize_dynamic, quantize_static, run_ort, s
 
 from trt_bridge import samples
 from trt_bridge.checks import CheckOptions, Severity, TrtProbe, check_model
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.ir.names import name_nodes
 from trt_bridge.tensorrt.build import build_engine
 from trt_bridge.tensorrt.parse import ParserError, ParseResult, parse

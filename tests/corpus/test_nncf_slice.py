@@ -29,8 +29,8 @@ from onnx import numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_scorer  # noqa: E402
 
-from trt_bridge.convert import convert  # noqa: E402
-from trt_bridge.convert.options import ConvertOptions  # noqa: E402
+from trt_bridge.conversion import convert  # noqa: E402
+from trt_bridge.conversion.options import ConvertOptions  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "corpus"
 CELLS = sorted((p.parent.name, p.stem) for p in DATA.glob("nncf-*/*.onnx"))

@@ -26,8 +26,8 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, corpus_scorer  # noqa: E402
 
-from trt_bridge.convert import convert  # noqa: E402
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
+from trt_bridge.conversion import convert  # noqa: E402
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions  # noqa: E402
 
 CORPUS = Path(__file__).resolve().parents[1] / "data" / "corpus"
 #: (mode, arch) -> (onnxruntime's ops the source carries, lift rules that must fire)

@@ -7,8 +7,8 @@ import pytest
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_exact, run_ort, snr_db
 
 from trt_bridge import samples
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.tensorrt.parse import parse
 
 

@@ -8,8 +8,8 @@ import pytest
 from helpers import assert_tensorrt_ready, run_ort, snr_db
 from test_shared_models import QOPERATOR_MODELS, _feeds
 
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import ConvertOptions
 from trt_bridge.verify import VerifyOptions, verify
 
 

@@ -20,8 +20,8 @@ from onnx import TensorProto, helper
 from trt_bridge import samples
 from trt_bridge.bench import BenchOptions, bench
 from trt_bridge.bench.engine_runner import EngineRunner
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
 from trt_bridge.tensorrt.build import build_engine

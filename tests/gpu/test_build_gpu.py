@@ -11,8 +11,8 @@ import pytest
 from helpers import quantize_dynamic, run_ort, save, snr_db
 
 from trt_bridge import samples
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
 from trt_bridge.tensorrt.build import build

@@ -20,8 +20,8 @@ from trt_bridge.plugins import reference
 from trt_bridge.plugins.registry import register_builtin
 
 from trt_bridge import samples
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import ActivationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import ActivationOptions, ConvertOptions
 from trt_bridge.ir.dynamic_gemm import DOMAIN, OP_TYPE, plugin_attributes
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
 from trt_bridge.tensorrt.build import build_engine

@@ -21,8 +21,8 @@ from helpers import (
 )
 from test_multi_output import _feeds, residual_net
 
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.ir.model import load_model
 from trt_bridge.lift.base import NOT_MINE
 from trt_bridge.lift.conv_bias import FoldConvBias

@@ -21,8 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from apply_rule import assert_same_outputs, build_model, declined, lifted, ops_left, tensor_info  # noqa: E402
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, save, snr_db  # noqa: E402
 
-from trt_bridge.convert import convert  # noqa: E402
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
+from trt_bridge.conversion import convert  # noqa: E402
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.lift.dequantize_constant import DequantizeConstant  # noqa: E402
 from trt_bridge.runtime.session import session  # noqa: E402
 

@@ -15,8 +15,8 @@ from onnx import TensorProto, helper
 
 from trt_bridge import samples
 from trt_bridge.checks import check_model
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import ActivationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import ActivationOptions, ConvertOptions
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.dynamic_gemm import DOMAIN, OP_TYPE, decompose, node_arrays
 from trt_bridge.lift.dynamic_gemm_plugin import DynamicGemmPlugin

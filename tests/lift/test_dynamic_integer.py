@@ -37,8 +37,8 @@ from onnx import TensorProto, helper, numpy_helper
 from onnxruntime.quantization import QuantType
 
 from trt_bridge import samples
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import ActivationOptions, CalibrationOptions, ConvertOptions, RangeOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import ActivationOptions, CalibrationOptions, ConvertOptions, RangeOptions
 from trt_bridge.errors import UnsupportedPatternError
 from trt_bridge.lift.dynamic_integer import DynamicIntegerOp
 

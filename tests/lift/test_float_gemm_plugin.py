@@ -15,8 +15,8 @@ from onnx import helper
 from onnxruntime.quantization import QuantFormat
 
 from trt_bridge import samples
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import ActivationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import ActivationOptions, ConvertOptions
 from trt_bridge.ir.dynamic_gemm import OP_TYPE, node_arrays
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.float_gemm_plugin import FloatGemmPlugin, quantized_columns

@@ -15,8 +15,8 @@ from helpers import assert_tensorrt_ready, quantize_dynamic, save
 from onnx import TensorProto, helper
 
 from trt_bridge import samples
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import ActivationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import ActivationOptions, ConvertOptions
 from trt_bridge.ir.dynamic_gemm import OP_TYPE, node_arrays
 from trt_bridge.lift.fused_dynamic_gemm_plugin import FusedDynamicGemmPlugin
 

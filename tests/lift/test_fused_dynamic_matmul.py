@@ -34,8 +34,8 @@ from helpers import (
 from onnx import TensorProto, helper, numpy_helper
 
 from trt_bridge import samples
-from trt_bridge.convert import convert
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.errors import UnsupportedPatternError
 from trt_bridge.lift.fused_dynamic_matmul import FusedDynamicMatMul
 

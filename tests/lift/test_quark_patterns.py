@@ -20,8 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save, snr_db  # noqa: E402
 
-from trt_bridge.convert import convert  # noqa: E402
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions  # noqa: E402
+from trt_bridge.conversion import convert  # noqa: E402
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions  # noqa: E402
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError  # noqa: E402
 from trt_bridge.prepare import sanitize  # noqa: E402
 

@@ -22,8 +22,8 @@ from apply_rule import build_model, declined, lifted, ops_left, tensor_info, wit
 from helpers import assert_qdq_contract, assert_tensorrt_ready, run_ort, save, snr_db  # noqa: E402
 
 from trt_bridge.annotations import Site  # noqa: E402
-from trt_bridge.convert import convert  # noqa: E402
-from trt_bridge.convert.options import ConvertOptions  # noqa: E402
+from trt_bridge.conversion import convert  # noqa: E402
+from trt_bridge.conversion.options import ConvertOptions  # noqa: E402
 from trt_bridge.ir.model import load_model  # noqa: E402
 from trt_bridge.lift.pipeline import lift_model  # noqa: E402
 from trt_bridge.lift.qdq_pair import QDQPair  # noqa: E402

@@ -1,7 +1,7 @@
 """Calibrated ranges onto the annotations: each needed activation's scale, then re-centring and shared scales.
 
 The conversion does this once with the final ranges; ``--calib-method auto`` does it on a copy of the graph for
-each candidate (:mod:`trt_bridge.convert.range_choice`), so what it judges is what would be written."""
+each candidate (:mod:`trt_bridge.conversion.range_choice`), so what it judges is what would be written."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ Methods (the returned value is ``amax``; the scale is ``amax / 127``):
   quantize→dequantize under the observed histogram.
 * ``auto``: keeps the histogram, and the conversion picks one of the above for the
   whole model by the output error on held-out calibration feeds
-  (:mod:`trt_bridge.convert.range_choice`).
+  (:mod:`trt_bridge.conversion.range_choice`).
 
 A histogram needs no more than ``HIST_SAMPLES`` values of a feed to place a 99.99th
 percentile (a fixed pseudo-random subset of larger tensors); the min and max see every value,

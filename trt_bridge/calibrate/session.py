@@ -58,7 +58,7 @@ def _import_ort():
 def calibrate(model: onnx.ModelProto, tensors: list[str], feeds: FeedSource, method: CalibMethod,
               percentile: float = 99.99, progress: bool = True) -> CalibrationResult:
     """Observe ``tensors`` of the float ``model`` on every feed into range observers (``method`` auto is the
-    conversion's choice among the others: :mod:`trt_bridge.convert.range_choice`)."""
+    conversion's choice among the others: :mod:`trt_bridge.conversion.range_choice`)."""
     if CalibMethod(method) is CalibMethod.AUTO:
         raise ValueError("calibrate() takes max, percentile, entropy or mse; auto is chosen by a conversion")
     start = time.perf_counter()

@@ -19,10 +19,10 @@ from trt_bridge.cli.convert_args import (
     RangeArgs,
     ScaleArgs,
 )
-from trt_bridge.convert import convert
-from trt_bridge.convert.accuracy import convert_to_target
-from trt_bridge.convert.options import ConvertOptions
-from trt_bridge.convert.stages import input_files
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.accuracy import convert_to_target
+from trt_bridge.conversion.options import ConvertOptions
+from trt_bridge.conversion.stages import input_files
 from trt_bridge.ir.files import write_text_atomic
 
 DESCRIPTION = """\

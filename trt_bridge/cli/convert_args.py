@@ -1,7 +1,7 @@
 """The argument groups of ``trt-bridge convert``, one class per options dataclass (Polygraphy's tools/args style).
 
 Each class adds its flags to a parser (``add_to``) and makes its options from the parsed arguments (``parse``);
-the options check their own values (:mod:`trt_bridge.convert.options`), so the command line and a pipeline
+the options check their own values (:mod:`trt_bridge.conversion.options`), so the command line and a pipeline
 manifest refuse the same values with the same message.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from trt_bridge.calibrate.feeds import FEED_LIMIT
 from trt_bridge.calibrate.observers import CalibMethod
-from trt_bridge.convert.options import (
+from trt_bridge.conversion.options import (
     ACCURACY_METRICS,
     ACTIVATION_MODES,
     DYNAMIC_GRANULARITIES,

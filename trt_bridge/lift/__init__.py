@@ -59,7 +59,7 @@ def lift(graph: gs.Graph, rules: tuple[LiftRule, ...] = LIFT_RULES) -> LiftConte
     A body's nodes are lifted like the main graph's (a pattern may start in the outer graph: onnxruntime's
     ``EnableSubgraph`` quantizes an outer-scope activation once, outside the ``If``); what they annotate goes to
     ``ctx.body_annotations`` (sites name nodes, unique model-wide), which the stages place, calibrate and lower
-    apart from the main graph's (:mod:`trt_bridge.convert.bodies`), and the names of the lifted nodes go to
+    apart from the main graph's (:mod:`trt_bridge.conversion.bodies`), and the names of the lifted nodes go to
     ``ctx.in_bodies``. Each body has its own constants: a weight lifted in one branch is not read from another."""
     ctx = LiftContext(graph)
     _apply_rules(ctx, rules)

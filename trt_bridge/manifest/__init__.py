@@ -19,7 +19,7 @@ from pathlib import Path
 from trt_bridge import __version__
 from trt_bridge.bench import BenchOptions, bench
 from trt_bridge.checks import CheckOptions, check_model
-from trt_bridge.convert import convert
+from trt_bridge.conversion import convert
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
 from trt_bridge.ir.files import external_data_files, inside_folder, same_file, write_text_atomic
 from trt_bridge.manifest.report import PipelineReport, Status, StepResult

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 
 from trt_bridge.bench.ort_runner import PROVIDERS
-from trt_bridge.convert.options import CalibrationOptions, ConvertOptions, option_key
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions, option_key
 from trt_bridge.errors import TrtBridgeError
 
 #: ConvertOptions' sub-options by field name: a model's ``convert`` table fills them

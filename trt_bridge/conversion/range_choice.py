@@ -41,12 +41,12 @@ import numpy as np
 from trt_bridge.annotations import Annotations, WeightSpec
 from trt_bridge.calibrate.observers import CalibMethod
 from trt_bridge.calibrate.session import CalibrationResult, CalibrationSession, HeldOut, has_nan
-from trt_bridge.convert.refit import Refittable
+from trt_bridge.conversion.refit import Refittable
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
 from trt_bridge.lift.weights import float_type, weight_values
 from trt_bridge.verify.metrics import snr_db
 
-log = logging.getLogger("trt_bridge.convert")
+log = logging.getLogger("trt_bridge.conversion")
 
 #: the ranges ``auto`` tries, max first (it keeps ties): (method, percentile), the percentiles as offsets of the
 #: ``--percentile`` option (99.99, and a tenth as much clipped: 99.999). Entropy is left out: it lost on every

@@ -26,10 +26,10 @@ import numpy as np
 
 from trt_bridge.annotations import Annotations
 from trt_bridge.calibrate.session import CalibrationResult, HeldOut
-from trt_bridge.convert.range_choice import Lowering, candidate_model, quantized_weights, score
+from trt_bridge.conversion.range_choice import Lowering, candidate_model, quantized_weights, score
 from trt_bridge.errors import TrtBridgeError
 
-log = logging.getLogger("trt_bridge.convert")
+log = logging.getLogger("trt_bridge.conversion")
 
 #: a layer is a suspect when its isolated SNR is this far below the median weighted layer's
 GAP_DB = 6.0
@@ -69,7 +69,7 @@ def choose_layers(graph, annotations: Annotations, needed: list[str], held_out: 
     """The layers to give back (see the module doc); ``fitted``: auto's chosen ranges on the feeds before the held-out
     split, ``base_score``: its held-out SNR, ``isolated``: its layers' isolated SNRs
     (:func:`trt_bridge.verify.layers.isolated` on ``RANK_FEEDS`` feeds before the split), ``weights``: the quantized
-    weights (:func:`~trt_bridge.convert.range_choice.quantized_weights`) if at hand, else made here. The graph and
+    weights (:func:`~trt_bridge.conversion.range_choice.quantized_weights`) if at hand, else made here. The graph and
     annotations are not changed."""
     weighted = {s.node for spec in annotations.weights.values() for s in spec.sites}
     weights = weights or quantized_weights(graph, annotations)

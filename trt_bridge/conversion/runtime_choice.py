@@ -36,7 +36,7 @@ from typing import Any
 from trt_bridge.annotations import Annotations
 from trt_bridge.calibrate.observers import CalibMethod
 from trt_bridge.calibrate.session import CalibrationResult, HeldOut
-from trt_bridge.convert import range_choice
+from trt_bridge.conversion import range_choice
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.save import save_model
 from trt_bridge.lower import runtime_ranges
@@ -104,7 +104,7 @@ def marked(annotations: Annotations, tensors) -> Annotations:
 
 
 def beside(graph, annotations: Annotations, needed: list[str], candidates, lowering: range_choice.Lowering) -> dict:
-    """The runtime-range model for :func:`~trt_bridge.convert.range_choice.choose_method` to judge beside its
+    """The runtime-range model for :func:`~trt_bridge.conversion.range_choice.choose_method` to judge beside its
     candidates (its ``also``), where it does not depend on their method: every activation to calibrate can have a
     runtime range (``candidates``: :func:`eligible`'s answer, or None). Otherwise :func:`judge` makes it after the
     choice."""

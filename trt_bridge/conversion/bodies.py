@@ -42,8 +42,8 @@ from trt_bridge.annotations import Annotations, ScaleSource, drop_layers
 from trt_bridge.calibrate.feeds import FeedSource
 from trt_bridge.calibrate.observers import CalibMethod
 from trt_bridge.calibrate.session import CalibrationResult, calibrate
-from trt_bridge.convert import runtime_choice
-from trt_bridge.convert.options import ConvertOptions
+from trt_bridge.conversion import runtime_choice
+from trt_bridge.conversion.options import ConvertOptions
 from trt_bridge.ir.export import export_model
 from trt_bridge.ir.graphs import graphs
 from trt_bridge.ir.names import NameAllocator

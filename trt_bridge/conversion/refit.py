@@ -39,7 +39,7 @@ class Refittable:
     turns into another's.
 
     ``graph``, ``annotations`` and ``weights`` are not changed (the candidate lowers a copy); ``lowering`` is
-    :class:`~trt_bridge.convert.range_choice.Lowering`."""
+    :class:`~trt_bridge.conversion.range_choice.Lowering`."""
 
     def __init__(self, graph, annotations: Annotations, weights: dict, needed: list[str],
                  fitted: CalibrationResult, lowering, drop=()):

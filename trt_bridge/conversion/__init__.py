@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from trt_bridge.convert.options import ConvertOptions
-from trt_bridge.convert.report import ConversionReport
-from trt_bridge.convert.stages import Conversion, calibrate, check, lift, load, lower_model, place_quantizers, save
+from trt_bridge.conversion.options import ConvertOptions
+from trt_bridge.conversion.report import ConversionReport
+from trt_bridge.conversion.stages import Conversion, calibrate, check, lift, load, lower_model, place_quantizers, save
 from trt_bridge.stage import Stage, merged_records, run_stages
 
-#: the conversion, in order (see :mod:`trt_bridge.convert.stages`)
+#: the conversion, in order (see :mod:`trt_bridge.conversion.stages`)
 STAGES: tuple[Stage, ...] = (
     Stage("load", load),  # load and check the source, open the calibration data and scale files
     Stage("lift", lift),  # the source to a float graph plus quantization annotations

@@ -1,5 +1,5 @@
 """The stages of a conversion over one shared :class:`Conversion` state; each returns the report fields it
-contributes (:class:`trt_bridge.stage.StageResult`). Their order is ``trt_bridge.convert.STAGES``."""
+contributes (:class:`trt_bridge.stage.StageResult`). Their order is ``trt_bridge.conversion.STAGES``."""
 
 from __future__ import annotations
 
@@ -20,10 +20,10 @@ from trt_bridge.calibrate.session import HeldOut
 from trt_bridge.calibrate.two_pass import calibrate_graph
 from trt_bridge.checks import CheckOptions, check_model
 from trt_bridge.checks.rules import is_int8
-from trt_bridge.convert import bias_correction, bodies, costs, data_choices, give_back, range_choice, runtime_choice
-from trt_bridge.convert.options import ConvertOptions, ScalePolicy
-from trt_bridge.convert.report import FloatLeftover, RuleHits
-from trt_bridge.convert.support import check_supported
+from trt_bridge.conversion import bias_correction, bodies, costs, data_choices, give_back, range_choice, runtime_choice
+from trt_bridge.conversion.options import ConvertOptions, ScalePolicy
+from trt_bridge.conversion.report import FloatLeftover, RuleHits
+from trt_bridge.conversion.support import check_supported
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
 from trt_bridge.ir.dynamic_gemm import OP_TYPE as PLUGIN_OP
 from trt_bridge.ir.dynamic_gemm import PLUGIN_VERSION
@@ -51,7 +51,7 @@ from trt_bridge.scales.apply import apply, check_against_data, load_sources
 from trt_bridge.stage import StageResult
 from trt_bridge.verify.layers import isolated
 
-log = logging.getLogger("trt_bridge.convert")
+log = logging.getLogger("trt_bridge.conversion")
 
 
 @dataclass

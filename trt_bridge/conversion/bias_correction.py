@@ -26,10 +26,10 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations
 from trt_bridge.calibrate.session import CalibrationResult, HeldOut
-from trt_bridge.convert.range_choice import Lowering, candidate_model, score
+from trt_bridge.conversion.range_choice import Lowering, candidate_model, score
 from trt_bridge.errors import TrtBridgeError
 
-log = logging.getLogger("trt_bridge.convert")
+log = logging.getLogger("trt_bridge.conversion")
 
 #: a channel's mean error is corrected where it stands this many standard errors (over the feeds) from zero, measured
 #: on at least this many feeds (the standard error of fewer is itself noise)

@@ -49,9 +49,9 @@ class CalibrationOptions:
     #: auto: max, percentile or mse, whichever gives the float outputs on held-out calibration feeds
     method: CalibMethod = field(default=CalibMethod.AUTO, metadata={"key": "calib_method"})
     percentile: float = 99.99  # for CalibMethod.PERCENTILE
-    #: with auto: the few layers whose INT8 costs most on the held-out feeds go back to float (convert/give_back.py)
+    #: with auto: the few layers whose INT8 costs most on the held-out feeds go back to float (conversion/give_back.py)
     give_back: bool = True
-    #: with auto: convolution biases corrected for the mean shift INT8 activations add (convert/bias_correction.py)
+    #: with auto: convolution biases corrected for the mean shift INT8 activations add (conversion/bias_correction.py)
     bias_correction: bool = True
     #: the most calibration feeds read (--calib-max): a data loader that yields forever stops there, with a warning
     max_feeds: int = field(default=FEED_LIMIT, metadata={"key": "calib_max"})
@@ -113,7 +113,7 @@ ACTIVATION_MODES = ("static", "dynamic")
 DYNAMIC_GRANULARITIES = GRANULARITIES
 #: what --runtime-ranges takes
 RUNTIME_RANGES = ("auto", "on", "off")
-#: what --prefer takes (convert/runtime_choice.py: weigh)
+#: what --prefer takes (conversion/runtime_choice.py: weigh)
 PREFER = ("balanced", "accuracy", "size")
 
 
@@ -131,7 +131,7 @@ class ActivationOptions:
     #: those a dynamic source quantized so, where the held-out feeds show it beats calibrated scales; on: every
     #: activation that can (no calibration data needed for them); off: calibrated scales only
     runtime_ranges: str = "auto"
-    #: how auto weighs accuracy against the engine's cost (convert/runtime_choice.py weigh): balanced keeps runtime
+    #: how auto weighs accuracy against the engine's cost (conversion/runtime_choice.py weigh): balanced keeps runtime
     #: ranges that grow the engine over 25 % only for 1 dB; accuracy keeps any gain; size keeps none and gives no
     #: layer back to float
     prefer: str = "balanced"

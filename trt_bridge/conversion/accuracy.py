@@ -18,7 +18,7 @@ are then tried in INT8 again one at a time, least harmful first (at most ``REFIN
 if the target still holds. If even excluding every ranked layer misses the target, the most accurate model
 seen is written and the result says so.
 
-The plain conversion is the user's, give-back included (``convert/give_back.py``, with ``--calib-method auto``);
+The plain conversion is the user's, give-back included (``conversion/give_back.py``, with ``--calib-method auto``);
 the layers it gave back stay excluded in every later probe, which runs with give-back off (judged again with more
 layers excluded, it could quantize one it gave back).
 """
@@ -32,11 +32,11 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from trt_bridge.convert import convert
+from trt_bridge.conversion import convert
 from trt_bridge.verify import DEFAULT_RANDOM_FEEDS, QuietPolygraphy, VerifyOptions, checked_feeds, verify
 from trt_bridge.verify.layers import isolated_errors
 
-log = logging.getLogger("trt_bridge.convert.accuracy")
+log = logging.getLogger("trt_bridge.conversion.accuracy")
 
 
 REFINE_PROBES = 16  # at most this many layers of the bisection's choice are tried in INT8 again
