@@ -1,4 +1,4 @@
-"""convert/refit.py: auto's candidates after the first are the first one's lowered graph with new values wherever
+"""conversion/refit.py: auto's candidates after the first are the first one's lowered graph with new values wherever
 the ranges keep its structure. Each re-fitted candidate must be, byte for byte, the model a fresh build of the same
 ranges gives (conversion/range_choice.candidate_model), and the conversion's output must not change. Every output is
 built by TensorRT-RTX and follows its float model in onnxruntime."""

@@ -1,4 +1,4 @@
-"""Runtime ranges (lower/runtime_ranges.py, convert/runtime_choice.py): an activation quantized on the range it has in
+"""Runtime ranges (lower/runtime_ranges.py, conversion/runtime_choice.py): an activation quantized on the range it has in
 each inference, in standard ONNX ops around TensorRT's own INT8 layers. Each rewrite is checked against a numpy
 reference of the same quantization (onnxruntime, Q/DQ simulated as TensorRT computes them) and built by
 TensorRT-RTX."""
