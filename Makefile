@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint bench corpus pipeline-example clean
+.PHONY: demo test lint docs bench corpus pipeline-example clean
 
 $(STAMP): pyproject.toml setup.py
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q $(PYTEST_ARGS)
+
+# The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link or API reference
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 lint: $(STAMP)
 	$(PY) -m ruff check trt_bridge plugins tests scripts
@@ -37,4 +41,4 @@ pipeline-example: $(STAMP)
 	$(VENV)/bin/trt-bridge pipeline scripts/pipeline/example.yaml --output pipeline-output
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache demo-output pipeline-example pipeline-output
+	rm -rf $(VENV) build *.egg-info .pytest_cache demo-output pipeline-example pipeline-output site

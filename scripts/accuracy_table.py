@@ -271,7 +271,7 @@ def _outputs(path: Path, feeds: dict, simulate: bool = True) -> dict:
 
 
 def _snr(reference: dict, got: dict) -> float:
-    from trt_bridge.verify.metrics import snr_db
+    from trt_bridge.verification.metrics import snr_db
 
     return min(snr_db(reference[n], got[n]) for n in reference)
 

@@ -34,7 +34,7 @@ import onnx.version_converter
 
 from trt_bridge import samples
 from trt_bridge.runtime.session import session
-from trt_bridge.verify.metrics import snr_db
+from trt_bridge.verification.metrics import snr_db
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared" / "models"
 

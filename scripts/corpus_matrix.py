@@ -1,4 +1,4 @@
-"""Convert every model of the corpus, build it with TensorRT-RTX, and write the matrix as a README table.
+"""Convert every corpus model, build it with TensorRT-RTX; write the matrix as markdown (docs/corpus-matrix.md).
 
     python scripts/corpus_matrix.py [OUT] [--only ARCH ...] [--cells TOOL-MODE ...] [--markdown FILE] [--json FILE]
 
@@ -34,7 +34,7 @@ import numpy as np
 from trt_bridge.conversion import convert
 from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions, ScaleOptions
 from trt_bridge.errors import TrtBridgeError
-from trt_bridge.verify.metrics import snr_db
+from trt_bridge.verification.metrics import snr_db
 
 STATIC_HINTS = ("static", "qdq", "qop", "xint8", "a8w8", "a16w8", "bfp", "default", "mixed", "transformer")
 

@@ -32,7 +32,7 @@ from onnxruntime.quantization import QuantType, quantize_dynamic
 from trt_bridge import samples
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
 from trt_bridge.runtime.session import session
-from trt_bridge.verify.metrics import snr_db
+from trt_bridge.verification.metrics import snr_db
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "demo-output"

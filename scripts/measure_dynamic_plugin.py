@@ -54,7 +54,7 @@ def outputs(model, feeds, level=None) -> list[np.ndarray]:
 
 
 def snr(reference, test) -> float:
-    from trt_bridge.verify.metrics import snr_db
+    from trt_bridge.verification.metrics import snr_db
 
     return float(snr_db(np.concatenate([r.ravel() for r in reference]), np.concatenate([t.ravel() for t in test])))
 

@@ -29,7 +29,7 @@ from measure_real_models import outputs, pages  # noqa: E402
 from trt_bridge.conversion import convert  # noqa: E402
 from trt_bridge.conversion.accuracy import convert_to_target  # noqa: E402
 from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions, PrecisionOptions  # noqa: E402
-from trt_bridge.verify.metrics import snr_db  # noqa: E402
+from trt_bridge.verification.metrics import snr_db  # noqa: E402
 
 
 def main() -> int:

@@ -37,7 +37,7 @@ from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.runtime.session import session
 from trt_bridge.tensorrt.build import build_engine
 from trt_bridge.tensorrt.parse import parse
-from trt_bridge.verify.metrics import snr_db
+from trt_bridge.verification.metrics import snr_db
 
 
 def pages(count: int, seed: int, shape: tuple[int, ...]) -> np.ndarray:

@@ -23,7 +23,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-LINE, MARKER = (0x4A, 0x78, 0xB5), (0xE0, 0x7B, 0x00)  # the colours trt_bridge/verify/html.py draws with
+LINE, MARKER = (0x4A, 0x78, 0xB5), (0xE0, 0x7B, 0x00)  # the colours trt_bridge/verification/html.py draws with
 
 
 def pixels_near(image: np.ndarray, rgb: tuple[int, int, int], tolerance: int = 40) -> int:

@@ -58,7 +58,7 @@ def run_exact(model: Path | onnx.ModelProto, feeds: list[dict[str, np.ndarray]])
 
 
 def snr_db(reference: list[np.ndarray], test: list[np.ndarray]) -> float:
-    from trt_bridge.verify.metrics import snr_db as snr
+    from trt_bridge.verification.metrics import snr_db as snr
 
     return snr(np.concatenate([r.ravel() for r in reference]), np.concatenate([t.ravel() for t in test]))
 
@@ -80,7 +80,8 @@ def assert_tensorrt_ready(path: Path) -> None:
 
 
 def assert_qdq_contract(path: Path) -> onnx.ModelProto:
-    """The output contract: int8 symmetric Q/DQ only, float32 scales, opset >= 13, checker clean."""
+    """The output contract: symmetric Q/DQ in a format TensorRT builds (int8; float8 E4M3 from opset 19; int4 blocks
+    of a weight from opset 21), float32 scales, opset >= 13, checker clean."""
     model = onnx.load(str(path))
     onnx.checker.check_model(model, full_check=True)
     onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
@@ -95,7 +96,9 @@ def assert_qdq_contract(path: Path) -> onnx.ModelProto:
             scale, zero = inits[node.input[1]], inits[node.input[2]]
             assert scale.dtype.name in ("float32", "float16", "bfloat16") and np.all(scale > 0), node.name
             assert scale.dtype == np.float32 or opset >= 19, node.name  # float16/bfloat16 Q/DQ need opset 19
-            assert zero.dtype == np.int8 and not np.any(zero), node.name
+            assert zero.dtype.name in ("int8", "float8_e4m3fn", "int4"), node.name
+            assert not np.any(zero.astype(np.float32)), node.name
+            assert zero.dtype == np.int8 or opset >= (19 if zero.dtype.name == "float8_e4m3fn" else 21), node.name
     return model
 
 

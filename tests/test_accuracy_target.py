@@ -104,7 +104,7 @@ def test_cli_cosine_target_gives_back_the_hostile_layer(tmp_path):
 def test_isolated_errors_rank_a_broken_scale_first_and_cover_every_layer(tmp_path):
     """Each quantized layer against a copy of itself reading its activations before their Q/DQ: finite for
     every layer of a converted net, and a scale divided by 25 (most of the tensor clipped) ranks worst."""
-    from trt_bridge.verify.layers import isolated_errors, quantized_layers
+    from trt_bridge.verification.layers import isolated_errors, quantized_layers
 
     src = save(samples.conv_net(), tmp_path / "net.onnx")
     np.savez(tmp_path / "calib.npz", x=samples.image_feeds(8, 1))

@@ -1,7 +1,7 @@
 """The import contract (docs/ARCHITECTURE.md), checked over the source's syntax trees, not by importing it.
 
     errors ─ ir ─ annotations/stage/samples ─ runtime ─ prepare ─ lift ─ place ─ calibrate ─ scales ─ lower
-      ─ tensorrt/plugins ─ checks ─ verify ─ conversion ─ bench ─ manifest ─ cli
+      ─ tensorrt/plugins ─ checks ─ verification ─ conversion ─ bench ─ manifest ─ cli ─ api
 
 (``plugins`` is the repository's top-level ``plugins/`` folder, installed as ``trt_bridge.plugins``.)
 
@@ -29,8 +29,8 @@ MAX_LINES = 400
 
 #: layers, lowest first; the names are trt_bridge's top-level modules and packages
 LAYERS = (
-    ("__init__", "errors", "_lazy", "user_code"),  # user_code: the one place the user's own Python runs
-    ("ir",),
+    ("__init__", "errors", "_lazy", "user_code", "choices"),  # user_code: the one place the user's own Python runs
+    ("ir", "formats"),
     ("annotations", "stage", "samples"),
     ("runtime",),
     ("prepare",),
@@ -41,11 +41,12 @@ LAYERS = (
     ("lower",),
     ("tensorrt", "plugins"),  # the parser and builder register the plugins; the plugins use the CUDA shim
     ("checks",),
-    ("verify",),
+    ("verification",),
     ("conversion",),
     ("bench",),
     ("manifest",),
     ("cli", "__main__"),
+    ("api",),  # the Python API (trt_bridge.convert, ...): the CLI's own parsers and commands, called from Python
 )
 LAYER = {name: i for i, names in enumerate(LAYERS) for name in names}
 

@@ -132,7 +132,8 @@ def test_asymmetric_qdq_model(tmp_path):
     first = next(f for f in report.findings if f.node == "x_QuantizeLinear")
     assert first.lines()[0] == ('[qdq-zero-point] QuantizeLinear \'x_QuantizeLinear\': uint8 codes: TensorRT quantizes '
                                 'to int8 only ("unsupported input type of UINT8")')
-    assert first.fix == "lifted by rule 'qdq-pair' to a symmetric int8 Q/DQ (zero point 0) covering the source's range"
+    assert first.fix == ("lifted by rule 'qdq-pair' to a symmetric Q/DQ (zero point 0) covering the source's range, "
+                         "in its format where TensorRT runs it (INT8, FP8 E4M3)")
     bias = next(f for f in report.findings if f.rule == "qdq-int32")
     assert bias.fixable and "dequantize-constant" in bias.fix
     parser_named = [f for f in report.findings if f.tensorrt]

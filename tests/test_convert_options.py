@@ -24,6 +24,7 @@ from trt_bridge.conversion.options import (
 )
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.manifest.schema import CONVERT_KEYS, ManifestError, load_manifest
+from trt_bridge.place.formats import FormatOptions
 from trt_bridge.place.policies import PlacementOptions, PlacementPolicy
 from trt_bridge.prepare.types import Bf16Policy
 from trt_bridge.samples import conv_net
@@ -108,21 +109,21 @@ def test_a_manifest_refuses_a_runtime_ranges_value(tmp_path):
 
 def test_a_manifest_takes_the_options_fields_as_keys(tmp_path):
     keys = {option_key(f) for kind in (CalibrationOptions, ScaleOptions, PlacementOptions, RangeOptions,
-                                       PrecisionOptions, ActivationOptions) for f in fields(kind)}
+                                       PrecisionOptions, ActivationOptions, FormatOptions) for f in fields(kind)}
     assert CONVERT_KEYS == keys - {"calib_data", "calib_random", "scale_files", "qat"}
     (tmp_path / "m.onnx").write_bytes(conv_net().SerializeToString())
     (tmp_path / "m.yaml").write_text(
         "models:\n  - name: a\n    source: m.onnx\n    calib_random: 2\n"
         "    convert: {calib_method: percentile, percentile: 99, placement: preserve, scales: model, smooth: null,\n"
         "              recenter: false, bf16: fp16, high_precision: fp16, io_types: fp16,\n"
-        "              activations: dynamic, dynamic_granularity: token}\n")
+        "              activations: dynamic, dynamic_granularity: token, precision: int8, block_size: 64}\n")
     options = load_manifest(tmp_path / "m.yaml").models[0].convert
     assert options == ConvertOptions(
         calibration=CalibrationOptions(random=2, method=CalibMethod.PERCENTILE, percentile=99),
         scales=ScaleOptions(policy=ScalePolicy.MODEL), placement=PlacementOptions(policy=PlacementPolicy.PRESERVE),
         ranges=RangeOptions(smooth=None, recenter=False),
         precision=PrecisionOptions(high_precision="fp16", io_types="fp16", bf16=Bf16Policy.FP16),
-        activations=ActivationOptions("dynamic", "token"))
+        activations=ActivationOptions("dynamic", "token"), formats=FormatOptions("int8", block_size=64))
 
 
 @pytest.mark.parametrize(("table", "message"), [
@@ -140,3 +141,10 @@ def test_a_manifest_names_an_ill_typed_option(tmp_path, table, message):
     with pytest.raises(ManifestError, match="models\\[0\\]: ") as info:
         load_manifest(tmp_path / "m.yaml")
     assert message in str(info.value)
+
+
+@pytest.mark.parametrize("flag", ["--fp8", "--int4"])
+def test_the_dynamic_plugin_takes_no_other_format(flag):
+    args = build_parser().parse_args(["convert", "m.onnx", "--activations", "dynamic", flag])
+    with pytest.raises(TrtBridgeError, match=f"{flag} cannot change"):
+        options_from_args(args)

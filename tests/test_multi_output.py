@@ -340,7 +340,7 @@ def test_graph_input_passed_through_as_output(tmp_path, kind):
     if kind == "float":
         assert _per_channel_weights(converted, "Conv", axis=0) == 2
     else:
-        assert all(q["source"] == "exact-int8-weights" for q in weights)
+        assert all(q["source"] == "exact-weights" for q in weights)
     feeds = _feeds(4, 2)
     for feed, passed in zip(feeds, _outputs(out, feeds)[2], strict=True):
         np.testing.assert_array_equal(passed, feed["x"])

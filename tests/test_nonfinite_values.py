@@ -1,4 +1,4 @@
-"""Legitimate non-finite values (README G2–G4): a transformer whose relative-position bias table holds -Inf and
+"""Legitimate non-finite values (reliability, G2–G4): a transformer whose relative-position bias table holds -Inf and
 whose padded rows go NaN inside converts in all its forms; what is really broken is still refused.
 
 ``tests/data/nonfinite`` holds real exports, written once by ``scripts/nonfinite_transformer.py`` (torch 2.13's

@@ -165,7 +165,7 @@ def test_bf16_needs_no_float32_for_loud_activations(loud):
 def test_fp16_and_bf16_keep_tensor_names_for_per_layer(block):
     """The float16 converter renames the outputs of the layers it keeps in float32; the rewrite gives them their
     names back, so `verify --per-layer` aligns the LayerNorm outputs and measures each layer's input."""
-    from trt_bridge.verify.layers import localize
+    from trt_bridge.verification.layers import localize
 
     root, src, feeds = block
     for hp in ("fp16", "bf16"):

@@ -1,5 +1,5 @@
-"""Runtime ranges (lower/runtime_ranges.py, conversion/runtime_choice.py): an activation quantized on the range it has in
-each inference, in standard ONNX ops around TensorRT's own INT8 layers. Each rewrite is checked against a numpy
+"""Runtime ranges (lower/runtime_ranges.py, conversion/runtime_choice.py): an activation quantized on the range it has
+in each inference, in standard ONNX ops around TensorRT's own INT8 layers. Each rewrite is checked against a numpy
 reference of the same quantization (onnxruntime, Q/DQ simulated as TensorRT computes them) and built by
 TensorRT-RTX."""
 

@@ -16,7 +16,13 @@ from test_scales_qat import make_qat, renamed
 
 from trt_bridge import samples
 from trt_bridge.conversion import convert
-from trt_bridge.conversion.options import ActivationOptions, CalibrationOptions, ConvertOptions, RangeOptions, ScaleOptions
+from trt_bridge.conversion.options import (
+    ActivationOptions,
+    CalibrationOptions,
+    ConvertOptions,
+    RangeOptions,
+    ScaleOptions,
+)
 from trt_bridge.runtime.session import session
 from trt_bridge.scales.json_table import read_json
 from trt_bridge.scales.model_scales import scales_of_model

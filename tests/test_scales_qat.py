@@ -207,7 +207,7 @@ def test_structure_matches_a_renamed_dynamic_export(sample, tmp_path):
             assert key in ctx.annotations.activations
         else:
             spec = origins[weight_node(key)]
-            assert len(entry.amax) == spec.int8.shape[spec.axis] and entry.axis == spec.axis
+            assert len(entry.amax) == spec.codes.shape[spec.axis] and entry.axis == spec.axis
 
 
 def test_extra_layer_of_the_same_shape_is_ambiguous_and_missing_layer_unmatched(tmp_path):

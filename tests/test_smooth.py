@@ -65,7 +65,7 @@ def test_smoothing_is_exact_in_float_and_folds_into_layer_norm():
     assert set(factors) == {"ln"} and factors["ln"].shape == (8,)
     assert [d.folded_into for d in done] == ["ln_node"]
     assert [n.op for n in graph.nodes] == ["LayerNormalization", "MatMul", "MatMul"]  # no Mul added
-    assert set(ann.weights) == {"Wq_smoothed", "Wk_smoothed"} and ann.weights["Wq_smoothed"].int8 is None
+    assert set(ann.weights) == {"Wq_smoothed", "Wk_smoothed"} and ann.weights["Wq_smoothed"].codes is None
     feeds = [{"x": rng.standard_normal((2, 4, 8)).astype(np.float32)} for _ in range(3)]
     got, want = run_ort(gs.export_onnx(graph), feeds), run_ort(gs.export_onnx(ref_graph), feeds)
     for g, w in zip(got, want):

@@ -121,7 +121,7 @@ def test_zoo_net(tmp_path, fmt, per_channel, act_type, weight_type, reduce_range
     weights = [q for q in report.quantized if q["kind"] == "weight"]
     assert len(weights) == 5 and all(q["axis"] in (0, None) for q in weights)  # conv axis 0; Gemm transB → 0
     if weight_type == QuantType.QInt8:
-        assert {q["source"] for q in weights} == {"exact-int8-weights"}
+        assert {q["source"] for q in weights} == {"exact-weights"}
 
     held_out = [{"x": f} for f in samples.image_feeds(16, 2, (1, 3, 16, 16))]
     reference = run_ort(fpath, held_out)

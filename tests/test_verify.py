@@ -16,8 +16,8 @@ from trt_bridge import samples
 from trt_bridge.conversion import convert
 from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
 from trt_bridge.runtime.session import session
-from trt_bridge.verify import VerifyOptions, verify
-from trt_bridge.verify.gates import Gate
+from trt_bridge.verification import VerifyOptions, verify
+from trt_bridge.verification.gates import Gate
 
 FEEDS = 12
 

@@ -13,8 +13,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-#: symmetric int8: codes in [-QMAX, QMAX], so a tensor whose largest magnitude is amax has scale amax / QMAX
-QMAX = 127
+from trt_bridge.formats import INT8, INT8_QMAX, QuantFormat
+
+#: INT8's largest code: the unit ranges travel in (a tensor whose largest magnitude is amax has scale amax / QMAX,
+#: whatever its format; :meth:`trt_bridge.formats.QuantFormat.scale_of` gives its own format's scale)
+QMAX = INT8_QMAX
 
 
 class ScaleSource(str, enum.Enum):
@@ -22,7 +25,7 @@ class ScaleSource(str, enum.Enum):
 
     CALIBRATION = "calibration"  # observed on calibration feeds
     MODEL = "model"  # taken from a static scale in the source model
-    EXACT_WEIGHTS = "exact-int8-weights"  # the source's own symmetric int8 weights, kept bit-exact
+    EXACT_WEIGHTS = "exact-weights"  # the source's own symmetric codes (int8, fp8, int4), kept bit-exact
     REQUANTIZED = "requantized-weights"  # float (dequantized) weights quantized symmetric per channel
     FILE = "file"  # an explicit scale table (--scales FILE: TensorRT cache, JSON, onnxruntime table)
     QAT = "qat"  # quantization-aware training: a QAT ONNX export or a ModelOpt state dict (--qat)
@@ -43,7 +46,7 @@ class ActivationSpec:
     tensor: str
     sites: list[Site]
     origin: str  # the source node this annotation was lifted from
-    scale: float | None = None  # None: needs calibration
+    scale: float | None = None  # amax / QMAX (INT8's unit, whatever ``format``); None: needs calibration
     source: ScaleSource | None = None
     #: the float range [lo, hi] the source's (scale, zero point) codes cover, when the scale is the model's
     model_range: tuple[float, float] | None = None
@@ -51,24 +54,31 @@ class ActivationSpec:
     dynamic: bool = False
     #: lowered with runtime ranges (:mod:`trt_bridge.lower.runtime_ranges`): no scale, no calibration
     runtime: bool = False
+    #: the format the output quantizes it in (the source's where TensorRT runs it; placement may change it)
+    format: QuantFormat = INT8
+    placed: bool = False  # added by placement (the source did not quantize it)
 
 
 @dataclass
 class WeightSpec:
-    """A constant weight tensor (float, in the lifted graph) to be emitted as int8 + DequantizeLinear.
+    """A constant weight tensor (float, in the lifted graph) to be emitted as codes of ``format`` +
+    DequantizeLinear.
 
-    ``int8`` and ``scale`` are set when the source model already had exact
-    symmetric int8 weights; otherwise lowering quantizes the float values
-    symmetric per output channel along ``axis``.
+    ``codes`` and ``scale`` are set when the source model already had exact symmetric codes of that format;
+    otherwise lowering quantizes the float values symmetric per output channel along ``axis`` (``block_size`` 0)
+    or per block of ``block_size`` values along the weight's reduction axis (INT4, FP4).
     """
 
     tensor: str
     sites: list[Site]
     axis: int  # output-channel axis for per-channel quantization
     origin: str
-    int8: np.ndarray | None = None
-    scale: np.ndarray | None = None  # 0-d (per tensor) or 1-d along ``axis``
+    codes: np.ndarray | None = None  # of ``format.dtype``
+    #: 0-d (per tensor), 1-d along ``axis``, or blocked: the weight's rank, the reduction axis divided in blocks
+    scale: np.ndarray | None = None
     source: ScaleSource = ScaleSource.REQUANTIZED
+    format: QuantFormat = INT8
+    block_size: int = 0  # 0: per tensor or per channel
 
 
 @dataclass

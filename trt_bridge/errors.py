@@ -26,6 +26,16 @@ class MissingDependencyError(TrtBridgeError):
     """An optional dependency needed by this command is not installed."""
 
 
+class OptionError(TrtBridgeError):
+    """A bad command-line flag or Python API keyword, or a bad value for one: the message is the one the CLI prints
+    after ``trt-bridge COMMAND: error:``."""
+
+
+class UnknownOptionError(OptionError, TypeError):
+    """A keyword that names no option of the Python API function it was given to (the message lists the valid
+    ones)."""
+
+
 class InternalError(Exception):
     """A bug in trt-bridge (an invariant did not hold). Please report it."""
 

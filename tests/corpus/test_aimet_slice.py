@@ -90,5 +90,5 @@ def test_qdq_export(tmp_path, arch):
     out = tmp_path / "converted.onnx"
     report = convert(source, out, ConvertOptions(progress=False))
     assert {r.rule for r in report.rules} >= {"dequantize-constant", "qdq-pair"}
-    assert {q["source"] for q in report.quantized} <= {"model", "exact-int8-weights", "requantized-weights"}
+    assert {q["source"] for q in report.quantized} <= {"model", "exact-weights", "requantized-weights"}
     _check(arch, source, out, report)

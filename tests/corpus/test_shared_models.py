@@ -74,7 +74,7 @@ def test_qoperator_model_converts_builds_and_keeps_the_sources_accuracy(shared_m
     out = tmp_path / "out.onnx"
     report = convert(source, out, ConvertOptions(progress=False))
     assert {r.rule for r in report.rules} >= {"qoperator", "dequantize-constant", "qdq-pair"}
-    assert all(q["source"] in ("model", "exact-int8-weights", "requantized-weights") for q in report.quantized)
+    assert all(q["source"] in ("model", "exact-weights", "requantized-weights") for q in report.quantized)
     converted = assert_qdq_contract(out)
     assert not {n.op_type for n in converted.graph.node} & {"QLinearConv", "QLinearMatMul", "QLinearAdd"}
     assert_tensorrt_ready(out)

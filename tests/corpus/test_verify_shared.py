@@ -10,7 +10,7 @@ from test_shared_models import QOPERATOR_MODELS, _feeds
 
 from trt_bridge.conversion import convert
 from trt_bridge.conversion.options import ConvertOptions
-from trt_bridge.verify import VerifyOptions, verify
+from trt_bridge.verification import VerifyOptions, verify
 
 
 @pytest.mark.parametrize("name", QOPERATOR_MODELS)

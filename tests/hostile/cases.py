@@ -5,7 +5,7 @@ subprocess where a pipe or a signal is part of the case) and must end with the e
 error holding ``fragment``, no traceback, the ``unchanged`` files byte for byte as they were and the ``absent``
 files not there (no partial or non-finite model written).
 
-The guarantees they name (README, "Hostile input"):
+The guarantees they name (docs/reliability.md):
   G1 no input of a command is ever modified or overwritten (models, feeds, scale files, manifests)
   G2 a failed conversion writes nothing: no partial model, no model with non-finite or non-positive scales
   G3 non-finite or non-positive scales and weights are refused where they enter (source model, scale file, QAT)

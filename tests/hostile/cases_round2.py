@@ -1,7 +1,7 @@
 """The hostile-input cases of issue 28 ("hostile input, round two"), one row each, run by ``test_hostile.py``
 as ``cases.py``'s rows are (same :class:`Case`, same assertions).
 
-The guarantees they name (README, "Hostile input"): G1–G6 as in ``cases.py``, and
+The guarantees they name (docs/reliability.md): G1–G6 as in ``cases.py``, and
   G7 non-regular files (pipes, devices, sockets) are refused as inputs before they are opened, and an output that
      is a dangling symbolic link or a link loop is refused
   G8 user code (data loaders, ``--plugins`` scripts) cannot end the command: ``sys.exit``, any ``BaseException``
@@ -136,13 +136,13 @@ def _failing_constant(model: onnx.ModelProto) -> None:
                              helper.make_node("Add", ["y0", "s"], ["y"], name="add_sum")])
 
 
-def fp8_qdq(d: Path) -> None:
+def fp8_qdq(d: Path, code: int = TensorProto.FLOAT8E4M3FN, opset: int = 19) -> None:
     """x → QuantizeLinear(float8e4m3fn) → DequantizeLinear → the float net's first Conv (opset 19)."""
     model = onnx.load(str(d / "float.onnx"))
-    model.opset_import[0].version = 19
-    model.ir_version = 9
+    model.opset_import[0].version = opset
+    model.ir_version = 9 if opset < 21 else 10
     scale = numpy_helper.from_array(np.array(0.05, np.float32), "x_scale")
-    zp = helper.make_tensor("x_zp", TensorProto.FLOAT8E4M3FN, [], [0.0])
+    zp = helper.make_tensor("x_zp", code, [], [0.0])
     model.graph.initializer.extend([scale, zp])
     q = helper.make_node("QuantizeLinear", ["x", "x_scale", "x_zp"], ["x_q"], name="q_x")
     dq = helper.make_node("DequantizeLinear", ["x_q", "x_scale", "x_zp"], ["x_dq"], name="dq_x")
@@ -152,6 +152,14 @@ def fp8_qdq(d: Path) -> None:
     del model.graph.node[:]
     model.graph.node.extend(nodes)
     onnx.save(model, str(d / "bad.onnx"))
+
+
+def _fp8_kept(d: Path) -> None:
+    """An FP8 source converts (it was refused before FP8 was a format): its input's FP8 Q/DQ is kept."""
+    model = onnx.load(str(d / "out.onnx"))
+    codes = {i.name: i.data_type for i in model.graph.initializer}
+    assert any(n.op_type == "QuantizeLinear" and codes.get(n.input[2]) == TensorProto.FLOAT8E4M3FN
+               for n in model.graph.node)
 
 
 def npy_named_npz(d: Path) -> None:
@@ -337,8 +345,10 @@ CASES = [
     Case("calib-max-zero", "G5", nothing, [*CONVERT, "-o", "{d}/out.onnx", "--calib-max", "0"], 2,
          "--calib-max must be a positive", absent=("out.onnx",)),
     # ---- one clear line instead of an internal error (G5, G9)
-    Case("float8-qdq", "G9", fp8_qdq, ["convert", "{d}/bad.onnx", "-o", "{d}/out.onnx", "--calib-random", "2"], 2,
-         "float8", absent=("out.onnx",)),
+    Case("float8-qdq", "G9", fp8_qdq, ["convert", "{d}/bad.onnx", "-o", "{d}/out.onnx", "--calib-random", "2"], 0,
+         "", then=_fp8_kept),
+    Case("float4-qdq", "G9", lambda d: fp8_qdq(d, TensorProto.FLOAT4E2M1, 23),
+         ["convert", "{d}/bad.onnx", "-o", "{d}/out.onnx", "--calib-random", "2"], 2, "FP4", absent=("out.onnx",)),
     Case("sparse-initializer", "G9", _model_with(_sparse),
          ["convert", "{d}/bad.onnx", "-o", "{d}/out.onnx", "--calib-random", "2"], 2, "sparse",
          absent=("out.onnx",)),

@@ -79,7 +79,7 @@ def declined(model: onnx.ModelProto, rule: LiftRule, name: str, after: tuple[Ste
 
 
 def _comparable(annotations: Annotations) -> tuple:
-    weights = {k: (w.sites, w.axis, w.origin, w.source, None if w.int8 is None else w.int8.tobytes())
+    weights = {k: (w.sites, w.axis, w.origin, w.source, None if w.codes is None else w.codes.tobytes())
                for k, w in annotations.weights.items()}
     return copy.deepcopy(annotations.activations), copy.deepcopy(weights)
 

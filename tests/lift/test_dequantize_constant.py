@@ -112,14 +112,21 @@ def test_run_time_quantized_weights_and_outputs_out_of_dq(tmp_path, kind):
     assert [o.name for o in model.graph.output] == ["out_h", "out_y"]
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     weight_dqs = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[0] in inits]
-    # both weights int8 per output channel (axis 1 of a MatMul weight), whatever the source's blocks
+    # per channel: int8 on axis 1 of the MatMul weight; blocks: the source's int4 codes in its blocks of 16 input
+    # rows (axis 0), TensorRT's INT4 weight-only form (the layers' activations float: TensorRT-RTX builds no INT8 ×
+    # INT4 layer of these shapes)
     assert len(weight_dqs) == 2
     for dq in weight_dqs:
-        assert inits[dq.input[0]].dtype == np.int8 and inits[dq.input[1]].ndim == 1
-        assert next(a.i for a in dq.attribute if a.name == "axis") == 1
+        attrs = {a.name: a.i for a in dq.attribute}
+        if kind == "per-channel":
+            assert inits[dq.input[0]].dtype == np.int8 and inits[dq.input[1]].ndim == 1 and attrs["axis"] == 1
+        else:
+            codes, scale = inits[dq.input[0]], inits[dq.input[1]]
+            assert codes.dtype.name == "int4" and scale.shape == (codes.shape[0] // 16, codes.shape[1])
+            assert attrs == {"axis": 0, "block_size": 16}
     sources = {q["source"] for q in report.quantized if q["kind"] == "weight"}
-    # the per-channel source's own int8 codes are kept (its scale covers ±127); blocks are re-quantized
-    assert sources == ({"exact-int8-weights"} if kind == "per-channel" else {"requantized-weights"})
+    # the source's own codes are kept: int8 (its scale covers ±127) and int4 blocks alike
+    assert sources == {"exact-weights"}
     assert op_types(out) <= {"QuantizeLinear", "DequantizeLinear", "MatMul", "Relu", "Identity", "Clip"}
     src, conv = session(source), session(out, simulate_qdq=True)
     expected, got = [src.run(None, f) for f in X], [conv.run(None, f) for f in X]
@@ -179,7 +186,7 @@ def test_rule_lifts_the_weight_to_float_keeping_its_integers():
     out, ctx = lifted(source, (DequantizeConstant(), "dq"))
     assert ops_left(out) == ["MatMul"]
     (spec,) = ctx.annotations.weights.values()
-    assert (spec.axis, spec.source.value) == (1, "exact-int8-weights")
+    assert (spec.axis, spec.source.value) == (1, "exact-weights")
     assert_same_outputs(source, out, X[:3], rtol=0, atol=0)
 
 

@@ -128,7 +128,7 @@ def test_matmul(tmp_path, per_channel, weight_type):
         # symmetric int8 source weights are kept bit-exact
         source = {i.name: numpy_helper.to_array(i) for i in onnx.load(str(dpath)).graph.initializer}
         np.testing.assert_array_equal(q, source["W_quantized"])
-        assert report.quantized[0]["source"] == "exact-int8-weights"
+        assert report.quantized[0]["source"] == "exact-weights"
     assert snr_out > 38 and snr_out >= snr_dyn - STATIC_VS_DYNAMIC_DB, (snr_dyn, snr_out)
     assert_tensorrt_ready(out)
 
@@ -611,7 +611,7 @@ def test_rule_lifts_matmul_integer_and_its_epilogue_to_a_float_matmul():
     out, ctx = lifted(source, (DynamicIntegerOp(), "mmi"))
     assert ops_left(out) == ["Add", "MatMul"]
     assert ctx.annotations.activations["x"].scale is None  # calibrated later
-    assert [w.source.value for w in ctx.annotations.weights.values()] == ["exact-int8-weights"]
+    assert [w.source.value for w in ctx.annotations.weights.values()] == ["exact-weights"]
     # on values the run-time grid holds, the source computes the float MatMul on its dequantized weights
     rng = np.random.default_rng(71)
     assert_same_outputs(source, out, [{"x": dynamic_grid_feed(rng, (4, 16))} for _ in range(3)], rtol=1e-4)

@@ -113,7 +113,7 @@ def test_negative_weight_axis_is_lifted_exactly(tmp_path):
     np.testing.assert_array_equal(weights[matmul.input[1]],
                                   (inits["W_q"].astype(np.float64) * inits["s_w"]).astype(np.float32))
     spec = ctx.annotations.weights[matmul.input[1]]
-    assert spec.axis == 1 and spec.int8 is not None
+    assert spec.axis == 1 and spec.codes is not None
 
 
 def _overflowed_mask_scale() -> tuple[onnx.ModelProto, onnx.ModelProto]:

@@ -16,8 +16,8 @@ LATENCY = (("median", "median"), ("mean", "mean"), ("min", "min"), ("max", "max"
            ("p95", "p95"), ("p99", "p99"))
 #: under the table when a quantized ONNX model ran on onnxruntime's CPU provider
 CPU_CAVEAT = ("onnxruntime's CPU provider runs quantized (Q/DQ) models as simulated integer math on the CPU, so their "
-              "latency here is no estimate of a TensorRT INT8 engine's: build an engine (trt-bridge build) and bench "
-              "it on the GPU")
+              "latency here is no estimate of a TensorRT engine's (INT8, FP8: FP8 Q/DQ run unfused in float): build an "
+              "engine (trt-bridge build) and bench it on the GPU")
 RATIO_MEANING = "speed-up = the first row's median latency / this row's (above 1: faster than the first row)"
 
 

@@ -21,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from trt_bridge.calibrate.feeds import FEED_LIMIT, FeedSource, InputSpec
+from trt_bridge.calibrate.feeds import FeedSource, InputSpec
+from trt_bridge.choices import FEED_LIMIT
 from trt_bridge.errors import CalibrationDataError
 from trt_bridge.ir.files import check_regular_input
 from trt_bridge.ir.shapes import BroadcastChecker

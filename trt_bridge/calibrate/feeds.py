@@ -26,8 +26,6 @@ from trt_bridge.ir.shapes import BroadcastChecker, BroadcastConflict, shape_text
 
 Feed = dict[str, np.ndarray]
 log = logging.getLogger("trt_bridge.calibrate")
-#: the most feeds a source gives by default (``convert --calib-max``): a data loader that yields forever stops there
-FEED_LIMIT = 512
 
 
 @dataclass(frozen=True)

@@ -23,20 +23,10 @@ and a percentile of 100 is the max.
 
 from __future__ import annotations
 
-import enum
-
 import numpy as np
 
 from trt_bridge.annotations import QMAX
-
-
-class CalibMethod(str, enum.Enum):
-    MAX = "max"
-    PERCENTILE = "percentile"
-    ENTROPY = "entropy"
-    MSE = "mse"
-    AUTO = "auto"
-
+from trt_bridge.choices import CalibMethod
 
 #: a histogram takes at most this many of one feed's values (a fixed pseudo-random subset); min and max take them all
 HIST_SAMPLES = 1 << 15

@@ -106,14 +106,14 @@ def _split_site(graph: gs.Graph, names: NameAllocator, annotations: Annotations,
     rows = (w[channels[0], :] if channels.size == 1 else w[channels, :]).astype(ftype)
     old_spec = annotations.weights[old.name]
     new = bulk_weights.get(old.name)
-    spec = WeightSpec("", [], old_spec.axis, old_spec.origin)
+    spec = WeightSpec("", [], old_spec.axis, old_spec.origin, format=old_spec.format, block_size=old_spec.block_size)
     if new is None:
         kept = w.copy()
         kept[channels, :] = 0
         new = bulk_weights[old.name] = gs.Constant(names(f"{old.name}_bulk"), kept)
-        if old_spec.int8 is not None and old_spec.scale is not None:  # exact source integers stay exact
-            spec.int8 = old_spec.int8.copy()
-            spec.int8[channels, :] = 0
+        if old_spec.codes is not None and old_spec.scale is not None and not old_spec.block_size:  # exact stay exact
+            spec.codes = old_spec.codes.copy()
+            spec.codes[channels, :] = 0
             spec.scale, spec.source = old_spec.scale, ScaleSource.EXACT_WEIGHTS
     spec.tensor = new.name
     annotations.move_weight_site(old.name, Site(node.name, 1), spec)

@@ -105,6 +105,8 @@ class Recipe:
 def _decide(annotations: Annotations, calibration, center_type, nodes, tensors, name: str):
     """(centre, symmetric range, centred range, sites) if ``name`` is to be re-centred, else None."""
     spec = annotations.activations[name]
+    if spec.format.is_float:  # FP8 keeps relative precision across its range: a shift gains it nothing
+        return None
     if spec.source is ScaleSource.CALIBRATION and calibration is not None and name in calibration.observers:
         obs = calibration.observers[name]
         a0 = calibration.amax(name)
@@ -261,10 +263,12 @@ def _apply(graph, names, annotations, tensors, spec: ActivationSpec, sites, cent
         node.attrs.pop("auto_pad", None)
         node.inputs[index] = padded
         annotations.activations[padded.name] = ActivationSpec(
-            padded.name, [Site(node.name, index)], spec.origin, scale(padded.name, _pad_scale), spec.source)
+            padded.name, [Site(node.name, index)], spec.origin, scale(padded.name, _pad_scale), spec.source,
+            format=spec.format)
     if plain_sites:
         annotations.activations[shifted.name] = ActivationSpec(
-            shifted.name, plain_sites, spec.origin, scale(shifted.name, lambda c, a: a / QMAX), spec.source)
+            shifted.name, plain_sites, spec.origin, scale(shifted.name, lambda c, a: a / QMAX), spec.source,
+            format=spec.format)
     return tuple(compensated)
 
 

@@ -29,6 +29,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations, ScaleSource, Site, WeightSpec
+from trt_bridge.formats import INT4
 from trt_bridge.ir.graph_builder import redirect
 from trt_bridge.ir.names import NameAllocator
 from trt_bridge.ir.toposort import toposort
@@ -108,7 +109,8 @@ def candidates(graph: gs.Graph, annotations: Annotations) -> list[str]:
             weight = node.inputs[1] if len(node.inputs) > 1 else None
             if not (node.op == "MatMul" and site.index == 0 and isinstance(weight, gs.Constant)
                     and weight.name in annotations.weights and len(weight.shape) == 2
-                    and annotations.weights[weight.name].source not in (ScaleSource.FILE, ScaleSource.QAT)):
+                    and annotations.weights[weight.name].source not in (ScaleSource.FILE, ScaleSource.QAT)
+                    and annotations.weights[weight.name].format is not INT4):  # weight-only: x stays float
                 ok = False
                 break
         if ok and _smoothable(tensors[name], [nodes[s.node] for s in spec.sites], graph_outputs):
@@ -135,7 +137,7 @@ def smooth(graph: gs.Graph, annotations: Annotations, channel_max: dict[str, np.
         if act.shape[0] != weights[0].shape[0]:
             continue
         w_max = np.max([np.abs(w).max(axis=1) for w in weights], axis=0).astype(np.float64)
-        ln = _foldable_layer_norm(tensors[name], sites, graph_outputs)
+        ln = foldable_layer_norm(tensors[name], sites, graph_outputs)
         x = tensors[name]
         site_ids = {id(n) for n in sites}
         others = [n for n in x.outputs if id(n) not in site_ids]  # float readers: they must read x as it was
@@ -143,11 +145,7 @@ def smooth(graph: gs.Graph, annotations: Annotations, channel_max: dict[str, np.
             continue  # an extra Mul, and no outlier channels to move: it would only round x differently
         s = _factors(act, w_max, alpha)
         if ln is not None:
-            gamma, beta = ln.inputs[1], ln.inputs[2] if len(ln.inputs) > 2 else None
-            ftype = gamma.values.dtype  # float16 models keep float16 parameters
-            ln.inputs[1] = gs.Constant(names(f"{gamma.name}_smoothed"), (gamma.values / s).astype(ftype))
-            if beta is not None:
-                ln.inputs[2] = gs.Constant(names(f"{beta.name}_smoothed"), (beta.values / s).astype(ftype))
+            ftype = divide_layer_norm(ln, s, names)
             applied_by = ln.name
             if others:  # the residual branch reads x as it was: x/s · s
                 restored = gs.Variable(names(f"{name}_unsmoothed"), dtype=x.dtype, shape=x.shape)
@@ -164,19 +162,43 @@ def smooth(graph: gs.Graph, annotations: Annotations, channel_max: dict[str, np.
             factor = gs.Constant(names(f"{name}_smooth_divisors"), (1.0 / s).astype(ftype))
             applied_by = names(f"{name}_smooth")
             graph.nodes.append(gs.Node("Mul", applied_by, inputs=[raw, factor], outputs=[x]))
-        for node, w in zip(sites, weights, strict=True):
-            old = node.inputs[1]
-            new = gs.Constant(names(f"{old.name}_smoothed"), (w * s[:, None]).astype(ftype))
-            old_spec = annotations.weights[old.name]
-            annotations.move_weight_site(old.name, Site(node.name, 1),
-                                         WeightSpec(new.name, [], old_spec.axis, old_spec.origin))
-            node.inputs[1] = new
+        rescale_weights(annotations, sites, weights, s, names, ftype)
         done.append(Smoothed(name, alpha, applied_by, float(s.max()), tuple(n.name for n in others),
                              "LayerNormalization" if ln is not None else "Mul"))
         factors[name] = s
     if done:
         toposort(graph.cleanup())
     return done, factors
+
+
+def divide_layer_norm(ln: gs.Node, s: np.ndarray, names: NameAllocator) -> np.dtype:
+    """``ln``'s output divided by ``s`` per channel: its gamma and beta become new constants ``γ/s``, ``β/s`` (in
+    their own float type, which is returned: float16 models keep float16 parameters)."""
+    gamma, beta = ln.inputs[1], ln.inputs[2] if len(ln.inputs) > 2 else None
+    ftype = gamma.values.dtype
+    ln.inputs[1] = gs.Constant(names(f"{gamma.name}_smoothed"), (gamma.values / s).astype(ftype))
+    if beta is not None:
+        ln.inputs[2] = gs.Constant(names(f"{beta.name}_smoothed"), (beta.values / s).astype(ftype))
+    return ftype
+
+
+def rescale_weights(annotations: Annotations, sites: list[gs.Node], weights: list[np.ndarray], s: np.ndarray,
+                    names: NameAllocator, ftype, suffix: str = "smoothed") -> list[WeightSpec]:
+    """Each site's 2-D weight (``weights``, as the site reads it) times ``s`` along its reduction axis (the one that
+    is not its output-channel axis), as a new float constant annotated as the old one was, without codes. Returns
+    the new annotations (one per site)."""
+    made = []
+    for node, w in zip(sites, weights, strict=True):
+        old = node.inputs[1]
+        old_spec = annotations.weights[old.name]
+        factors = s[:, None] if old_spec.axis % 2 else s[None, :]
+        new = gs.Constant(names(f"{old.name}_{suffix}"), (w * factors).astype(ftype))
+        annotations.move_weight_site(old.name, Site(node.name, 1),
+                                     WeightSpec(new.name, [], old_spec.axis, old_spec.origin,
+                                                format=old_spec.format, block_size=old_spec.block_size))
+        node.inputs[1] = new
+        made.append(annotations.weights[new.name])
+    return made
 
 
 def _factors(act: np.ndarray, w_max: np.ndarray, alpha: float) -> np.ndarray:
@@ -190,12 +212,12 @@ def _smoothable(x: gs.Tensor, sites: list[gs.Node], graph_outputs: set[str]) -> 
     """1/s can be applied where ``x`` is made: folded into its LayerNormalization, or, for a token sequence
     (rank 3 or more: where transformers carry their outlier channels), a Mul after the one node that computes it.
     A CNN's [N, C] classifier input is left alone (MNIST's lost accuracy: 37.6 → 30.7 dB)."""
-    if _foldable_layer_norm(x, sites, graph_outputs) is not None:
+    if foldable_layer_norm(x, sites, graph_outputs) is not None:
         return True
     return len(x.inputs) == 1 and x.name not in graph_outputs and len(x.shape or ()) >= 3
 
 
-def _foldable_layer_norm(x: gs.Tensor, sites: list[gs.Node], graph_outputs: set[str]) -> gs.Node | None:
+def foldable_layer_norm(x: gs.Tensor, sites: list[gs.Node], graph_outputs: set[str]) -> gs.Node | None:
     """The LayerNormalization producing ``x`` (not a graph output) if the smoothed MatMuls are among its readers."""
     if len(x.inputs) != 1 or x.name in graph_outputs:
         return None

@@ -21,6 +21,7 @@ from trt_bridge.calibrate.observers import CalibMethod, RangeObserver
 from trt_bridge.calibrate.outliers import Split, split_outliers
 from trt_bridge.calibrate.session import CalibrationResult, CalibrationSession, HeldOut, finish
 from trt_bridge.calibrate.smooth import MIN_ROWS, ChannelMaxObserver, Rescaled, Smoothed, candidates, smooth
+from trt_bridge.ir.store import store_of
 
 log = logging.getLogger("trt_bridge.calibrate")
 
@@ -50,6 +51,9 @@ def calibrate_graph(graph, annotations: Annotations, lifted: onnx.ModelProto, ne
                          maxima[t].rows, MIN_ROWS)
             splits = split_outliers(graph, annotations, enough) if split else []
             smoothed, factors = smooth(graph, annotations, enough, alpha)
+            store = store_of(lifted)
+            if store is not None:  # smoothing read the weights through the graph's maps: the session maps them too
+                store.release_pages()
             # observed as the int8 path reads them: divided by s, without the split channels (zero weight rows)
             seen = {t: 1.0 / factors[t] if t in factors else None for t in todo}
             for done in splits:

@@ -25,12 +25,13 @@ from pathlib import Path
 from trt_bridge.calibrate import model_inputs, open_feeds
 from trt_bridge.checks.findings import CheckReport, Finding, ParserRun, Severity, TensorInfo
 from trt_bridge.checks.rules import CHECK_RULES, is_int8, tensor_info
+from trt_bridge.checks.targets import model_formats, target_findings
 from trt_bridge.errors import CalibrationDataError, MissingDependencyError, UnsupportedPatternError
 from trt_bridge.ir.model import default_opset, load_model
 from trt_bridge.ir.names import name_nodes
 from trt_bridge.ir.save import save_model
 from trt_bridge.ir.shapes import BroadcastChecker
-from trt_bridge.ir.size import is_large
+from trt_bridge.ir.size import RELEASE_BYTES, is_large, payload_bytes, release_memory
 from trt_bridge.ir.values import check_source_scales, check_source_weights
 from trt_bridge.lift import LIFT_RULES
 from trt_bridge.lift.pipeline import lift_graph, lift_model
@@ -62,6 +63,9 @@ class CheckOptions:
     #: measure the engine's size and activation memory for this compute capability (an ahead-of-time build with
     #: TensorRT-RTX, where the parser takes the model); None: not measured
     costs: str | None = COST_TARGET
+    #: the GPU the model must run on (--compute-capability): a precision it cannot run (FP8 below 8.9, FP4 below
+    #: 10.0) is a blocker naming it; None: the ``costs`` target (checks/targets.py)
+    compute_capability: str | None = None
 
 
 def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> CheckReport:
@@ -103,10 +107,20 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
         findings.append(Finding("not-int8", Severity.BLOCKER, "", "", [], "nothing is quantized: TensorRT builds the "
                                 "model in floating point", "quantizes it with --int8 --calib-data DATA (TensorRT "
                                 "placement, calibrated activation scales, per-channel weights)", True))
+    target = options.compute_capability or options.costs
+    beyond = target_findings(model_formats(model, precisions), target, precisions is not None)
+    findings += beyond
     report = CheckReport(str(path), opset, int8, findings, precisions=precisions)
     if options.trt is TrtProbe.AUTO:
-        report.parser = _probe(path, report, node_names, ops, options.plugins)
-        if options.costs and report.parser is not None and report.parser.ok:
+        # TensorRT's parser reads the model from disk and its builder holds the weights again: the loaded model and
+        # its graph go first (a 0.9 GB output was held three times over while its engine's costs were measured)
+        nodes = {name: (node.op, [tensor_info(t) for t in node.inputs if t.name]) for name, node in ops.items()}
+        large = payload_bytes(model) >= RELEASE_BYTES
+        del model, ops, broadcasts
+        if large:
+            release_memory()
+        report.parser = _probe(path, report, node_names, nodes, options.plugins)
+        if options.costs and report.parser is not None and report.parser.ok and not beyond:
             report.costs = measure_costs(path, options.costs, report, options.plugins)
     report.seconds = time.perf_counter() - start
     return report
@@ -248,9 +262,10 @@ def _node_named_in(message: str, ops: dict):
     return None
 
 
-def _probe(path: Path, report: CheckReport, node_names: list[str], ops: dict, plugins: tuple[str, ...] = ()
+def _probe(path: Path, report: CheckReport, node_names: list[str], nodes: dict, plugins: tuple[str, ...] = ()
            ) -> ParserRun | None:
-    """Run TensorRT's parser, attach its messages to the findings; None when no TensorRT is installed."""
+    """Run TensorRT's parser, attach its messages to the findings; None when no TensorRT is installed. ``nodes``:
+    each node's op type and inputs, by name."""
     try:
         result = parse(path, plugins=plugins)
     except MissingDependencyError:
@@ -270,9 +285,8 @@ def _probe(path: Path, report: CheckReport, node_names: list[str], ops: dict, pl
         if finding is not None:
             finding.tensorrt = message if not finding.tensorrt else f"{finding.tensorrt}; {message}"
             continue
-        node = ops.get(name)
-        finding = Finding("tensorrt-parser", Severity.BLOCKER, name, error.op or (node.op if node else ""),
-                          [tensor_info(t) for t in node.inputs if t.name] if node else [],
+        op, inputs = nodes.get(name, ("", []))
+        finding = Finding("tensorrt-parser", Severity.BLOCKER, name, error.op or op, inputs,
                           "TensorRT's parser rejects it (no static rule of trt-bridge predicted this)",
                           "no trt-bridge rule covers this; please report it with `trt-bridge check --json`", False,
                           message)

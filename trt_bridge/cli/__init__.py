@@ -11,16 +11,17 @@ import threading
 import warnings
 
 from trt_bridge import __version__
-from trt_bridge.cli.commands import COMMANDS
+from trt_bridge.cli.commands import COMMANDS, arguments_module
 from trt_bridge.cli.common import EXIT_ERROR, absolute_paths, check_input_files
 from trt_bridge.errors import Terminated, TrtBridgeError
 from trt_bridge.runtime.process import own_process
 
 
 def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
-    """The command line's parser. Only the subcommand ``argv`` names has its module imported and its flags added
-    (every one when ``argv`` is None); the others are listed with their one-line help, so ``trt-bridge --help``
-    imports no subcommand (:mod:`trt_bridge.cli.commands`)."""
+    """The command line's parser. Only the subcommand ``argv`` names has its arguments' module imported and its
+    flags added (every one when ``argv`` is None); the others are listed with their one-line help, so
+    ``trt-bridge --help`` imports no subcommand, and a subcommand's ``--help`` nothing heavy
+    (:mod:`trt_bridge.cli.commands`)."""
     parser = argparse.ArgumentParser(
         prog="trt-bridge",
         description="Get quantized ONNX models onto NVIDIA TensorRT as real INT8 engines.",
@@ -28,9 +29,9 @@ def build_parser(argv: list[str] | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"trt-bridge {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     chosen = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
-    for name, (module, text) in COMMANDS.items():
+    for name, (_, text) in COMMANDS.items():
         if argv is None or name == chosen:
-            importlib.import_module(module).add_parser(sub)
+            importlib.import_module(arguments_module(name)).add_parser(sub)
         else:
             sub.add_parser(name, help=text, add_help=False)  # listed; its flags are added when it is chosen
     return parser
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             if verbose < 2:  # numpy's overflow/invalid-value warnings are noise to a user; -vv shows them
                 warnings.simplefilter("ignore", RuntimeWarning)
-            return args.run(args)
+            return importlib.import_module(COMMANDS[args.command][0]).run(args)  # the command's work
     except TrtBridgeError as exc:
         print(f"trt-bridge {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -4,95 +4,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
-from pathlib import Path
 
 from trt_bridge.checks.findings import findings_json, parser_findings
-from trt_bridge.cli.commands import help_of
-from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, add_output_flags, add_plugins_flag, check_output_path, emit_report
+from trt_bridge.cli.build_args import add_parser  # noqa: F401 - the command's parser, as trt_bridge.api builds it
+from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, check_output_path, emit_report
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.files import check_regular_input
-from trt_bridge.tensorrt.build import EngineBuildError, ModelRejectedError, build
+from trt_bridge.tensorrt.build import BuildResult, EngineBuildError, ModelRejectedError, build
 from trt_bridge.tensorrt.options import BuildOptions
 from trt_bridge.tensorrt.profiles import Profile, parse_shapes
 from trt_bridge.tensorrt.sidecar import sidecar_path
-
-DESCRIPTION = """\
-Build a TensorRT engine from MODEL (e.g. the output of `trt-bridge convert`) with TensorRT's Python API:
-datacenter TensorRT 10.x/11.x (`tensorrt`) builds for the GPU of this machine; TensorRT-RTX (`tensorrt_rtx`)
-also builds ahead of time, without a GPU, for the compute capabilities given with --compute-capability.
-Networks are strongly typed (the only mode of TensorRT 11 and TensorRT-RTX): each layer runs in the type
-the ONNX model gives it, so Q/DQ layers run in INT8.
-
-Beside ENGINE goes ENGINE.json, the sidecar: TensorRT module and version, the target (compute capabilities,
-or this machine's GPU), profiles, inputs and outputs, the model's SHA-256, flags, build time, trt-bridge
-version, and `created` (UTC time of the build, so two builds' sidecars differ in that field). Check it
-before running the engine elsewhere: an engine runs only with the TensorRT it was built with, on its target.
-
-shapes (trtexec/Polygraphy syntax): NAME:DIMS, e.g. x:1x3x224x224 or x:[1,3,224,224]; several inputs as
-separate arguments or comma-separated. --shapes fixes shapes (min = opt = max). A range is
---min-shapes/--opt-shapes/--max-shapes; repeating the trio adds optimization profiles (the i-th
---min-shapes, --opt-shapes and --max-shapes form profile i); --shapes entries then join every profile for
-the inputs it does not name. Without any, dynamic dimensions become 1; with them, every dynamic input
-must be named.
-
-exit status: 0 engine written; 1 TensorRT rejects the model (its parser's findings, in `check`'s format,
-or its builder's errors are printed); 2 usage or environment error (a bad flag or shape, no TensorRT,
-datacenter TensorRT without a GPU, a flag the installed TensorRT lacks).
-
-examples:
-  trt-bridge build model.int8.onnx -o model.engine --compute-capability 8.9 --compute-capability 12.0
-  trt-bridge build model.int8.onnx -o model.engine --min-shapes x:1x3x224x224 --opt-shapes x:8x3x224x224 \\
-      --max-shapes x:32x3x224x224 --timing-cache ci/timing.cache
-  trt-bridge build bert.int8.onnx -o bert.engine --shapes input_ids:1x128,attention_mask:1x128 --json
-"""
-
-SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
-
-
-def add_parser(sub) -> None:
-    p = sub.add_parser("build", help=help_of("build"),
-                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("model", type=Path, help="the ONNX model (TensorRT-ready: see `trt-bridge check`)")
-    p.add_argument("-o", "--output", type=Path, metavar="ENGINE",
-                   help="the engine file (default: MODEL with the suffix .engine, beside the model)")
-    shapes = p.add_argument_group("shapes")
-    shapes.add_argument("--shapes", nargs="+", action="append", metavar="NAME:DIMS",
-                        help="fixed input shapes (min = opt = max)")
-    for which in ("min", "opt", "max"):
-        shapes.add_argument(f"--{which}-shapes", nargs="+", action="append", metavar="NAME:DIMS",
-                            help=f"{which} shapes of a profile (repeat the trio for several profiles)")
-    target = p.add_argument_group("target and builder")
-    target.add_argument("--compute-capability", action="append", metavar="X.Y",
-                        help="TensorRT-RTX: build ahead of time for this compute capability (8.9, 12.0, ...; "
-                             "repeatable, or comma-separated); without it, TensorRT-RTX's portable default")
-    target.add_argument("--timing-cache", metavar="FILE",
-                        help="load TensorRT's timing cache from FILE when it exists, save it after the build "
-                             "(TensorRT-RTX: its timing cache is a no-op, the file is kept)")
-    target.add_argument("--workspace", type=_size, metavar="SIZE", help="workspace memory limit: 1G, 512M, bytes")
-    target.add_argument("--builder-optimization-level", type=int, metavar="N", dest="optimization_level",
-                        help="0..5 (TensorRT's default 3): higher builds longer and may find faster kernels")
-    target.add_argument("--version-compatible", action="store_true",
-                        help="an engine that later TensorRT versions run (datacenter TensorRT)")
-    target.add_argument("--hardware-compatibility", metavar="LEVEL",
-                        help="none, ampere+ or same-compute-capability (datacenter TensorRT 8.6+)")
-    target.add_argument("--weakly-typed", action="store_true",
-                        help="TensorRT 8.6/10.x only: no strong typing; sets the INT8 and FP16 builder flags")
-    add_plugins_flag(target)
-    target.add_argument("--trt-module", choices=["tensorrt", "tensorrt_rtx"],
-                        help="build with this module when both are installed (default: tensorrt_rtx for "
-                             "--compute-capability or without a GPU, else tensorrt)")
-    add_output_flags(p)
-    p.set_defaults(run=run)
-
-
-def _size(text: str) -> int:
-    match = SIZE.fullmatch(text.strip())
-    if not match:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a size such as 1G, 512M or 1073741824")
-    number, unit = match.groups()
-    return int(float(number) * 1024 ** "bkmgt".index((unit or "b").lower()))
 
 
 def profiles_from_args(shapes, mins, opts, maxs) -> tuple:
@@ -119,7 +41,9 @@ def profiles_from_args(shapes, mins, opts, maxs) -> tuple:
     return tuple(profiles)
 
 
-def run(args: argparse.Namespace) -> int:
+def execute(args: argparse.Namespace) -> BuildResult:
+    """The build ``args`` asks for; prints nothing, raises :class:`EngineBuildError` when TensorRT refuses
+    (``trt_bridge.build``)."""
     output = args.output or args.model.with_suffix(".engine")
     if args.timing_cache:
         check_regular_input(args.timing_cache, "timing cache")
@@ -133,8 +57,12 @@ def run(args: argparse.Namespace) -> int:
         optimization_level=args.optimization_level, version_compatible=args.version_compatible,
         hardware_compatibility=args.hardware_compatibility, weakly_typed=args.weakly_typed,
         progress=not args.quiet, module=args.trt_module, plugins=tuple(args.plugins))
+    return build(args.model, output, options)
+
+
+def run(args: argparse.Namespace) -> int:
     try:
-        result = build(args.model, output, options)
+        result = execute(args)
     except EngineBuildError as exc:
         print(f"trt-bridge build: error: {exc}", file=sys.stderr)
         if args.json:

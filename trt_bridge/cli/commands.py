@@ -1,7 +1,10 @@
 """The subcommands of ``trt-bridge``, in the order ``--help`` lists them: name → (module, one-line help).
 
-A subcommand's module is imported only when that command runs or its own ``--help`` is asked for (Polygraphy's
-tool registry does the same), so ``trt-bridge --help`` imports none of them: no onnx, numpy or onnxruntime.
+Each subcommand has two modules: ``<module>_args`` adds its flags (``add_parser``) and imports nothing heavy;
+``<module>`` runs it (``run``) and imports onnx, numpy and what else the work needs. The arguments' module is
+imported only for the subcommand named on the command line (Polygraphy's tool registry does the same), the
+command's only once its arguments are parsed: ``trt-bridge --help`` imports neither, ``trt-bridge convert
+--help`` only ``trt_bridge.cli.convert_args`` (no onnx, numpy or onnxruntime).
 """
 
 from __future__ import annotations
@@ -20,3 +23,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
 def help_of(name: str) -> str:
     """The one-line help of subcommand ``name`` (what each module's parser and ``--help`` say)."""
     return COMMANDS[name][1]
+
+
+def arguments_module(name: str) -> str:
+    """The module whose ``add_parser`` adds subcommand ``name``'s flags (light: what its ``--help`` needs)."""
+    return COMMANDS[name][0] + "_args"

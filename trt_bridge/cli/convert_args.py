@@ -1,4 +1,5 @@
-"""The argument groups of ``trt-bridge convert``, one class per options dataclass (Polygraphy's tools/args style).
+"""The arguments of ``trt-bridge convert`` (``add_parser``, what its ``--help`` shows): argument groups, one class per
+options dataclass (Polygraphy's tools/args style).
 
 Each class adds its flags to a parser (``add_to``) and makes its options from the parsed arguments (``parse``);
 the options check their own values (:mod:`trt_bridge.conversion.options`), so the command line and a pipeline
@@ -11,8 +12,18 @@ import argparse
 from dataclasses import replace
 from pathlib import Path
 
-from trt_bridge.calibrate.feeds import FEED_LIMIT
-from trt_bridge.calibrate.observers import CalibMethod
+from trt_bridge.choices import (
+    BLOCK_SIZE,
+    FEED_LIMIT,
+    Bf16Policy,
+    CalibMethod,
+    FormatOptions,
+    HighPrecision,
+    PlacementOptions,
+    PlacementPolicy,
+)
+from trt_bridge.cli.commands import help_of
+from trt_bridge.cli.common import add_output_flags
 from trt_bridge.conversion.options import (
     ACCURACY_METRICS,
     ACTIVATION_MODES,
@@ -29,9 +40,6 @@ from trt_bridge.conversion.options import (
     ScalePolicy,
 )
 from trt_bridge.errors import TrtBridgeError
-from trt_bridge.lower.precision import HighPrecision
-from trt_bridge.place.policies import PlacementOptions, PlacementPolicy
-from trt_bridge.prepare.types import Bf16Policy
 
 
 class CalibrationArgs:
@@ -217,3 +225,64 @@ class ActivationArgs:
     def parse(self, args: argparse.Namespace) -> ActivationOptions:
         return ActivationOptions(mode=args.activations, granularity=args.dynamic_granularity,
                                  runtime_ranges=args.runtime_ranges, prefer=args.prefer)
+
+
+class FormatArgs:
+    """--int8, --fp8, --int4, --block-size: :class:`FormatOptions`."""
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("formats")
+        precision = group.add_mutually_exclusive_group()
+        precision.add_argument("--int8", dest="precision", action="store_const", const="int8",
+                               help="quantize activations, and the weights of the layers they feed, in INT8 (the "
+                                    "default for a float or integer source; an FP8 source's activations are "
+                                    "re-quantized)")
+        precision.add_argument("--fp8", dest="precision", action="store_const", const="fp8",
+                               help="quantize them in FP8 E4M3 (compute capability 8.9+; the default for an FP8 "
+                                    "source): calibrated as INT8 is, with TensorRT's placement")
+        group.add_argument("--int4", dest="weights", action="store_const", const="int4",
+                           help="2-D MatMul/Gemm weights in INT4 blocks along their reduction axis (INT4 weight-only: "
+                                "their activations stay in the high precision; --int8/--fp8 still quantize the other "
+                                "layers); the default for a source with INT4 block-wise weights or MatMulNBits")
+        group.add_argument("--block-size", type=int, default=BLOCK_SIZE, metavar="N",
+                           help="the INT4 block length along the reduction axis (default: %(default)s)")
+
+    def parse(self, args: argparse.Namespace) -> FormatOptions:
+        return FormatOptions(activations=args.precision, weights=args.weights, block_size=args.block_size)
+
+
+DESCRIPTION = """\
+Rewrite an ONNX model into TensorRT-ready explicit quantization: symmetric int8
+QuantizeLinear/DequantizeLinear with zero point 0, per-channel int8 weights, float bias.
+Sources: dynamically quantized models (DynamicQuantizeLinear, MatMulInteger, ConvInteger),
+static QOperator models (QLinearConv, QLinearMatMul, com.microsoft QLinear*/QGemm), Q/DQ
+models with uint8 or non-zero zero points, and float models. Activation scales come from
+the model or from calibration data.
+
+examples:
+  trt-bridge convert dynamic.onnx --int8 -o model.trt.onnx --calib-data calib.npz
+  trt-bridge convert qoperator.onnx --int8 -o model.trt.onnx          # the model's own scales
+  trt-bridge convert qdq.onnx --int8 --calib-data feeds/ --scales data --report report.json
+  trt-bridge convert float.onnx --int8 --calib-data loader.py:load_data --exclude-nodes 'head'
+  trt-bridge convert dynamic.onnx --activations dynamic -o model.plugin.onnx   # no calibration data
+"""
+
+
+CALIBRATION, SCALES, PLACEMENT, RANGES, TARGET, PRECISION, ACTIVATIONS, FORMATS = (
+    CalibrationArgs(), ScaleArgs(), PlacementArgs(), RangeArgs(), AccuracyTargetArgs(), PrecisionArgs(),
+    ActivationArgs(), FormatArgs())
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("convert", help=help_of("convert"),
+                       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("model", type=Path, help="the input ONNX model (never modified)")
+    p.add_argument("-o", "--output", type=Path,
+                   help="output model (default: MODEL.int8.onnx beside the input; .fp8/.int4 with --fp8/--int4)")
+    FORMATS.add_to(p)
+    for group in (CALIBRATION, SCALES, PLACEMENT, RANGES, TARGET, PRECISION, ACTIVATIONS):
+        group.add_to(p)
+    p.add_argument("--report", type=Path, metavar="JSON", help="write the conversion report as JSON (as --json FILE)")
+    p.add_argument("--skip-check", action="store_true",
+                   help="do not run `trt-bridge check` (and TensorRT's parser, when installed) on the output")
+    add_output_flags(p)

@@ -1,32 +1,25 @@
 """The conversion: stages over one shared state, in the order ``STAGES`` gives, and the report built from what
-each returned.
+each returned (:mod:`trt_bridge.conversion.pipeline`).
 
     load ─ lift ─ place ─ calibrate ─ lower ─ save ─ check
+
+``convert`` and ``STAGES`` are imported on first use (a module ``__getattr__``): the command line's parser reads
+:mod:`trt_bridge.conversion.options` without importing the conversion (onnx, numpy, onnxruntime), so
+``trt-bridge convert --help`` stays light.
 """
 
-from __future__ import annotations
+import importlib
 
-from pathlib import Path
+#: exported name → the module that defines it (imported on first access)
+_EXPORTS = {"convert": "trt_bridge.conversion.pipeline", "STAGES": "trt_bridge.conversion.pipeline"}
 
-from trt_bridge.conversion.options import ConvertOptions
-from trt_bridge.conversion.report import ConversionReport
-from trt_bridge.conversion.stages import Conversion, calibrate, check, lift, load, lower_model, place_quantizers, save
-from trt_bridge.stage import Stage, merged_records, run_stages
-
-#: the conversion, in order (see :mod:`trt_bridge.conversion.stages`)
-STAGES: tuple[Stage, ...] = (
-    Stage("load", load),  # load and check the source, open the calibration data and scale files
-    Stage("lift", lift),  # the source to a float graph plus quantization annotations
-    Stage("place", place_quantizers),  # which tensors get Q/DQ (TensorRT's fusion rules or the source's)
-    Stage("calibrate", calibrate),  # scales for what has none; smoothing, re-centring, shared scales
-    Stage("lower", lower_model),  # int8 Q/DQ and weights; the float layers in --high-precision
-    Stage("save", save),  # refuse non-finite values, write atomically
-    Stage("check", check, when=lambda state: state.options.check),  # trt-bridge check on the output
-)
+__all__ = list(_EXPORTS)
 
 
-def convert(model_path: str | Path, output_path: str | Path, options: ConvertOptions = ConvertOptions()
-            ) -> ConversionReport:
-    """Convert the model at ``model_path`` and write the TensorRT-ready model to ``output_path``."""
-    state = Conversion(Path(model_path), Path(output_path), options)
-    return ConversionReport(**merged_records(run_stages(STAGES, state)))
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:  # a submodule (``from trt_bridge.conversion import give_back``) is imported by Python itself
+        raise AttributeError(f"module 'trt_bridge.conversion' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

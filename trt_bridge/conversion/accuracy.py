@@ -8,7 +8,7 @@ Convert, measure against the source with ``verify`` (the worst output's SNR on t
   it inherits. A layer whose output is cleaner than its input (a convolution averaging inherited noise) adds
   "none" there, though it still quantizes; those follow, in the order below.
 - ``isolated``: by the error each makes on its own: its output against a copy that reads its activations
-  before their Q/DQ (:func:`trt_bridge.verify.layers.isolated_errors`), which ranks every layer.
+  before their Q/DQ (:func:`trt_bridge.verification.layers.isolated_errors`), which ranks every layer.
 
 For each ranking, find the fewest of its worst layers whose exclusion (``--exclude-nodes``: their inputs stay
 in float) meets the target, by bisection over how many to exclude, not one layer at a time: each probe is one
@@ -32,9 +32,9 @@ import tempfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from trt_bridge.conversion import convert
-from trt_bridge.verify import DEFAULT_RANDOM_FEEDS, QuietPolygraphy, VerifyOptions, checked_feeds, verify
-from trt_bridge.verify.layers import isolated_errors
+from trt_bridge.conversion.pipeline import convert
+from trt_bridge.verification import DEFAULT_RANDOM_FEEDS, QuietPolygraphy, VerifyOptions, checked_feeds, verify
+from trt_bridge.verification.layers import isolated_errors
 
 log = logging.getLogger("trt_bridge.conversion.accuracy")
 

@@ -6,7 +6,8 @@ the next convolution computes, channel by channel; the shift adds up through a d
 from its dynamic uint8 source (per-tensor weights) reached 32.0 dB against its float model where the source gives
 33.2; with its convolutions' biases corrected, 32.8. The shift is measured, not modelled: ``auto``'s chosen
 candidate runs on the calibration feeds give-back ranks layers on (before the held-out ones) with each quantized
-layer copied once more, reading its activations before their Q/DQ (:func:`trt_bridge.verify.layers.isolated`), so the
+layer copied once more, reading its activations before their Q/DQ
+(:func:`trt_bridge.verification.layers.isolated`), so the
 error each layer adds on its own is known per output channel and feed. A channel is corrected where its mean
 error stands ``SIGMA`` standard errors from zero over the feeds (the rest is noise; correcting it cost a text
 recognizer 7 dB), and the whole correction is kept only if it wins ``MARGIN_DB`` on the held-out feeds (it lost
@@ -100,7 +101,7 @@ def choose(graph, annotations: Annotations, needed: list[str], held_out: HeldOut
            base_score: float, lowering: Lowering, rows: dict[str, np.ndarray], weights, drop=()
            ) -> BiasCorrection:
     """Keep the significant shifts of ``rows`` (per layer, its error's mean per channel and feed, measured on auto's
-    chosen candidate: :func:`trt_bridge.verify.layers.isolated`) if the candidate with them (``drop``: the layers
+    chosen candidate: :func:`trt_bridge.verification.layers.isolated`) if the candidate with them (``drop``: the layers
     give-back left in float) beats ``base_score`` by ``MARGIN_DB`` on the held-out feeds. The graph and annotations
     are not changed."""
     if not any(len(r) >= MIN_FEEDS for r in rows.values()):

@@ -48,6 +48,7 @@ from trt_bridge.ir.export import export_model
 from trt_bridge.ir.graphs import graphs
 from trt_bridge.ir.names import NameAllocator
 from trt_bridge.lower.qdq import QuantizedTensor, lower
+from trt_bridge.place.formats import assign_formats
 from trt_bridge.place.policies import LeftInFloat, place
 from trt_bridge.place.shared import share_scales
 
@@ -126,6 +127,7 @@ def quantize_bodies(graph: gs.Graph, annotations: Annotations, options: ConvertO
     for body in found:
         mine = _restricted(annotations, {n.name for n in body.nodes})
         placement = place(body, mine, options.placement, feeds is not None)
+        assign_formats(body, mine, options.formats)  # --fp8 quantizes the bodies in FP8 too
         result.left_in_float.extend(placement.left_in_float)
         placed.append((body, mine, placement))
     result.bodies = len(placed)

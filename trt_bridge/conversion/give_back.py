@@ -6,7 +6,7 @@ convolutions mixing LayerNormalization outputs, then attention blocks) converted
 reached 23.4 dB against its float model, where the source gives 33.1; with 4 of its layers in float, 30.1. Which
 layers is measured, not named: the candidate ``auto`` chose runs on ``RANK_FEEDS`` calibration feeds before the
 held-out ones with each quantized layer copied once more, reading its activations before their Q/DQ
-(:func:`trt_bridge.verify.layers.isolated`), so each layer's own error is known. The layers whose error
+(:func:`trt_bridge.verification.layers.isolated`), so each layer's own error is known. The layers whose error
 stands ``GAP_DB`` below the median weighted layer's are given back, at most ``MAX_SHARE`` of the weighted layers
 (worst first), if that wins on the held-out feeds (judged like ``auto``'s ranges). Eight held-out feeds are a
 noisy judge of how many (on SVTRv2 they preferred 2 layers, 4 won 2.7 dB more on other inputs), so it only
@@ -68,7 +68,8 @@ def choose_layers(graph, annotations: Annotations, needed: list[str], held_out: 
                   weights=None) -> GiveBack:
     """The layers to give back (see the module doc); ``fitted``: auto's chosen ranges on the feeds before the held-out
     split, ``base_score``: its held-out SNR, ``isolated``: its layers' isolated SNRs
-    (:func:`trt_bridge.verify.layers.isolated` on ``RANK_FEEDS`` feeds before the split), ``weights``: the quantized
+    (:func:`trt_bridge.verification.layers.isolated` on ``RANK_FEEDS`` feeds before the split), ``weights``: the
+    quantized
     weights (:func:`~trt_bridge.conversion.range_choice.quantized_weights`) if at hand, else made here. The graph and
     annotations are not changed."""
     weighted = {s.node for spec in annotations.weights.values() for s in spec.sites}

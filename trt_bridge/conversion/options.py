@@ -13,13 +13,16 @@ import enum
 import math
 from dataclasses import Field, dataclass, field
 
-from trt_bridge.calibrate.feeds import FEED_LIMIT
-from trt_bridge.calibrate.observers import CalibMethod
+from trt_bridge.choices import (
+    FEED_LIMIT,
+    GRANULARITIES,
+    Bf16Policy,
+    CalibMethod,
+    FormatOptions,
+    HighPrecision,
+    PlacementOptions,
+)
 from trt_bridge.errors import TrtBridgeError
-from trt_bridge.ir.dynamic_gemm import GRANULARITIES
-from trt_bridge.lower.precision import HighPrecision
-from trt_bridge.place.policies import PlacementOptions
-from trt_bridge.prepare.types import Bf16Policy
 
 #: what --io-types takes: the model's own input/output types, or the --high-precision type
 IO_TYPES = ("keep", "fp16", "bf16")
@@ -161,8 +164,16 @@ class ConvertOptions:
     ranges: RangeOptions = field(default_factory=RangeOptions)
     precision: PrecisionOptions = field(default_factory=PrecisionOptions)
     activations: ActivationOptions = field(default_factory=ActivationOptions)
+    formats: FormatOptions = field(default_factory=FormatOptions)
     check: bool = True  # run `trt-bridge check` on the output (with TensorRT's parser when installed)
     progress: bool = True
+
+    def __post_init__(self) -> None:
+        if self.activations.mode == "dynamic" and (self.formats.activations == "fp8" or self.formats.weights):
+            flag = "--fp8" if self.formats.activations == "fp8" else "--int4"
+            raise TrtBridgeError(f"--activations dynamic puts MatMuls into trt-bridge's INT8 plugin, which {flag} "
+                                 f"cannot change: drop one of them ({flag} with static activations is TensorRT's own "
+                                 "layers).")
 
 
 @dataclass(frozen=True)

@@ -44,7 +44,7 @@ from trt_bridge.calibrate.session import CalibrationResult, CalibrationSession, 
 from trt_bridge.conversion.refit import Refittable
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
 from trt_bridge.lift.weights import float_type, weight_values
-from trt_bridge.verify.metrics import snr_db
+from trt_bridge.verification.metrics import snr_db
 
 log = logging.getLogger("trt_bridge.conversion")
 
@@ -152,7 +152,7 @@ def choose_method(graph, annotations: Annotations, needed: list[str], held_out: 
     scores: dict[str, float] = {}
     # onnxruntime judges two candidates (without the GIL) while the next is built; the weights are quantized once,
     # and a model whose weights fill much memory is judged one candidate at a time
-    workers = 2 if sum(spec.int8.nbytes for spec in weights.values()) < BIG_WEIGHTS else 1
+    workers = 2 if sum(spec.codes.nbytes for spec in weights.values()) < BIG_WEIGHTS else 1
     with ThreadPoolExecutor(max_workers=workers) as pool:
         jobs, built = [], None
         for method, pct, name in candidates:
@@ -237,8 +237,8 @@ def quantized_weights(graph, annotations: Annotations) -> dict[str, WeightSpec]:
     done = {}
     for name, spec in annotations.weights.items():
         spec = replace(spec, sites=list(spec.sites))
-        if spec.int8 is None or spec.scale is None:
-            spec.int8, spec.scale = weight_values(replace(spec), tensors[name], float_type(tensors[name], "weight"))
+        if spec.codes is None or spec.scale is None:
+            spec.codes, spec.scale = weight_values(replace(spec), tensors[name], float_type(tensors[name], "weight"))
         done[name] = spec
     return done
 

@@ -98,5 +98,5 @@ class Refittable:
         for const, value in values:
             const.values = value
         for name, (const, ftype) in self.scales.items():
-            const.values = representable_scale(np.array(scales[name]), ftype)
+            const.values = representable_scale(ann.activations[name].format.scale_of(scales[name]), ftype)
         return self._export()

@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field
 
 from trt_bridge.lower.layer_precisions import precision_line
-from trt_bridge.verify.metrics import json_safe  # strict JSON: inf/nan as strings
+from trt_bridge.verification.metrics import json_safe  # strict JSON: inf/nan as strings
 
 
 @dataclass(frozen=True)
@@ -36,6 +36,7 @@ class ConversionReport:
     remaining_blockers: list[str] = field(default_factory=list)
     recentered: list[dict] = field(default_factory=list)  # recenter.Recentered as dicts
     smoothed: list[dict] = field(default_factory=list)  # smooth.Smoothed as dicts
+    awq: list[dict] = field(default_factory=list)  # calibrate.awq.Scaled as dicts: INT4 weights' AWQ rounding
     split_outliers: list[dict] = field(default_factory=list)  # outliers.Split as dicts
     given_back: dict | None = None  # give_back.GiveBack as a dict (auto only): the layers left in float, and why
     bias_corrected: dict | None = None  # bias_correction.BiasCorrection as a dict (auto only): how many, and why
@@ -47,6 +48,7 @@ class ConversionReport:
     check: dict | None = None  # checks.CheckReport of the output model, as a dict (None: not run)
     #: the output's engine costs against the float model's (stages._costs; None: not measured)
     costs: dict | None = None
+    formats: list[dict] = field(default_factory=list)  # place/formats.FormatChange: a format other than the lifted one
     imported_scales: dict | None = None  # --scales FILE / --qat: files, matching, applied, unused, warnings, notes
     accuracy: dict | None = None  # --accuracy-target: the ranking, every probe, the chosen tradeoff
     #: nodes lifted to the nearest form TensorRT builds rather than to what they computed (int16 activations
@@ -87,9 +89,14 @@ class ConversionReport:
         sources: dict[str, int] = {}
         for q in self.quantized:
             sources[q["source"]] = sources.get(q["source"], 0) + 1
-        per_channel = sum(1 for w in weights if w["axis"] is not None)
-        lines.append(f"  quantized: {len(acts)} activation(s), {len(weights)} weight(s) "
-                     f"({per_channel} per-channel); scale sources: "
+        blocked = sum(1 for w in weights if w.get("block_size"))
+        per_channel = sum(1 for w in weights if w["axis"] is not None) - blocked
+        in_formats: dict[str, int] = {}
+        for q in self.quantized:
+            in_formats[q.get("format", "int8").upper()] = in_formats.get(q.get("format", "int8").upper(), 0) + 1
+        lines.append(f"  quantized: {len(acts)} activation(s), {len(weights)} weight(s) ({per_channel} per-channel"
+                     + (f", {blocked} in blocks" if blocked else "") + "; "
+                     + ", ".join(f"{k} {v}" for k, v in sorted(in_formats.items())) + "); scale sources: "
                      + (", ".join(f"{k} {v}" for k, v in sorted(sources.items())) or "none"))
         lines.append(f"  placement {self.placement}; source activation scales from the {self.scales}")
         if self.plugin:
@@ -109,6 +116,11 @@ class ConversionReport:
             lines.append(f"  smoothed {len(self.smoothed)} MatMul input(s) into their weights "
                          f"(alpha {self.smoothed[0]['alpha']}; {len(self.smoothed) - by_mul} folded into "
                          f"LayerNormalization, {by_mul} through a Mul)")
+        if self.awq:
+            alphas = ", ".join(f"{a:.1f}" for a in sorted({x["alpha"] for x in self.awq}))
+            lines.append(f"  AWQ: the INT4 weights of {sum(len(x['layers']) for x in self.awq)} layer(s) reading "
+                         f"{len(self.awq)} input(s) scaled and clipped on the calibration data (alpha {alphas}; "
+                         f"{sum(1 for x in self.awq if x['through'] == 'Mul')} through a Mul)")
         if self.runtime_ranges and self.runtime_ranges["tensors"]:
             r = self.runtime_ranges
             lines.append(f"  runtime ranges: {len(r['tensors'])} activation(s) quantized on their range in each "
@@ -138,6 +150,13 @@ class ConversionReport:
                          + (f"; {len(imp['unused'])} entr(ies) unused" if imp["unused"] else "")
                          + (f"; {len(imp['warnings'])} disagree with the calibration data" if imp["warnings"] else ""))
             lines += [f"    brought to the nearest form TensorRT builds: {note}" for note in imp.get("notes") or []]
+        if self.formats:
+            kinds: dict[tuple, int] = {}
+            for c in self.formats:
+                key = (c["kind"], c["was"], c["format"], c["reason"])
+                kinds[key] = kinds.get(key, 0) + 1
+            lines.append("  formats: " + "; ".join(f"{n} {kind}(s) {was} → {new} ({why})"
+                                                   for (kind, was, new, why), n in sorted(kinds.items())))
         if self.approximated:
             first = self.approximated[0]
             lines.append(f"  approximated: {len(self.approximated)} node(s) with no TensorRT equivalent, converted to "

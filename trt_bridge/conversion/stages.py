@@ -14,6 +14,7 @@ import onnx_graphsurgeon as gs
 from trt_bridge.annotations import drop_layers
 from trt_bridge.calibrate import CalibMethod, model_inputs, open_feeds
 from trt_bridge.calibrate.apply import apply_ranges, float_where_infinite, nonfinite_values
+from trt_bridge.calibrate.awq import apply_awq
 from trt_bridge.calibrate.feed_sources import source_path
 from trt_bridge.calibrate.ranges import observed_ranges
 from trt_bridge.calibrate.session import HeldOut
@@ -32,7 +33,7 @@ from trt_bridge.ir.files import check_writable, external_data_files, inside_fold
 from trt_bridge.ir.finalize import finalize
 from trt_bridge.ir.model import default_opset, load_model
 from trt_bridge.ir.save import save_model
-from trt_bridge.ir.size import is_large, payload_bytes, release_memory, too_large
+from trt_bridge.ir.size import RELEASE_BYTES, is_large, payload_bytes, release_memory, too_large
 from trt_bridge.ir.store import WeightStore
 from trt_bridge.ir.types import infer_shapes
 from trt_bridge.ir.values import check_output_finite, check_source_scales, check_source_weights, nonfinite_count
@@ -44,12 +45,13 @@ from trt_bridge.lift.pipeline import lift_model
 from trt_bridge.lower.layer_precisions import precision_report
 from trt_bridge.lower.precision import to_low_precision
 from trt_bridge.lower.qdq import check_quantizable, lower, needs_opset
+from trt_bridge.place.formats import assign_formats
 from trt_bridge.place.policies import place
 from trt_bridge.place.shared import share_imported
 from trt_bridge.prepare.types import feed_types
 from trt_bridge.scales.apply import apply, check_against_data, load_sources
 from trt_bridge.stage import StageResult
-from trt_bridge.verify.layers import isolated
+from trt_bridge.verification.layers import isolated
 
 log = logging.getLogger("trt_bridge.conversion")
 
@@ -112,7 +114,7 @@ def load(state: Conversion) -> StageResult:
     check_paths(state)
     options = state.options
     model = state.model = load_model(state.model_path, state.declared)
-    check_supported(model, state.model_path)  # an opset onnxruntime cannot run, FP8 Q/DQ
+    check_supported(model, state.model_path)  # an opset onnxruntime cannot run, FP4 Q/DQ
     check_source_scales(model, state.model_path)
     check_source_weights(model, state.model_path)
     state.source_nonfinite = nonfinite_count(model)  # -inf attention masks are fine; new ones are overflows
@@ -144,8 +146,8 @@ def lift(state: Conversion) -> StageResult:
     state.lifted, ctx = lift_model(state.model, state.model_path, state.options.precision.bf16, state.declared,
                                    state.store, rules)
     state.ctx, state.model = ctx, None
-    if (activations.mode == "static" and not _has_scale_source(state.options) and not ctx.annotations.activations
-            and not ctx.annotations.weights and not ctx.in_bodies):  # a float model: nothing would be quantized
+    if (activations.mode == "static" and not _has_scale_source(state.options) and not state.options.formats.weights
+            and not ctx.annotations.activations and not ctx.annotations.weights and not ctx.in_bodies):  # a float model
         raise CalibrationDataError(data_choices.float_model_message(state.model_path, state.data_choices))
     if state.options.check and state.store is None:  # the float model's engine, the costs' reference
         state.float_copy = costs.keep_float(state.lifted)
@@ -183,12 +185,14 @@ def place_quantizers(state: Conversion) -> StageResult:
     if state.imported is not None:
         apply(state.graph, ctx.annotations, state.imported, calibrating=feeds is not None)
         share_imported(ctx.annotations, state.placement.shared_scales)  # a group's members the file does not name
+    formats = assign_formats(state.graph, ctx.annotations, options.formats)  # --int8/--fp8/--int4, else the source's
     check_quantizable(state.graph, ctx.annotations)
     left = [FloatLeftover(x.node, "", f"'{x.tensor}': {x.reason}") for x in state.placement.left_in_float]
     return StageResult(changed=len(ctx.annotations.activations), records={
         "placement": options.placement.policy.value, "scales": scales.value,
         "left_in_float": left + [FloatLeftover(d.node, d.op, d.reason) for d in ctx.declined],
-        "imported_scales": None if state.imported is None else state.imported.to_dict()})
+        "imported_scales": None if state.imported is None else state.imported.to_dict(),
+        "formats": [asdict(c) for c in formats]})
 
 
 def _lowering(state: Conversion) -> range_choice.Lowering:
@@ -244,7 +248,9 @@ def calibrate(state: Conversion) -> StageResult:
     against the data, and the float layers' ranges for fp16."""
     options, ctx, feeds = state.options, state.ctx, state.feeds
     records: dict[str, Any] = {"calibration": None, "smoothed": [], "split_outliers": [], "given_back": None,
-                               "bias_corrected": None, "runtime_ranges": None}
+                               "bias_corrected": None, "runtime_ranges": None, "awq": [] if feeds is None else [
+                                   asdict(x) for x in apply_awq(state.graph, ctx.annotations, state.lifted, feeds,
+                                                                options.progress)]}  # INT4 weights: AWQ, else RTN
     needed = ctx.annotations.needing_calibration()
     mode = options.activations.runtime_ranges
     in_groups = {t: "it shares one scale with other tensors (a Concat's inputs), which a per-input range cannot"
@@ -337,11 +343,6 @@ def calibrate(state: Conversion) -> StageResult:
     return StageResult(changed=len(needed) + len(runtime.tensors), records=records)
 
 
-#: below this many bytes of weights, a dropped copy of the model is left to Python's collector (collecting it at once
-#: and trimming the heap cost about 40 ms a time on a 1 MB classifier, and gains nothing there)
-RELEASE_BYTES = 64 << 20
-
-
 def _release_memory(state: Conversion) -> None:
     if state.weight_bytes >= RELEASE_BYTES:
         release_memory()
@@ -385,6 +386,8 @@ def save(state: Conversion) -> StageResult:
                          protect=(state.model_path, *external_data_files(state.model_path)))
     if is_large(state.out_model):
         onnx.checker.check_model(str(written), full_check=True)
+    state.out_model = None  # written: the check reads it from disk, and TensorRT's builder holds it again
+    _release_memory(state)
     return StageResult(changed=1)
 
 

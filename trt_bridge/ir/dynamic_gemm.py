@@ -28,13 +28,13 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from trt_bridge.choices import GRANULARITIES
 from trt_bridge.errors import TrtBridgeError
 
 DOMAIN = "trt_bridge"
 OP_TYPE = "DynamicInt8Gemm"  # also the plugin's name
 PLUGIN_VERSION = "1"
 PLUGIN_NAMESPACE = "trt_bridge"
-GRANULARITIES = ("tensor", "token")
 
 
 def _register_schema() -> None:

@@ -12,14 +12,21 @@ initializers refer to one file in a private temporary folder:
                        onnxruntime sessions: store.session_model(header) ─ maps ─┘
 
 The graph reads the weights as copy-on-write memory maps (a rule that writes into one gets private pages);
-onnxruntime maps the same file. Nothing here reaches an output model: exporting the graph again copies each
-weight's values into the new model, and ``close`` deletes the folder.
+onnxruntime maps the same file. A page both have read counts twice in the resident set (once per map), so
+``release_pages`` hands back the pages the graph's maps read (smoothing reads every weight it scales while the
+calibration session runs): the page cache keeps them, a later read maps them again. Nothing here reaches an
+output model: exporting the graph again copies each weight's values into the new model, and ``close`` deletes
+the folder.
 """
 
 from __future__ import annotations
 
+import ctypes
+import mmap
 import secrets
+import sys
 import tempfile
+import weakref
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +38,11 @@ from trt_bridge.errors import InternalError
 ALIGN = 4096
 
 _OPEN: dict[str, WeightStore] = {}  # by file name: the header's tensors name their file, not their store
+
+#: madvise(2)'s advice that drops a range's pages from this process's map (Linux; not in every Python's mmap module)
+MADV_DONTNEED = 4
+#: /proc/self/pagemap's bits: the page is present, swapped out, or a file page (not a private copy)
+_PRESENT, _SWAPPED, _FILE_PAGE = 1 << 63, 1 << 62, 1 << 61
 
 
 class WeightStore:
@@ -45,6 +57,7 @@ class WeightStore:
         self.location = f"weights-{secrets.token_hex(8)}.data"
         self._file = open(self.folder / self.location, "wb")  # noqa: SIM115 - closed by close()
         self._sessions = 0
+        self._maps: list[weakref.ref] = []  # the maps ``array`` handed out (arrays are not hashable: no WeakSet)
         _OPEN[self.location] = self
 
     def __enter__(self) -> WeightStore:
@@ -76,8 +89,34 @@ class WeightStore:
         self._file.flush()
         fields = {e.key: e.value for e in tensor.external_data}
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
-        return np.memmap(self.folder / self.location, dtype=dtype, mode="c", offset=int(fields["offset"]),
-                         shape=tuple(tensor.dims))
+        mapped = np.memmap(self.folder / self.location, dtype=dtype, mode="c", offset=int(fields["offset"]),
+                           shape=tuple(tensor.dims))
+        self._maps = [ref for ref in self._maps if ref() is not None]
+        self._maps.append(weakref.ref(mapped))
+        return mapped
+
+    def release_pages(self, only: np.ndarray | None = None) -> int:
+        """Drop the pages the graph's maps of this store (or the one map ``only``) have read from the resident set
+        (they stay in the page cache; reading them again maps them again); return the bytes released. A map a rule
+        wrote into (it holds private copies of pages) keeps its pages. Linux only: 0 elsewhere."""
+        maps = [mapped for mapped in (ref() for ref in self._maps) if mapped is not None]
+        if only is not None:
+            maps = [mapped for mapped in maps if mapped is only]
+        if not sys.platform.startswith("linux") or not maps:
+            return 0
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            pagemap = open("/proc/self/pagemap", "rb", buffering=0)  # noqa: SIM115 - closed below
+        except OSError:
+            return 0
+        released = 0
+        with pagemap:
+            for mapped in maps:
+                start, end = _inner_pages(mapped.ctypes.data, mapped.nbytes)
+                if end > start and not _has_private_pages(pagemap, start, end):
+                    if libc.madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), MADV_DONTNEED) == 0:
+                        released += end - start
+        return released
 
     def attach(self, graph) -> int:
         """Give every constant of ``graph`` (imported from a header of this store) its mapped values; return
@@ -110,6 +149,17 @@ class WeightStore:
         self._dir.cleanup()
 
 
+def release_weight(values: np.ndarray) -> int:
+    """Once a weight is read (quantized), drop its pages from the resident set if a store maps it
+    (:meth:`WeightStore.release_pages`): onnxruntime's session maps the same file, and each map's pages count.
+    0 for any other array."""
+    while isinstance(values, np.ndarray) and not isinstance(values, np.memmap):
+        values = values.base
+    if not isinstance(values, np.memmap):
+        return 0
+    return sum(store.release_pages(values) for store in list(_OPEN.values()))
+
+
 def storable(dtype: np.dtype | int) -> bool:
     """Whether weights of this type (numpy, or an ONNX TensorProto type) can be mapped as numpy arrays."""
     if isinstance(dtype, int):
@@ -129,6 +179,35 @@ def store_of(model: onnx.ModelProto) -> WeightStore | None:
                 return store
             raise InternalError(f"tensor '{tensor.name}' refers to external data that is not loaded")
     return None
+
+
+def _inner_pages(address: int, nbytes: int) -> tuple[int, int]:
+    """The whole pages inside ``[address, address + nbytes)``."""
+    return -(-address // mmap.PAGESIZE) * mmap.PAGESIZE, (address + nbytes) // mmap.PAGESIZE * mmap.PAGESIZE
+
+
+def _has_private_pages(pagemap, start: int, end: int) -> bool:
+    """Whether a page of ``[start, end)`` (page-aligned addresses of this process) is a private copy (written
+    through a copy-on-write map) rather than a page of the mapped file: dropping it would lose what was written."""
+    data = _pagemap_read(pagemap, start, end)
+    if len(data) != (end - start) // mmap.PAGESIZE * 8:
+        return True  # unknown: keep the pages
+    entries = np.frombuffer(data, dtype=np.uint64)
+    resident = (entries & np.uint64(_PRESENT | _SWAPPED)) != 0
+    return bool(np.any(resident & ((entries & np.uint64(_FILE_PAGE)) == 0)))
+
+
+def _pagemap_read(pagemap, start: int, end: int) -> bytes:
+    """``/proc/self/pagemap``'s entries (8 bytes a page) for the pages of ``[start, end)``."""
+    first, count = start // mmap.PAGESIZE, (end - start) // mmap.PAGESIZE
+    pagemap.seek(first * 8)
+    data = b""
+    while len(data) < count * 8:
+        chunk = pagemap.read(count * 8 - len(data))
+        if not chunk:
+            break
+        data += chunk
+    return data[: len(data) // 8 * 8]
 
 
 def _location(tensor: onnx.TensorProto) -> str | None:

@@ -63,7 +63,9 @@ def check_source_scales(model: onnx.ModelProto, where) -> None:
             # NaN, negative or zero one is broken
             data = constants.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
             smallest = 0.0 if data is not None and data.data_type == onnx.TensorProto.INT32 else FLOAT32_TINY
-            broken = values[np.isnan(values) | (values < 0)]
+            # a blocked weight's negative scales are onnxruntime's symmetric INT4 (the lift turns their sign)
+            blocked = data is not None and any(a.name == "block_size" and a.i for a in node.attribute)
+            broken = values[np.isnan(values) | ((values < 0) & (not blocked))]
             if values.size == 1:
                 broken = values[np.isnan(values) | ~(values > 0) | ~(values >= smallest) & ~np.isinf(values)]
             if broken.size:
@@ -72,7 +74,8 @@ def check_source_scales(model: onnx.ModelProto, where) -> None:
                     f"{f' (and {broken.size - 1} more)' if broken.size > 1 else ''}; a quantization scale must be "
                     "finite and positive. The quantizer wrote a broken model: re-quantize it (or convert its float "
                     "model with --calib-data).")
-            odd = values[~(np.isfinite(values) & (values >= smallest) & (values > 0))]
+            size = np.abs(values) if blocked else values
+            odd = values[~(np.isfinite(size) & (size >= smallest) & (size > 0))]
             if odd.size:
                 log.warning("%s: %s '%s' has scale '%s' = %g%s; conversion refuses it if the output would keep it",
                             where, node.op_type, node.name, name, odd[0],

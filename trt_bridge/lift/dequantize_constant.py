@@ -11,13 +11,19 @@ A weight written as float → QuantizeLinear → DequantizeLinear is quantized h
 with the Q's own rounding and saturation first, so it lifts the same way (AIMET's and other
 QAT-style Q/DQ exports quantize their float weights at run time).
 
-Block-wise weights (opset 21 ``block_size``: AIMET's int4 block-wise and LPBQ weights, whose
-per-block scale is itself a DequantizeLinear of integers, lifted first) have no TensorRT int8 form:
-the weight is dequantized exactly, block by block, and re-quantized symmetric int8 per output
-channel, the nearest thing TensorRT builds (logged; the report lists the weight as re-quantized)::
+Block-wise weights (opset 21 ``block_size``: onnxruntime's and ModelOpt's INT4 weight-only export, AIMET's int4
+block-wise and LPBQ weights, whose per-block scale is itself a DequantizeLinear of integers, lifted first) of a
+2-D MatMul/Gemm weight, blocked along its reduction axis, keep their codes: TensorRT runs them as INT4 weight-only
+(uint4 codes re-centred on their zero point; a MatMul's blocks that int4 cannot hold as they are, a zero point other
+than 8 or onnxruntime's negative symmetric scales, shifted into int4 with the shift added back by a float side path,
+:mod:`trt_bridge.lift.shifted_blocks`; a Gemm's clipped or re-quantized block by block, reported)::
 
-    Before:  W_q:int4 ─ DQ(s[blocks, C], block_size 32, axis 0) ─ MatMul
-    After:   W = (W_q − z)·s, each block with its scale ─ MatMul   annotation: W → int8 per channel
+    Before:  W_q:int4 ─ DQ(s[K/32, N], block_size 32, axis 0) ─ MatMul
+    After:   W = (W_q − z)·s, each block with its scale ─ MatMul   annotation: W → INT4, blocks of 32, the codes kept
+
+Blocks along another axis, or of another op's weight, have no TensorRT form: the weight is dequantized exactly
+and re-quantized per output channel (reported in ``approximated``). FP8 weights (float8 codes) are kept the same way
+as integer ones: exact where symmetric, per tensor or per output channel.
 """
 
 from __future__ import annotations
@@ -28,9 +34,18 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site, WeightSpec
+from trt_bridge.formats import FP4, code_limits, numpy_code_format
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, dequantized, infinite_scale, quantizer_zero_point
-from trt_bridge.lift.weights import WEIGHT_INPUT, lift_integer_weight, weight_axis
+from trt_bridge.lift.shifted_blocks import lift_shifted_matmul, shifted_blocks
+from trt_bridge.lift.weights import (
+    WEIGHT_INPUT,
+    block_axis,
+    lift_block_weight,
+    lift_fp4_block_weight,
+    lift_integer_weight,
+    weight_axis,
+)
 
 
 def integer_range(dtype: np.dtype) -> tuple[int, int]:
@@ -60,15 +75,20 @@ def broadcast_param(param: np.ndarray, values: np.ndarray, axis: int, block: int
 def quantize_like(values: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int, block: int = 0) -> np.ndarray:
     """What ``QuantizeLinear(values, scale, zp, axis, block_size)`` computes (round half to even, saturate)."""
     s, z = broadcast_param(scale, values, axis, block), broadcast_param(zp, values, axis, block)
+    codes = numpy_code_format(zp.dtype)
+    if codes is not None and codes.nearest.is_float:  # float8: saturate, then round to the nearest code
+        lo, hi = code_limits(zp.dtype)
+        return np.clip(values.astype(np.float64) / s + z, lo, hi).astype(zp.dtype)
     lo, hi = integer_range(zp.dtype)
     return np.clip(np.rint(values.astype(np.float64) / s) + z, lo, hi).astype(zp.dtype)
 
 
 def integer_constant(tensor: gs.Tensor) -> np.ndarray | None:
-    """The integers of ``tensor`` if it is an integer constant or QuantizeLinear of a float constant."""
+    """The codes of ``tensor`` if it is a constant of a code type (integers, int4, float8) or QuantizeLinear of a
+    float constant."""
     values = constant_values(tensor)
     if values is not None:
-        return values if np.issubdtype(values.dtype, np.integer) else None
+        return values if np.issubdtype(values.dtype, np.integer) or numpy_code_format(values.dtype) else None
     producer = tensor.inputs[0] if len(tensor.inputs) == 1 else None
     if producer is None or producer.op != "QuantizeLinear":
         return None
@@ -111,18 +131,25 @@ class DequantizeConstant:
         axis = int(node.attrs.get("axis", 1)) % max(values.ndim, 1)
         if block and (scale.ndim != values.ndim or scale.shape[axis] * block < values.shape[axis]):
             return f"block-wise scale of shape {list(scale.shape)} does not cover the weight {list(values.shape)}"
-        floats = dequantized(values.astype(np.int64) - broadcast_param(zp.astype(np.int64), values, axis, block),
-                             broadcast_param(scale, values, axis, block)).astype(np.float32)
-        scale = scale.astype(np.float64).reshape(-1) if scale.size > 1 else scale.astype(np.float64).reshape(())
-        zp = zp.astype(np.int64).reshape(-1) if zp.size > 1 else zp.astype(np.int64).reshape(())
+        if np.issubdtype(values.dtype, np.integer):
+            offset = values.astype(np.int64) - broadcast_param(zp.astype(np.int64), values, axis, block)
+        else:  # float8 (and int4, whose ml_dtypes type numpy counts as no integer): exact in float64
+            offset = values.astype(np.float64) - broadcast_param(zp, values, axis, block)
+        floats = dequantized(offset, broadcast_param(scale, values, axis, block)).astype(np.float32)
+        if block:  # blocked: the scale keeps the weight's rank
+            scale = scale.astype(np.float64)
+        else:
+            scale = scale.astype(np.float64).reshape(-1) if scale.size > 1 else scale.astype(np.float64).reshape(())
+        if block:
+            zp = zp.astype(np.int64) if zp.size > 1 else zp.astype(np.int64).reshape(())
+        else:
+            zp = zp.reshape(-1) if zp.size > 1 else zp.reshape(())
+            zp = zp.astype(np.int64) if np.issubdtype(zp.dtype, np.integer) else zp.astype(np.float64)
         return DequantizedConstantMatch(node, values, floats, scale, zp, axis, block)
 
     def rewrite(self, ctx: LiftContext, match: DequantizedConstantMatch) -> None:
         node, values, floats = match.dq, match.values, match.floats
         scale, zp, axis, block = match.scale, match.zp, match.axis, match.block
-        if block:
-            ctx.approximate(self.name, node.name, f"block-wise weights (block_size {block}) re-quantized as int8 per "
-                            "output channel, the nearest form TensorRT builds")
         source, out = node.inputs[0], node.outputs[0]
         lost = infinite_scale(scale, floats, f"'{source.name}'")
         if lost:  # a float constant (Inf is no weight scale)
@@ -137,10 +164,33 @@ class DequantizeConstant:
                                                           ("dequantized", source.name, node.name))
                     continue
                 site, c_axis = Site(consumer.name, index), weight_axis(consumer, values.ndim)
-                if not block and (scale.ndim == 0 or axis == c_axis):
+                fp4 = values.dtype == FP4.dtype
+                blocked = block and values.ndim == 2 and axis == block_axis(c_axis, 2) and consumer.op in (
+                    "MatMul", "Gemm")
+                if fp4 and blocked:  # NVFP4/MXFP4: the codes and block scales kept (placement: FP4 or INT4)
+                    consumer.inputs[index] = lift_fp4_block_weight(ctx, source, values, zp, scale, c_axis, block,
+                                                                   site, node.name)
+                elif blocked:
+                    # a MatMul's blocks that int4 cannot hold as they are (negative scales, zero points other than
+                    # 8) stay exact: int4 codes + each block's shift in a float side path (lift/shifted_blocks)
+                    shifted = shifted_blocks(values, zp, scale, block) if consumer.op == "MatMul" else None
+                    if shifted is not None:
+                        lift_shifted_matmul(ctx, consumer, source, shifted, block, node.name)
+                        continue
+                    consumer.inputs[index] = lift_block_weight(ctx, source, values, zp, scale, c_axis, block, site,
+                                                               node.name)
+                elif not fp4 and not block and (scale.ndim == 0 or axis == c_axis):
                     consumer.inputs[index] = lift_integer_weight(ctx, source, values, zp, scale, c_axis, site,
                                                                  node.name)
-                else:  # per-channel on another axis, or block-wise: the float weight, re-quantized per channel
+                else:  # per-channel on another axis, or blocks TensorRT has no form for: re-quantized per channel
+                    if fp4:
+                        ctx.approximate(self.name, node.name, f"FP4 weights of {consumer.op} '{consumer.name}' "
+                                        "re-quantized per output channel: TensorRT takes FP4 weights only in blocks "
+                                        "along a 2-D MatMul/Gemm weight's reduction axis")
+                    elif block:
+                        ctx.approximate(self.name, node.name, f"block-wise weights (block_size {block}, axis {axis}) "
+                                        f"of {consumer.op} '{consumer.name}' re-quantized per output channel: "
+                                        "TensorRT takes blocks only along a 2-D MatMul/Gemm weight's reduction axis")
                     const = ctx.constant(f"{source.name}_float", floats, ("dequantized", source.name, node.name))
                     ctx.annotations.add_weight(WeightSpec(const.name, [site], c_axis, node.name,
                                                           source=ScaleSource.REQUANTIZED))

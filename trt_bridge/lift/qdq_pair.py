@@ -5,12 +5,14 @@
     After:   x ─┬ Conv                annotation: x → activation, sites Conv:0 and Add:k,
                 └ Add                 scale covering the source's range, source "model"
 
-The source's codes cover [lo, hi] = [(qmin − z)·s, (qmax − z)·s]; the symmetric int8
-scale that covers the same range is max(|lo|, |hi|)/127 (exactly s for int8 with
-zero point 0). When lo is 0 (a uint8 zero point of 0, or int8 −128) the Q was also a
-ReLU: onnxruntime's quantizer removes Relu/Clip nodes whose clamp the Q already
-does. The lift then keeps that clamp as an explicit ``Clip(lo, hi)`` (which TensorRT
-fuses into the producer), so the float graph computes what the source computed.
+The source's codes cover [lo, hi] = [(qmin − z)·s, (qmax − z)·s]; the symmetric
+scale that covers the same range is max(|lo|, |hi|)/127 in the annotations' unit (exactly s for int8 with
+zero point 0). FP8 E4M3 codes (onnxruntime's, ModelOpt's, Quark's FP8 Q/DQ) keep their format: the annotation
+says FP8 and lowering writes the source's scale s back (amax / 448); E5M2 and the FNUZ variants, which TensorRT
+has no Q/DQ for, become E4M3 covering the same range (reported in ``approximated``), and so does an FP8 zero point
+that is not 0. When lo is 0 (a uint8 zero point of 0, or int8 −128) the Q was also a ReLU: onnxruntime's quantizer
+removes Relu/Clip nodes whose clamp the Q already does. The lift then keeps that clamp as an explicit
+``Clip(lo, hi)`` (which TensorRT fuses into the producer), so the float graph computes what the source computed.
 
 A per-axis activation pair (NNCF writes one per channel, or per position where it takes
 the wrong axis for a channel) has no TensorRT equivalent: TensorRT quantizes activations
@@ -40,6 +42,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import QMAX, ScaleSource, Site
+from trt_bridge.formats import INT8, code_limits, numpy_code_format
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
 
@@ -53,16 +56,17 @@ def _params(node: gs.Node) -> tuple[np.ndarray, np.ndarray] | None:
 
 
 def code_range(scale: float | np.ndarray, zp: np.ndarray) -> tuple[float, float]:
-    """The float range [lo, hi] that a (scale, zero point) pair's integer codes represent; for
+    """The float range [lo, hi] that a (scale, zero point) pair's codes (integer or float8) represent; for
     per-axis pairs, the union of the channels' ranges."""
-    info = np.iinfo(zp.dtype)
+    low, high = code_limits(zp.dtype)
     s = np.asarray(scale, np.float64).reshape(-1)
-    z = zp.astype(np.int64).reshape(-1)
-    return float(((info.min - z) * s).min()), float(((info.max - z) * s).max())
+    z = zp.astype(np.float64).reshape(-1)
+    return float(((low - z) * s).min()), float(((high - z) * s).max())
 
 
 def covering_scale(scale: float, zp: np.ndarray) -> float:
-    """The symmetric int8 scale that covers the source's range (the source's own for int8, zero point 0)."""
+    """The symmetric scale in INT8's unit (amax / 127) that covers the source's range (the source's own for int8,
+    zero point 0; for FP8 codes 448·s / 127, which lowering writes back as s)."""
     if np.size(scale) == 1 and zp.dtype == np.int8 and int(zp.reshape(-1)[0]) == 0:
         return float(np.reshape(scale, ()))
     lo, hi = code_range(scale, zp)
@@ -80,8 +84,8 @@ class QDQPairMatch:
 class QDQPair:
     name = "qdq-pair"
     op_types = ("QuantizeLinear",)
-    outcome = ("lifted by rule 'qdq-pair' to a symmetric int8 Q/DQ (zero point 0) covering the source's "
-               "range")
+    outcome = ("lifted by rule 'qdq-pair' to a symmetric Q/DQ (zero point 0) covering the source's range, in its "
+               "format where TensorRT runs it (INT8, FP8 E4M3)")
 
     def match(self, ctx: LiftContext, node: gs.Node) -> QDQPairMatch | str:
         q_out = node.outputs[0]
@@ -139,12 +143,24 @@ class QDQPair:
                                                          ("clip", float(np.float32(hi))))], [clipped]))
             x = clipped
         covering = max(abs(lo), abs(hi)) / QMAX if per_axis else covering_scale(s, zp)
-        if zp.dtype.itemsize > 1:  # int16/uint16 (AMD Quark's A16W8, com.microsoft Q/DQ): TensorRT has int8 only
+        codes = numpy_code_format(zp.dtype)
+        fmt = INT8 if codes is None else codes.nearest
+        if codes is not None and not codes.exact and fmt is not INT8:  # E5M2, FNUZ: TensorRT's FP8 is E4M3FN
+            ctx.approximate(self.name, node.name, f"{codes.name} activation codes of '{x.name}' become FP8 E4M3 "
+                            f"(TensorRT's FP8): scale {fmt.scale_of(covering):.6g} covers the source's range "
+                            f"[{lo:.6g}, {hi:.6g}]")
+        elif fmt.is_float and np.any(zp.astype(np.float64) != 0):  # recentring is INT8's: FP8 codes lose nothing
+            ctx.approximate(self.name, node.name, f"{codes.name} activation codes of '{x.name}' with a non-zero "
+                            f"zero point become symmetric FP8 E4M3 (TensorRT's zero point is 0): scale "
+                            f"{fmt.scale_of(covering):.6g} covers the source's range [{lo:.6g}, {hi:.6g}]")
+        elif zp.dtype.itemsize > 1:  # int16/uint16 (AMD Quark's A16W8, com.microsoft Q/DQ): TensorRT has int8 only
             ctx.approximate(self.name, node.name, f"{zp.dtype} activation codes narrowed to int8 (TensorRT has no "
                             f"{zp.dtype} Q/DQ): scale {covering:.6g} covers the source's range [{lo:.6g}, {hi:.6g}]")
         for site in _read_float(ctx, dqs, x):
             ctx.annotations.add_activation(x.name, site, node.name, covering, ScaleSource.MODEL)
         spec = ctx.annotations.activations.get(x.name)
+        if spec is not None and spec.origin == node.name:
+            spec.format = fmt
         if spec is not None and spec.source is ScaleSource.MODEL:
             if spec.model_range is None:
                 spec.model_range = (lo, hi)

@@ -100,7 +100,12 @@ def quantizer_zero_point(node: gs.Node) -> np.ndarray | None:
 
         dtype = np.dtype(onnx.helper.tensor_dtype_to_np_dtype(int(node.attrs["output_dtype"])))
     elif node.op == "DequantizeLinear" and node.inputs[0].dtype is not None:
-        dtype = np.dtype(node.inputs[0].dtype)
+        dtype = node.inputs[0].dtype
+        if isinstance(dtype, int):  # an ONNX type onnx-graphsurgeon keeps as its enum (float8, int4)
+            import onnx
+
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(dtype)
+        dtype = np.dtype(dtype)
     return np.zeros((), dtype)
 
 

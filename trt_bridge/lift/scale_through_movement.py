@@ -84,4 +84,5 @@ class ScaleThroughMovement:
                 if tensor is y:
                     ctx.annotations.add_activation(y.name, Site(consumer.name, index), spec.origin, spec.scale,
                                                    ScaleSource.MODEL)
-        ctx.annotations.activations[y.name].model_range = spec.model_range
+        moved = ctx.annotations.activations[y.name]
+        moved.model_range, moved.format = spec.model_range, spec.format  # an FP8 source's scale stays FP8

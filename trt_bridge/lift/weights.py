@@ -1,5 +1,5 @@
 """Integer source weights → a float constant in the lifted graph plus its weight annotation; which input of an
-op is its weight, and on which axis its output channels lie; and back: the int8 values and scales a weight
+op is its weight, and on which axis its output channels lie; and back: the codes and scales a weight
 annotation lowers to (:func:`weight_values`, used by :mod:`trt_bridge.lower.qdq`) and the float weights the
 lowered model computes with (:func:`effective_weight`, which smoothing and re-centring reason about before
 lowering)."""
@@ -12,9 +12,12 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from trt_bridge.annotations import QMAX, ScaleSource, Site, WeightSpec
 from trt_bridge.errors import InternalError, UnsupportedPatternError
+from trt_bridge.formats import FP4, INT4, INT8, QuantFormat, numpy_code_format
+from trt_bridge.ir.store import release_weight
 from trt_bridge.ir.tensorrt_ops import output_channel_axis
 from trt_bridge.ir.values import FLOAT32_TINY, check_finite_weight
 from trt_bridge.lift.base import LiftContext
+from trt_bridge.lift.int4_blocks import int4_blocks
 
 #: op type → input index of its weight
 WEIGHT_INPUT = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
@@ -39,6 +42,84 @@ def lift_integer_weight(ctx: LiftContext, tensor: gs.Tensor, values: np.ndarray,
     spec = ctx.annotations.weights.get(const.name)
     if spec is None:
         spec = _weight_spec(const.name, values, zero_point, scale, axis, origin)
+        codes = numpy_code_format(values.dtype)
+        if codes is not None and codes.nearest.is_float and spec.codes is None:  # E5M2, FNUZ, a zero point
+            why = "TensorRT's FP8 is E4M3FN" if not codes.exact else "TensorRT's FP8 has zero point 0"
+            ctx.approximate("dequantize-constant", origin, f"{codes.name} weight codes of '{tensor.name}' "
+                            f"re-quantized as FP8 E4M3 from their float values ({why})")
+    spec.sites.append(site)
+    ctx.annotations.add_weight(spec)
+    return const
+
+
+def lift_block_weight(ctx: LiftContext, tensor: gs.Tensor, values: np.ndarray, zero_point: np.ndarray,
+                      scale: np.ndarray, axis: int, block: int, site: Site, origin: str,
+                      rule: str = "dequantize-constant", ftype=np.float32) -> gs.Constant:
+    """The float weight (of type ``ftype``) of a 2-D blocked DequantizeLinear (``scale``/``zero_point`` blocked
+    along the reduction axis, the other one of the output-channel ``axis``; a float zero point too), annotated INT4
+    weight-only with blocks of ``block``: the codes kept where ``W_q − zero_point``, its sign turned with a negative
+    scale's, fits int4 (int4, and uint4 with zero point 8), the other blocks clipped or re-quantized
+    (:func:`trt_bridge.lift.int4_blocks.int4_blocks`, reported by ``rule``)."""
+    along = block_axis(axis, values.ndim)
+    full_scale = np.repeat(scale, block, axis=along).take(range(values.shape[along]), axis=along)
+    zp = (np.repeat(zero_point, block, axis=along).take(range(values.shape[along]), axis=along)
+          if zero_point.ndim else zero_point)
+    if np.issubdtype(np.asarray(zero_point).dtype, np.floating):
+        centred = values.astype(np.float64) - zp.astype(np.float64)
+    else:
+        centred = values.astype(np.int16) - zp.astype(np.int16)
+    key = ("block-weight", tensor.name, scale.tobytes(), zero_point.tobytes(), np.dtype(ftype).name)
+    base = tensor.name.removesuffix("_quantized") or origin
+    const = ctx.constant(f"{base}_float", lambda: (centred * full_scale.astype(np.float64)).astype(ftype), key)
+    spec = ctx.annotations.weights.get(const.name)
+    if spec is None:
+        found = int4_blocks(centred, scale, block, along)
+        codes = numpy_code_format(values.dtype)
+        if not found.inexact or (codes is not None and codes.nearest is INT4):
+            spec = WeightSpec(const.name, [], axis, origin, codes=found.codes, scale=found.scale, format=INT4,
+                              block_size=block, source=ScaleSource.EXACT_WEIGHTS)
+            if found.inexact:
+                spec.source = ScaleSource.REQUANTIZED
+                ctx.approximate(rule, origin, f"{found.inexact} of {found.total} blocks of {values.dtype} codes of "
+                                f"'{tensor.name}' do not fit int4 once centred on their zero points (and turned "
+                                f"with a negative scale): clipped or re-quantized INT4, whichever is nearer, in "
+                                f"blocks of {block}")
+        else:  # 8-bit blocks: TensorRT's INT8 takes no blocks; per channel keeps more than 4 bits would
+            spec = WeightSpec(const.name, [], axis, origin)
+            ctx.approximate(rule, origin, f"block-wise {values.dtype} weights (block_size "
+                            f"{block}) of '{tensor.name}' re-quantized as int8 per output channel, the nearest form "
+                            "TensorRT builds")
+    spec.sites.append(site)
+    ctx.annotations.add_weight(spec)
+    return const
+
+
+def lift_fp4_block_weight(ctx: LiftContext, tensor: gs.Tensor, values: np.ndarray, zero_point: np.ndarray,
+                          scale: np.ndarray, axis: int, block: int, site: Site, origin: str) -> gs.Constant:
+    """The float weight of a 2-D blocked FP4 (E2M1) DequantizeLinear (NVFP4/MXFP4: ``scale`` blocked along the
+    reduction axis, one float per block, a two-level scale already multiplied out by the lift), annotated FP4 in
+    blocks of ``block`` with the codes and the float32 block scales kept (where the zero point is 0 and every scale
+    positive; else re-quantized FP4 from the float values, reported). Placement keeps them FP4 for a target that
+    runs it, else approximates them as INT4 blocks (:mod:`trt_bridge.place.formats`)."""
+    along = block_axis(axis, values.ndim)
+    full_scale = np.repeat(scale, block, axis=along).take(range(values.shape[along]), axis=along)
+    zp = (np.repeat(zero_point, block, axis=along).take(range(values.shape[along]), axis=along)
+          if zero_point.ndim else zero_point)
+    centred = values.astype(np.float64) - np.asarray(zp, np.float64)
+    key = ("fp4-block-weight", tensor.name, scale.tobytes(), zero_point.tobytes())
+    base = tensor.name.removesuffix("_quantized") or origin
+    const = ctx.constant(f"{base}_float", lambda: (centred * full_scale.astype(np.float64)).astype(np.float32), key)
+    spec = ctx.annotations.weights.get(const.name)
+    if spec is None:
+        exact = not np.any(np.asarray(zero_point, np.float64)) and bool(np.all(scale > 0))
+        spec = WeightSpec(const.name, [], axis, origin, format=FP4, block_size=block)
+        if exact:
+            spec.codes, spec.scale = values.astype(FP4.dtype), np.asarray(scale, np.float32)
+            spec.source = ScaleSource.EXACT_WEIGHTS
+        else:
+            ctx.approximate("dequantize-constant", origin, f"FP4 weight codes of '{tensor.name}' have a zero "
+                            "point or a scale that is not positive, which TensorRT's FP4 has not: re-quantized "
+                            f"FP4 from their float values in blocks of {block}")
     spec.sites.append(site)
     ctx.annotations.add_weight(spec)
     return const
@@ -57,13 +138,20 @@ def _dequantized(values: np.ndarray, zero_point: np.ndarray, scale: np.ndarray) 
 
 def _weight_spec(name: str, values: np.ndarray, zero_point: np.ndarray, scale: np.ndarray, axis: int,
                  origin: str) -> WeightSpec:
-    """Keep the source's integers wherever ``W_q − zero_point`` fits symmetric int8.
+    """Keep the source's integers wherever ``W_q − zero_point`` fits symmetric int8 (FP8 E4M3 codes: kept as they
+    are where the zero point is 0).
 
     Symmetric int8 sources are kept bit-exact. For uint8 (or zero-point) sources, each
     output channel whose centred integers fit in [-127, 127] is kept exact with the
     source's scale; only the channels that do not fit are re-quantized (symmetric, per
     channel).
     """
+    codes = numpy_code_format(values.dtype)
+    if codes is not None and codes.nearest.is_float:  # float8 codes: kept where symmetric, else from the floats
+        if not (np.all(zero_point.astype(np.float64) == 0) and np.all(scale > 0) and codes.exact):
+            return WeightSpec(name, [], axis, origin, format=codes.nearest)
+        return WeightSpec(name, [], axis, origin, codes=values, scale=np.asarray(scale, np.float32),
+                          source=ScaleSource.EXACT_WEIGHTS, format=codes.nearest)
     shape = [1] * values.ndim
     shape[axis] = -1
     zp = zero_point.reshape(shape) if zero_point.ndim else zero_point
@@ -75,7 +163,7 @@ def _weight_spec(name: str, values: np.ndarray, zero_point: np.ndarray, scale: n
     reduce_axes = tuple(i for i in range(centred.ndim) if i != axis)
     amax = np.abs(centred).max(axis=reduce_axes, initial=0)  # per channel
     if amax.max(initial=0) <= QMAX:
-        return WeightSpec(name, [], axis, origin, int8=centred.astype(np.int8),
+        return WeightSpec(name, [], axis, origin, codes=centred.astype(np.int8),
                           scale=np.asarray(scale, np.float32), source=ScaleSource.EXACT_WEIGHTS)
     fits = amax <= QMAX
     scale_vec = np.broadcast_to(scale, fits.shape).astype(np.float64)
@@ -89,7 +177,7 @@ def _weight_spec(name: str, values: np.ndarray, zero_point: np.ndarray, scale: n
     q = centred.copy()
     q[tuple(where)] = np.clip(np.rint(centred[tuple(where)] * scale_vec[bad].reshape(shape)
                                       / per_channel[bad].reshape(shape)), -QMAX, QMAX)
-    return WeightSpec(name, [], axis, origin, int8=q.astype(np.int8),
+    return WeightSpec(name, [], axis, origin, codes=q.astype(np.int8),
                       scale=per_channel.astype(np.float32), source=ScaleSource.REQUANTIZED)
 
 
@@ -107,20 +195,64 @@ def float_type(tensor: gs.Tensor, what: str):
     return dtype.type if dtype in (np.float16, np.float32) else np.float32
 
 
-def quantize_weight(values: np.ndarray, axis: int, ftype=np.float32) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric int8 per-channel quantization along ``axis``: (int8 values, 1-d scales of type ``ftype``).
+def quantize_weight(values: np.ndarray, axis: int, ftype=np.float32, fmt: QuantFormat = INT8,
+                    block_size: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric quantization in ``fmt`` (INT8 by default): per channel along ``axis`` (codes, 1-d scales of type
+    ``ftype``), or with ``block_size`` per block of that many values along the other axis of a 2-D weight (its
+    reduction axis: codes, scales of the weight's rank, that axis divided in blocks).
 
     The codes are computed with the scale as the model will store it (float16 in a float16 model), so
     dequantizing gives back what was quantized."""
+    if block_size:
+        return quantize_blocks(values, block_axis(axis, values.ndim), block_size, ftype, fmt)
     reduce_axes = tuple(i for i in range(values.ndim) if i != axis)
     amax = np.abs(values.astype(np.float64)).max(axis=reduce_axes)
-    # an all-zero channel takes 1/127 (any scale is exact); one too small for a normal float32 scale the smallest
-    # normal (TensorRT takes no subnormal scale; such weights are zero to float32 arithmetic anyway)
-    scale = representable_scale(np.where(amax > 0, np.maximum(amax / QMAX, FLOAT32_TINY), 1.0 / QMAX), ftype)
+    scale = _scale(amax, ftype, fmt)
     shape = [1] * values.ndim
     shape[axis] = -1
-    q = np.clip(np.rint(values.astype(np.float64) / scale.astype(np.float64).reshape(shape)), -QMAX, QMAX)
-    return q.astype(np.int8), scale
+    return fmt.codes(values, scale.astype(np.float64).reshape(shape)), scale
+
+
+def _scale(amax: np.ndarray, ftype, fmt: QuantFormat) -> np.ndarray:
+    # an all-zero channel takes 1/qmax (any scale is exact); one too small for a normal float32 scale the smallest
+    # normal (TensorRT takes no subnormal scale; such weights are zero to float32 arithmetic anyway)
+    return representable_scale(np.where(amax > 0, np.maximum(amax / fmt.qmax, FLOAT32_TINY), 1.0 / fmt.qmax), ftype)
+
+
+def block_axis(channel_axis: int, rank: int) -> int:
+    """The axis blocks run along in a 2-D weight whose output channels lie on ``channel_axis``: the other one."""
+    if rank != 2:
+        raise InternalError(f"block-wise weights are 2-D (MatMul/Gemm), got rank {rank}")
+    return 1 - channel_axis % 2
+
+
+def quantize_blocks(values: np.ndarray, axis: int, block_size: int, ftype=np.float32,
+                    fmt: QuantFormat = INT8) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric ``fmt`` codes per block of ``block_size`` values along ``axis`` (the last block may be short):
+    (codes, scales shaped as ``values`` with ``axis`` divided in blocks), as a blocked DequantizeLinear takes them."""
+    values = np.asarray(values)
+    length = values.shape[axis]
+    blocks = -(-length // block_size)
+    padded = np.moveaxis(values.astype(np.float64), axis, 0)
+    if blocks * block_size != length:
+        padded = np.concatenate([padded, np.zeros((blocks * block_size - length, *padded.shape[1:]))])
+    amax = np.abs(padded.reshape(blocks, block_size, *padded.shape[1:])).max(axis=1)
+    scale = _scale(amax, ftype, fmt)
+    full = np.repeat(scale.astype(np.float64), block_size, axis=0)[:length]
+    codes = fmt.codes(np.moveaxis(values, axis, 0), full)
+    return np.moveaxis(codes, 0, axis), np.moveaxis(scale, 0, axis)
+
+
+def dequantize(codes: np.ndarray, scale: np.ndarray, axis: int, block_size: int = 0) -> np.ndarray:
+    """``DequantizeLinear(codes, scale, 0)`` in float32: ``scale`` 0-d, 1-d along ``axis`` or blocked along it."""
+    s = np.asarray(scale, np.float32)
+    if s.ndim and block_size:
+        s = np.repeat(s, block_size, axis=axis).take(range(codes.shape[axis]), axis=axis)
+    elif s.ndim:
+        shape = [1] * codes.ndim
+        shape[axis] = -1
+        s = s.reshape(shape)
+    return codes.astype(np.float32) * s
 
 
 def representable_scale(scale: np.ndarray, ftype) -> np.ndarray:
@@ -131,27 +263,30 @@ def representable_scale(scale: np.ndarray, ftype) -> np.ndarray:
 
 
 def weight_values(spec: WeightSpec, tensor: gs.Tensor, ftype=np.float32) -> tuple[np.ndarray, np.ndarray]:
-    """The int8 values and scales (of type ``ftype``) that the weight ``spec`` on ``tensor`` lowers to: the
-    source's own integers where the lift kept them, else ``tensor`` quantized per channel (and ``spec.source``
-    marked re-quantized)."""
-    if spec.int8 is not None and spec.scale is not None:
-        return spec.int8, representable_scale(np.asarray(spec.scale, np.float64), ftype)
+    """The codes (of ``spec.format``) and scales (of type ``ftype``) that the weight ``spec`` on ``tensor`` lowers
+    to: the source's own codes where the lift kept them, else ``tensor`` quantized per channel or per block (and
+    ``spec.source`` marked re-quantized)."""
+    if spec.codes is not None and spec.scale is not None:
+        return spec.codes, representable_scale(np.asarray(spec.scale, np.float64), ftype)
     if not isinstance(tensor, gs.Constant):
         raise InternalError(f"weight '{spec.tensor}' is not a constant at lowering")
     spec.source = ScaleSource.REQUANTIZED
-    # A weight still in its TensorProto is read without keeping the float copy on the Constant (the int8 one
-    # replaces it): a model over 2 GB would otherwise hold every weight twice while lowering.
+    # A weight still in its TensorProto is read without keeping the float copy on the Constant (the codes
+    # replace it): a model over 2 GB would otherwise hold every weight twice while lowering.
     lazy = getattr(tensor, "_values", None)
     values = np.asarray(lazy.load() if isinstance(lazy, LazyValues) else tensor.values)
     check_finite_weight(spec.tensor, values)
-    return quantize_weight(values, spec.axis, ftype)
+    quantized = quantize_weight(values, spec.axis, ftype, spec.format, spec.block_size)
+    release_weight(values)  # a model over 2 GB: the pages just read go (its calibration session maps them too)
+    return quantized
+
+
+def scale_axis(spec: WeightSpec, rank: int) -> int:
+    """The axis a weight's DequantizeLinear names: its blocks' axis when blocked, else its channels'."""
+    return block_axis(spec.axis, rank) if spec.block_size else spec.axis
 
 
 def effective_weight(spec: WeightSpec, tensor: gs.Tensor) -> np.ndarray:
-    """The float weights the lowered model computes with: int8 values times their scales."""
+    """The float weights the lowered model computes with: the codes times their scales."""
     q, scale = weight_values(spec, tensor, float_type(tensor, "weight"))
-    if scale.ndim == 0:
-        return q.astype(np.float32) * scale
-    shape = [1] * q.ndim
-    shape[spec.axis] = -1
-    return q.astype(np.float32) * scale.reshape(shape)
+    return dequantize(q, scale, scale_axis(spec, q.ndim), spec.block_size)

@@ -12,6 +12,7 @@ from dataclasses import asdict
 
 import onnx
 
+from trt_bridge.formats import CODE_TYPES, code_format
 from trt_bridge.ir.dynamic_gemm import is_plugin_node
 from trt_bridge.ir.graphs import bodies, graphs
 from trt_bridge.ir.size import is_large
@@ -47,6 +48,10 @@ def layer_precisions(model: onnx.ModelProto) -> dict:
         if is_plugin_node(node):
             layers[node.name] = "int8"
             continue
+        if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":  # onnxruntime's 4-bit weights
+            bits = next((a.i for a in node.attribute if a.name == "bits"), 4)
+            layers[node.name] = "int4-w" if bits <= 4 else "int8"
+            continue
         if node.op_type in WEIGHTED_OPS and src is not None and src.op_type == "DequantizeLinear":
             layers[node.name] = CODE_PRECISIONS.get(_code_type(src, types), "int8")
             continue
@@ -64,12 +69,9 @@ def layer_precisions(model: onnx.ModelProto) -> dict:
     return {"counts": dict(sorted(counts.items())), "layers": layers}
 
 
-#: a Q/DQ code type → the precision TensorRT runs the layer it feeds in
-CODE_PRECISIONS = {onnx.TensorProto.INT8: "int8", onnx.TensorProto.UINT8: "int8",
-                   onnx.TensorProto.FLOAT8E4M3FN: "fp8", onnx.TensorProto.FLOAT8E5M2: "fp8",
-                   onnx.TensorProto.FLOAT8E4M3FNUZ: "fp8", onnx.TensorProto.FLOAT8E5M2FNUZ: "fp8",
-                   onnx.TensorProto.INT4: "int4", onnx.TensorProto.UINT4: "int4",
-                   **({onnx.TensorProto.FLOAT4E2M1: "fp4"} if hasattr(onnx.TensorProto, "FLOAT4E2M1") else {})}
+#: a Q/DQ code type → the precision TensorRT runs the layer it feeds in (the format nearest the codes: uint8 INT8, any
+#: float8 FP8, uint4 INT4; 16-bit codes TensorRT does not take: check names them)
+CODE_PRECISIONS = {t: code_format(t).nearest.name for t in CODE_TYPES if code_format(t).name not in ("int16", "uint16")}
 #: the quantized precisions, in the order a headline names them, and how it names them
 QUANTIZED = ("int8", "fp8", "int4-w", "int4", "fp4")
 HEADLINE = {"int4-w": "INT4 weight-only"}

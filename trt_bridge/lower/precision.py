@@ -32,13 +32,13 @@ target run. The Cast folding and the retyping live in :mod:`trt_bridge.lower.flo
 
 from __future__ import annotations
 
-import enum
 import logging
 from dataclasses import dataclass
 
 import numpy as np
 import onnx
 
+from trt_bridge.choices import HighPrecision
 from trt_bridge.errors import MissingDependencyError, UnsupportedPatternError
 from trt_bridge.ir.dynamic_gemm import is_plugin_node
 from trt_bridge.ir.model import default_opset
@@ -55,12 +55,6 @@ SENSITIVE = frozenset({
     "CumSum", "Range", "Resize", "Upsample", "NonMaxSuppression", "TopK", "RoiAlign",
 })
 FP16_SAFE = 32752.0  # half of float16's largest finite value
-
-
-class HighPrecision(str, enum.Enum):
-    FP32 = "fp32"
-    FP16 = "fp16"
-    BF16 = "bf16"
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,15 @@ After::
     x ─ QuantizeLinear(s_x, 0:int8) ─ DequantizeLinear(s_x, 0) ─┐
     W_q:int8 ─ DequantizeLinear(s_w[per channel], 0, axis=a) ─ MatMul|Conv ─ y
 
-Symmetric int8 only (zero point 0), scales as initializers of the quantized tensor's own
-float type (float32; float16 in a float16 model, which needs opset 19: see
-:func:`needs_opset`), per-tensor activations, weights per tensor or per output channel
-(:func:`trt_bridge.lift.weights.weight_values`). Rounding is half to even.
+Each annotation's format (:mod:`trt_bridge.formats`: INT8, FP8 E4M3, INT4, FP4), symmetric (zero point 0 of the
+codes' type), scales as initializers of the quantized tensor's own float type (float32; float16 in a float16 model,
+which needs opset 19: see :func:`needs_opset`; FP8 needs 19 too, blocked INT4 21), per-tensor activations, weights
+per tensor, per output channel or per block along the reduction axis (INT4 weight-only)::
+
+    W_q:int4 ─ DequantizeLinear(s[K/128, N], 0, axis=0, block_size=128) ─ MatMul|Gemm ─ y
+
+(:func:`trt_bridge.lift.weights.weight_values`). Integer rounding is half to even; float codes are cast after
+saturating to the format's largest value.
 """
 
 from __future__ import annotations
@@ -21,13 +26,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from trt_bridge.annotations import Annotations
 from trt_bridge.errors import InternalError, UnsupportedPatternError
+from trt_bridge.formats import FORMATS, INT8, QuantFormat
 from trt_bridge.ir.names import NameAllocator
 from trt_bridge.ir.toposort import toposort
-from trt_bridge.lift.weights import float_type, representable_scale, weight_values
+from trt_bridge.lift.weights import float_type, representable_scale, scale_axis, weight_values
 from trt_bridge.lower import runtime_ranges
 
 
@@ -42,6 +50,8 @@ class QuantizedTensor:
     dtype: str = "float32"  # the float type of the tensor and its scale
     #: runtime ranges: the nodes written around the layers (kept float32 by --high-precision); not reported
     nodes: tuple[str, ...] = ()
+    format: str = "int8"  # trt_bridge.formats: int8, fp8, int4, fp4
+    block_size: int = 0  # weights quantized per block (INT4 weight-only): the block's length
 
 
 #: QuantizeLinear/DequantizeLinear take float16 (and bfloat16) values and scales from opset 19
@@ -58,8 +68,18 @@ def check_quantizable(graph: gs.Graph, annotations: Annotations) -> None:
 
 
 def needs_opset(quantized: list[QuantizedTensor]) -> int:
-    """The opset the lowered Q/DQ need: 19 when a scale is float16, else 13."""
-    return FP16_QDQ_OPSET if any(q.dtype == "float16" for q in quantized) else 13
+    """The opset the lowered Q/DQ need: 19 when a scale is float16, the format's own where it needs more (FP8 19,
+    blocked INT4 21), else 13."""
+    fp16 = FP16_QDQ_OPSET if any(q.dtype == "float16" for q in quantized) else 13
+    return max([fp16, *(FORMATS[q.format].min_opset for q in quantized)])
+
+
+def code_constant(name: str, codes: np.ndarray, fmt: QuantFormat) -> gs.Constant:
+    """A constant of ``fmt``'s codes. INT4 and FP4 are packed two to a byte and FP8 has no numpy type
+    onnx-graphsurgeon exports, so those go in as the TensorProto onnx writes of them."""
+    if fmt is INT8:
+        return gs.Constant(name, np.asarray(codes, np.int8))
+    return gs.Constant(name, LazyValues(onnx.numpy_helper.from_array(np.asarray(codes, fmt.dtype), name)))
 
 
 def lower(graph: gs.Graph, annotations: Annotations, scales: dict | None = None,
@@ -89,16 +109,20 @@ def lower(graph: gs.Graph, annotations: Annotations, scales: dict | None = None,
         spec = annotations.weights[name]
         ftype = float_type(tensors[name], "weight")
         q, scale = weight_values(spec, tensors[name], ftype)
+        fmt = spec.format
         dq_out = gs.Variable(names(f"{name}_dequantized"), dtype=ftype, shape=list(q.shape))
-        zero = np.zeros(scale.shape, np.int8)
-        attrs = {"axis": spec.axis} if scale.ndim == 1 else {}
+        axis = scale_axis(spec, q.ndim) if scale.ndim else None
+        attrs = {} if axis is None else {"axis": axis}
+        if spec.block_size and scale.ndim:
+            attrs["block_size"] = spec.block_size
         graph.nodes.append(gs.Node(
             "DequantizeLinear", names(f"{name}_DequantizeLinear"), attrs,
-            [gs.Constant(names(f"{name}_int8"), q), gs.Constant(names(f"{name}_scale"), scale),
-             gs.Constant(names(f"{name}_zero_point"), zero)], [dq_out]))
+            [code_constant(names(f"{name}_{fmt.name}"), q, fmt), gs.Constant(names(f"{name}_scale"), scale),
+             code_constant(names(f"{name}_zero_point"), fmt.zero(scale.shape), fmt)], [dq_out]))
         _rewire(nodes, spec.sites, name, dq_out)
-        done.append(QuantizedTensor(name, "weight", _scale_out(scale), spec.axis if scale.ndim else None,
-                                    spec.source.value, tuple(s.node for s in spec.sites), np.dtype(ftype).name))
+        done.append(QuantizedTensor(name, "weight", _scale_out(scale), axis, spec.source.value,
+                                    tuple(s.node for s in spec.sites), np.dtype(ftype).name, format=fmt.name,
+                                    block_size=spec.block_size if scale.ndim else 0))
 
     for name in sorted(annotations.activations):
         spec = annotations.activations[name]
@@ -109,12 +133,12 @@ def lower(graph: gs.Graph, annotations: Annotations, scales: dict | None = None,
                 f"activation '{name}' would get scale {spec.scale} (from {spec.source.value if spec.source else '?'})"
                 ": a scale must be finite and positive. Check that source of scales (the calibration data for "
                 "huge or non-finite values, the scale file, the model).")
-        ftype = float_type(tensors[name], "activation")
-        scale = gs.Constant(names(f"{name}_scale"), representable_scale(np.array(spec.scale), ftype))
+        ftype, fmt = float_type(tensors[name], "activation"), spec.format
+        scale = gs.Constant(names(f"{name}_scale"), representable_scale(fmt.scale_of(spec.scale), ftype))
         if scales is not None:
             scales[name] = (scale, ftype)
-        zero = gs.Constant(names(f"{name}_zero_point"), np.array(0, np.int8))
-        q_out = gs.Variable(names(f"{name}_quantized"), dtype=np.int8)
+        zero = code_constant(names(f"{name}_zero_point"), fmt.zero(), fmt)
+        q_out = gs.Variable(names(f"{name}_quantized"), dtype=np.int8 if fmt is INT8 else fmt.onnx_type)
         dq_out = gs.Variable(names(f"{name}_dequantized"), dtype=ftype)
         graph.nodes.append(gs.Node("QuantizeLinear", names(f"{name}_QuantizeLinear"), {},
                                    [tensors[name], scale, zero], [q_out]))
@@ -123,12 +147,16 @@ def lower(graph: gs.Graph, annotations: Annotations, scales: dict | None = None,
         _rewire(nodes, spec.sites, name, dq_out)
         done.append(QuantizedTensor(name, "activation", float(scale.values), None,
                                     spec.source.value if spec.source else "", tuple(s.node for s in spec.sites),
-                                    np.dtype(ftype).name))
+                                    np.dtype(ftype).name, format=fmt.name))
     toposort(graph.cleanup())
     return done
 
 
 def _scale_out(scale: np.ndarray) -> float | list[float]:
+    """The report's scale: the value, one per channel, or for blocks the smallest and largest (a weight's blocks
+    may number millions)."""
+    if scale.ndim > 1:
+        return [float(scale.min()), float(scale.max())]
     return float(scale) if scale.ndim == 0 else [float(v) for v in scale]
 
 

@@ -63,6 +63,8 @@ def match(nodes: dict[str, gs.Node], tensors: dict[str, gs.Tensor], annotations:
     static, with the reason (shared scales, split-off channels)."""
     if spec.tensor in excluded:
         return excluded[spec.tensor]
+    if spec.format.name != "int8":
+        return f"it is quantized in {spec.format.label}: runtime ranges are INT8's"
     x = tensors.get(spec.tensor)
     if x is None or isinstance(x, gs.Constant):
         return "it is not an activation of the graph"

@@ -19,7 +19,7 @@ from pathlib import Path
 from trt_bridge import __version__
 from trt_bridge.bench import BenchOptions, bench
 from trt_bridge.checks import CheckOptions, check_model
-from trt_bridge.conversion import convert
+from trt_bridge.conversion.pipeline import convert
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
 from trt_bridge.ir.files import external_data_files, inside_folder, same_file, write_text_atomic
 from trt_bridge.manifest.report import PipelineReport, Status, StepResult
@@ -29,9 +29,9 @@ from trt_bridge.tensorrt.build import build
 from trt_bridge.tensorrt.options import BuildOptions
 from trt_bridge.tensorrt.profiles import Profile
 from trt_bridge.tensorrt.sidecar import sidecar_path
-from trt_bridge.verify import VerifyOptions, verify
-from trt_bridge.verify.gates import Gate
-from trt_bridge.verify.html import render
+from trt_bridge.verification import VerifyOptions, verify
+from trt_bridge.verification.gates import Gate
+from trt_bridge.verification.html import render
 
 log = logging.getLogger("trt_bridge.manifest")
 

@@ -9,7 +9,7 @@ import math
 import xml.etree.ElementTree as ET
 from dataclasses import asdict, dataclass, field
 
-from trt_bridge.verify.metrics import json_safe
+from trt_bridge.verification.metrics import json_safe
 
 
 class Status(str, enum.Enum):

@@ -28,45 +28,19 @@ adds the inputs of more op types. Every edge dropped is reported with its reason
 
 from __future__ import annotations
 
-import enum
 import re
 from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ActivationSpec, Annotations, Site, WeightSpec
-from trt_bridge.errors import TrtBridgeError
+from trt_bridge.choices import PlacementOptions, PlacementPolicy
 from trt_bridge.lift.weights import weight_axis
 
 #: op type → input index of the weight
 WEIGHTED = {"Conv": 1, "ConvTranspose": 1, "MatMul": 1, "Gemm": 1}
 #: int8 tensor-core kernels want at least this many channels / features on a side
 MIN_CHANNELS = 16
-
-
-class PlacementPolicy(str, enum.Enum):
-    TENSORRT = "tensorrt"
-    PRESERVE = "preserve"
-
-
-@dataclass(frozen=True)
-class PlacementOptions:
-    """Which tensors get Q/DQ: the policy (``--placement``) and the op types and nodes added or left out."""
-
-    policy: PlacementPolicy = field(default=PlacementPolicy.TENSORRT, metadata={"key": "placement"})
-    include_ops: str | None = None  # regex on op types whose float inputs are quantized too
-    exclude_ops: str | None = None  # regex on op types never quantized
-    exclude_nodes: str | None = None  # regex (searched) on node names never quantized
-
-    def __post_init__(self) -> None:
-        for flag in ("include_ops", "exclude_ops", "exclude_nodes"):
-            pattern = getattr(self, flag)
-            if pattern is not None:
-                try:
-                    re.compile(pattern)
-                except re.error as exc:
-                    raise TrtBridgeError(f"--{flag.replace('_', '-')} '{pattern}' is not a regular expression: "
-                                         f"{exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -218,7 +192,7 @@ def _annotate_input(node: gs.Node, index: int, annotations: Annotations, result:
     spec = annotations.activations.get(t.name)
     site = Site(node.name, index)
     if spec is None:
-        annotations.activations[t.name] = ActivationSpec(t.name, [site], node.name)
+        annotations.activations[t.name] = ActivationSpec(t.name, [site], node.name, placed=True)
         result.added += 1
     elif site not in spec.sites:
         spec.sites.append(site)

@@ -38,7 +38,6 @@ gives them. A conflict no allowed type can resolve (``And(bool, float)``) raises
 
 from __future__ import annotations
 
-import enum
 import logging
 from dataclasses import replace
 
@@ -46,6 +45,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto
 
+from trt_bridge.choices import Bf16Policy
 from trt_bridge.errors import UnsupportedPatternError
 from trt_bridge.ir.types import declared_types, value_types
 from trt_bridge.prepare.change import Change
@@ -59,12 +59,6 @@ _NP_INTS = {
     TensorProto.INT32: np.int32, TensorProto.UINT64: np.uint64, TensorProto.INT64: np.int64,
 }
 _FROM_NP = {np.dtype(v): k for k, v in _NP_INTS.items()}
-
-
-class Bf16Policy(str, enum.Enum):
-    KEEP = "keep"
-    FP16 = "fp16"
-    FP32 = "fp32"
 
 
 def type_name(elem_type: int) -> str:

@@ -119,7 +119,7 @@ def apply(graph, annotations: Annotations, imported: ImportedScales, calibrating
             shape = [1] * values.ndim
             shape[spec.axis] = -1
             shaped = scale.reshape(shape)
-        spec.int8 = np.clip(np.rint(values / shaped), -QMAX, QMAX).astype(np.int8)
+        spec.codes = np.clip(np.rint(values / shaped), -QMAX, QMAX).astype(np.int8)
         spec.scale = scale.astype(np.float32)
         spec.source = _source(entry)
         used.add(entry.tensor)

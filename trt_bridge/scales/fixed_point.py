@@ -36,7 +36,7 @@ import onnx
 
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.scales.files import write_text_file
-from trt_bridge.scales.model_scales import Constants, qdq_scale
+from trt_bridge.scales.model_scales import Constants, qdq_scale, qdq_scale_format
 
 #: op types whose weight input (index 1) a Requantization is computed for
 WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm")
@@ -123,6 +123,11 @@ def requantization_table(model: onnx.ModelProto) -> list[Requantization]:
         q = _next_quantize(node.output[0], producers, consumers, outputs, constants)
         if q is None:
             continue
+        formats = {qdq_scale_format(n, constants)[1].label for n in (x_dq, w_dq, q)} - {"INT8"}
+        if formats:  # FP8 layers compute in floating point: no integer multiplier and shift to export
+            raise TrtBridgeError(f"{node.op_type} '{node.name}' is quantized in {', '.join(sorted(formats))}: "
+                                 "fixed-point requantization is INT8's (integer multipliers and shifts); export "
+                                 "its scales with --format trt-cache or json instead.")
         s_in, s_w, s_out = (qdq_scale(n, constants).astype(np.float64) for n in (x_dq, w_dq, q))
         if s_in.ndim or s_out.ndim:
             raise TrtBridgeError(f"{node.op_type} '{node.name}': per-channel activation scales cannot be "

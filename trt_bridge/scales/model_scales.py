@@ -1,4 +1,5 @@
-"""The scales of a converted model: its symmetric int8 Q/DQ read back into a :class:`ScaleTable`,
+"""The scales of a converted model: its symmetric INT8 and FP8 Q/DQ read back into a :class:`ScaleTable`
+(ranges: amax = scale · qmax of the Q/DQ's format, 127 for int8, 448 for FP8 E4M3; :mod:`trt_bridge.formats`),
 and the re-centred activations given back under the network's own tensors (``scales export``)."""
 
 from __future__ import annotations
@@ -10,8 +11,9 @@ import onnx
 from onnx import numpy_helper
 
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.formats import INT8, QuantFormat, numpy_code_format
 from trt_bridge.ir.model import constant_protos
-from trt_bridge.scales.table import QMAX, ScaleEntry, ScaleTable
+from trt_bridge.scales.table import ScaleEntry, ScaleTable
 
 
 def scales_of_model(model: onnx.ModelProto, source: str = "model") -> ScaleTable:
@@ -42,20 +44,22 @@ def scales_of_model(model: onnx.ModelProto, source: str = "model") -> ScaleTable
             continue
         x = node.input[0]
         if node.op_type == "QuantizeLinear":
-            scale = qdq_scale(node, constants)
+            scale, fmt = qdq_scale_format(node, constants)
             if x in constants:
-                put(_weight_entry(x, node, scale, constants.rank(x), source), node)
+                put(_weight_entry(x, node, scale, constants.rank(x), source, fmt), node)
             else:
                 if scale.ndim:
                     raise TrtBridgeError(f"QuantizeLinear '{node.name}' quantizes activation '{x}' per channel; "
                                          "TensorRT quantizes activations per tensor.")
-                put(ScaleEntry(x, float(scale) * QMAX, None, "activation", source), node)
-        elif x in constants:  # a DequantizeLinear of constant (int8) weights
-            if constants.dtype(x) != np.int8:
+                put(ScaleEntry(x, float(scale) * fmt.qmax, None, "activation", source), node)
+        elif x in constants:  # a DequantizeLinear of constant (int8 or FP8) weights
+            codes = numpy_code_format(constants.dtype(x))
+            if codes is None or not codes.exact or codes.nearest.name not in SCALE_FORMATS:
                 raise TrtBridgeError(f"DequantizeLinear '{node.name}' dequantizes '{x}' of type {constants.dtype(x)}; "
-                                     "trt-bridge reads symmetric int8 weights only. Convert the model first.")
-            scale = qdq_scale(node, constants)
-            put(_weight_entry(weight_name(x), node, scale, constants.rank(x), source), node)
+                                     "trt-bridge reads symmetric int8 and FP8 E4M3 weights only. Convert the model "
+                                     "first.")
+            scale, fmt = qdq_scale_format(node, constants)
+            put(_weight_entry(weight_name(x), node, scale, constants.rank(x), source, fmt), node)
     return table
 
 
@@ -101,13 +105,15 @@ def uncentered(table: ScaleTable, model: onnx.ModelProto) -> tuple[ScaleTable, l
 
 
 def weight_name(int8_name: str) -> str:
-    """The weight an int8 initializer lowering wrote holds: ``<weight>_int8[_<n>]`` without the suffix."""
-    stripped = re.sub(r"_int8(_\d+)?$", "", int8_name)
+    """The weight an initializer of codes lowering wrote holds: ``<weight>_<format>[_<n>]`` (``_int8``, ``_fp8``,
+    ...) without the suffix."""
+    stripped = re.sub(r"_(int8|fp8|int4|fp4)(_\d+)?$", "", int8_name)
     return stripped or int8_name
 
 
-def _weight_entry(name: str, node: onnx.NodeProto, scale: np.ndarray, rank: int, source: str) -> ScaleEntry:
-    amax = scale.astype(np.float64) * QMAX  # exact for float32/float16 scales
+def _weight_entry(name: str, node: onnx.NodeProto, scale: np.ndarray, rank: int, source: str,
+                  fmt: QuantFormat = INT8) -> ScaleEntry:
+    amax = scale.astype(np.float64) * fmt.qmax  # exact for float32/float16 scales and int8's 127
     if scale.ndim == 0:
         return ScaleEntry(name, float(amax), None, "weight", source)
     axis = qdq_axis(node, rank)
@@ -118,6 +124,39 @@ def qdq_axis(node: onnx.NodeProto, rank: int) -> int:
     """The (non-negative) axis attribute of a per-channel Q/DQ (ONNX's default is 1)."""
     axis = next((a.i for a in node.attribute if a.name == "axis"), 1)
     return axis + rank if axis < 0 else axis
+
+
+#: the formats whose Q/DQ scale tables read (per tensor or per channel): INT4/FP4 blocks have no amax per tensor
+SCALE_FORMATS = ("int8", "fp8")
+
+
+def qdq_scale_format(node: onnx.NodeProto, constants: Constants) -> tuple[np.ndarray, QuantFormat]:
+    """The node's scale and the format of its codes (INT8 or FP8 E4M3, read from the zero point's type, else the
+    dequantized constant's): its range is ``scale · fmt.qmax``. A non-zero zero point, or codes of another type
+    (uint8, E5M2, ...) are errors: those are a source's, which convert makes symmetric INT8 or FP8 E4M3."""
+    zp = constants.array(node.input[2]) if len(node.input) > 2 and node.input[2] in constants else None
+    x = node.input[0]
+    dtype = zp.dtype if zp is not None else (
+        constants.dtype(x) if node.op_type == "DequantizeLinear" and x in constants else None)
+    codes = None if dtype is None else numpy_code_format(dtype)
+    if codes is None or not codes.exact or codes.nearest is INT8 or codes.nearest.name not in SCALE_FORMATS:
+        return qdq_scale(node, constants), INT8  # its checks and messages
+    scale = _constant_scale(node, constants)
+    if np.any(zp.astype(np.float64) != 0):
+        raise TrtBridgeError(f"{node.op_type} '{node.name}' has FP8 zero point {zp.astype(np.float32).tolist()}, "
+                             "not 0; convert the model first (trt-bridge convert makes every zero point 0).")
+    return scale, codes.nearest
+
+
+def _constant_scale(node: onnx.NodeProto, constants: Constants) -> np.ndarray:
+    if len(node.input) < 2 or node.input[1] not in constants:
+        raise TrtBridgeError(f"{node.op_type} '{node.name}' has no constant scale; TensorRT needs build-time "
+                             "constant scales (initializers).")
+    scale = constants.array(node.input[1])
+    if scale.ndim > 1:
+        raise TrtBridgeError(f"{node.op_type} '{node.name}' has a {scale.ndim}-d scale (blocked quantization); "
+                             "trt-bridge reads per-tensor and per-channel int8 and FP8 scales only.")
+    return scale
 
 
 def qdq_scale(node: onnx.NodeProto, constants: Constants) -> np.ndarray:

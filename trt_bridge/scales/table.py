@@ -19,10 +19,11 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.formats import INT8_QMAX
 from trt_bridge.ir.values import FLOAT32_TINY
 
-#: symmetric int8: amax maps to ±QMAX (same constant as trt_bridge.calibrate.observers.QMAX)
-QMAX = 127
+#: the unit scale tables write ranges in: amax maps to ±QMAX, INT8's largest code, whatever the output's format
+QMAX = INT8_QMAX
 KINDS = ("activation", "weight")
 FLOAT32_MAX = 3.4028234663852886e38
 

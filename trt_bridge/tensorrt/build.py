@@ -97,9 +97,12 @@ class BuildResult:
     info: dict  # what the sidecar holds
     seconds: float
 
+    def to_dict(self) -> dict:
+        """What ``trt-bridge build --json`` writes."""
+        return {"engine": self.engine, "sidecar": self.sidecar, "seconds": round(self.seconds, 3), "info": self.info}
+
     def to_json(self) -> str:
-        return json.dumps({"engine": self.engine, "sidecar": self.sidecar, "seconds": round(self.seconds, 3),
-                           "info": self.info}, indent=2)
+        return json.dumps(self.to_dict(), indent=2)
 
     def summary(self) -> str:
         trt = self.info["tensorrt"]

@@ -38,7 +38,7 @@ from trt_bridge.ir.model import validate_model
 from trt_bridge.ir.types import FLOAT_TYPES, elem_types, infer_shapes, value_types
 from trt_bridge.lift.pipeline import lift_model
 from trt_bridge.runtime.bf16 import emulate_bfloat16
-from trt_bridge.verify.metrics import SnrAccumulator
+from trt_bridge.verification.metrics import SnrAccumulator
 
 #: an SNR above this counts as exact in differences (identical tensors have an infinite SNR)
 EXACT_DB = 200.0

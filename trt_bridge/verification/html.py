@@ -9,8 +9,8 @@ import io
 import math
 
 from trt_bridge.errors import MissingDependencyError
-from trt_bridge.verify.layers import EXACT_DB
-from trt_bridge.verify.metrics import snr_text
+from trt_bridge.verification.layers import EXACT_DB
+from trt_bridge.verification.metrics import snr_text
 
 STYLE = """
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; }
@@ -72,7 +72,7 @@ def _plot_svg(report) -> str:
 
 
 def render(report) -> str:
-    """The HTML page for a :class:`trt_bridge.verify.VerifyReport`."""
+    """The HTML page for a :class:`trt_bridge.verification.VerifyReport`."""
     esc = html.escape
     rows = []
     for m in report.outputs:

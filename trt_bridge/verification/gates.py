@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass
 
 from trt_bridge.errors import TrtBridgeError
-from trt_bridge.verify.metrics import OutputMetrics
+from trt_bridge.verification.metrics import OutputMetrics
 
 #: metric → (flag, whether the bound is a minimum)
 METRICS = {"snr_db": ("--min-snr", True), "cosine": ("--min-cosine", True), "max_abs": ("--max-abs", False)}

@@ -31,11 +31,11 @@ from trt_bridge.runtime.session import session
 from trt_bridge.tensorrt import gpu_present, import_tensorrt, is_rtx
 from trt_bridge.tensorrt.build import costs_or_none
 from trt_bridge.tensorrt.costs import COST_TARGET, EngineCosts
-from trt_bridge.verify.gates import Gate, apply_gates
-from trt_bridge.verify.layers import Localization, localize
-from trt_bridge.verify.metrics import Accumulator, OutputMetrics, json_safe, snr_text
+from trt_bridge.verification.gates import Gate, apply_gates
+from trt_bridge.verification.layers import Localization, localize
+from trt_bridge.verification.metrics import Accumulator, OutputMetrics, json_safe, snr_text
 
-log = logging.getLogger("trt_bridge.verify")
+log = logging.getLogger("trt_bridge.verification")
 
 REFERENCE, CANDIDATE, ENGINE = "reference", "candidate", "engine"
 DEFAULT_RANDOM_FEEDS = 8

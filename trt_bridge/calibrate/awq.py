@@ -1,0 +1,315 @@
+"""Activation-aware INT4 weight rounding (AWQ: Lin et al. 2023, "AWQ: Activation-aware Weight Quantization for LLM
+Compression and Acceleration", arXiv:2306.00978) for ``--int4`` weights when calibration data is given.
+
+INT4 weight-only layers compute ``x · Q(W)`` with ``x`` in float. Rounding every block of ``W`` to the nearest of 15
+levels (RTN) treats each input channel alike, yet a few channels of ``x`` carry most of the output (transformers'
+outlier channels). AWQ scales those rows of ``W`` up before quantizing, so they get finer steps, and divides ``x`` by
+the same factors, exact in float::
+
+    LayerNormalization(γ, β) ─ x ─┬─ MatMul(Q(Wq))        LayerNormalization(γ/s, β/s) ─ x/s ─┬─ MatMul(Q(diag(s)·Wq))
+                                  └─ MatMul(Q(Wk))                                          └─ MatMul(Q(diag(s)·Wk))
+    Gelu ─ x ─┬─ MatMul(Q(W))                             Gelu ─ x ─┬─ Mul(1/s) ─ x/s ─ MatMul(Q(diag(s)·W))
+              └─ Add (residual)                                     └─ Add (residual)
+
+with ``s = mean|x_k|^α`` per input channel ``k``, one ``s`` for all the INT4 layers that read ``x`` (q, k, v), and
+``α`` searched on a grid per input to minimise the calibration output error ``Σ ||x·W − x·diag(1/s)·Q(diag(s)·W)||²``.
+Then AWQ's clip search: each block's range is shrunk by the factor (1 down to 0.5) that minimises the same error of
+the block's own share of the output. Both errors are read off the inputs' Gram matrix ``XᵀX``, accumulated over every
+calibration row, so no activations are kept. ``1/s`` is folded into the LayerNormalization that makes ``x`` when the
+INT4 layers are its only readers (:func:`trt_bridge.calibrate.smooth.divide_layer_norm`, as SmoothQuant does), else
+applied by one Mul before them; other readers keep ``x`` as it was. The float graph computes what it did; the chosen
+codes and block scales go into the weight annotations, which lowering writes as they are.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+
+from trt_bridge.annotations import Annotations, WeightSpec
+from trt_bridge.calibrate.feeds import FeedSource
+from trt_bridge.calibrate.session import CalibrationSession
+from trt_bridge.calibrate.smooth import MIN_ROWS, S_RANGE, divide_layer_norm, foldable_layer_norm, rescale_weights
+from trt_bridge.formats import INT4
+from trt_bridge.ir.names import NameAllocator
+from trt_bridge.ir.toposort import toposort
+from trt_bridge.ir.values import FLOAT32_TINY
+from trt_bridge.lift.weights import block_axis, dequantize, float_type, quantize_blocks, representable_scale
+
+log = logging.getLogger("trt_bridge.calibrate")
+
+#: the exponents searched: 0 is plain rounding (s = 1), so the chosen one never does worse on the calibration data
+ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))
+#: the factors a block's range is shrunk by (AWQ's clip search: 1 down to 0.5)
+CLIPS = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))
+#: inputs wider than this are left to plain rounding (their Gram matrix would take over 512 MB)
+MAX_CHANNELS = 8192
+#: the Gram matrices gathered in one pass over the feeds, in bytes (more inputs: more passes)
+GRAM_BYTES = 1 << 30
+
+
+@dataclass(frozen=True)
+class Scaled:
+    """What AWQ did to the INT4 layers reading one input."""
+
+    tensor: str  # the input the layers read
+    layers: tuple[str, ...]
+    alpha: float  # the chosen exponent (0: no scaling, clip search only)
+    through: str  # what applies 1/s: "LayerNormalization" (folded), "Mul", or "" (α 0: nothing)
+    applied_by: str
+    max_factor: float  # the largest s / the smallest s
+    clip: float  # the mean factor the blocks' ranges were shrunk by
+    rtn_error: float  # calibration output error Σ||x·W − x·Q(W)||² with plain rounding
+    error: float  # the same with AWQ's scaling and clipping
+
+    @property
+    def gain_db(self) -> float:
+        return 10 * float(np.log10(self.rtn_error / self.error)) if self.error > 0 and self.rtn_error > 0 else 0.0
+
+
+@dataclass
+class _Layer:
+    node: gs.Node
+    spec: WeightSpec
+    weight: np.ndarray  # [K, N] float32: the reduction axis first
+    transposed: bool  # the stored weight is [N, K] (Gemm with transB)
+    ftype: type
+
+
+class GramObserver:
+    """``XᵀX`` and the mean of ``|x|`` per channel of the last axis, over every row seen (non-finite values as 0).
+    Rows are gathered up to ``BATCH_VALUES`` values first: one large product instead of a small one per feed."""
+
+    BATCH_VALUES = 1 << 21  # 8 MB of float32
+
+    def __init__(self) -> None:
+        self._gram: np.ndarray | None = None
+        self._abs_sum: np.ndarray | None = None
+        self._pending: list[np.ndarray] = []
+        self._pending_rows = 0
+        self.rows = 0
+
+    def update(self, values: np.ndarray) -> None:
+        v = np.asarray(values, np.float32)
+        v = v.reshape(-1, v.shape[-1])
+        if not np.isfinite(v).all():
+            v = np.where(np.isfinite(v), v, 0.0).astype(np.float32)
+        self._pending.append(v)
+        self._pending_rows += v.shape[0]
+        self.rows += v.shape[0]
+        if self._pending_rows * v.shape[1] >= self.BATCH_VALUES:
+            self._flush()
+
+    def _flush(self) -> None:
+        if not self._pending:
+            return
+        v = np.concatenate(self._pending)
+        self._pending, self._pending_rows = [], 0
+        gram, abs_sum = (v.T @ v).astype(np.float64), np.abs(v).sum(axis=0, dtype=np.float64)
+        if self._gram is None:
+            self._gram, self._abs_sum = gram, abs_sum
+        else:
+            self._gram += gram
+            self._abs_sum += abs_sum
+
+    @property
+    def gram(self) -> np.ndarray | None:
+        self._flush()
+        return self._gram
+
+    @property
+    def mean_abs(self) -> np.ndarray:
+        self._flush()
+        return self._abs_sum / max(self.rows, 1)
+
+
+def groups(graph: gs.Graph, annotations: Annotations) -> dict[str, list[_Layer]]:
+    """INT4 weights still to be quantized from float (no source codes), each read by one MatMul/Gemm as its
+    input 1, grouped by the input ``x`` their layers multiply."""
+    readers: dict[str, int] = {}
+    for node in graph.nodes:
+        for t in node.inputs:
+            readers[t.name] = readers.get(t.name, 0) + 1
+    found: dict[str, list[_Layer]] = {}
+    for node in graph.nodes:
+        if node.op not in ("MatMul", "Gemm") or len(node.inputs) < 2 or node.attrs.get("transA", 0):
+            continue
+        x, w = node.inputs[0], node.inputs[1]
+        spec = annotations.weights.get(w.name)
+        if (spec is None or spec.format is not INT4 or spec.codes is not None or not spec.block_size
+                or not isinstance(w, gs.Constant) or len(w.shape) != 2 or readers.get(w.name) != 1
+                or isinstance(x, gs.Constant) or len(spec.sites) != 1):
+            continue
+        transposed = block_axis(spec.axis, 2) == 1
+        values = np.asarray(w.values, np.float32)
+        layer = _Layer(node, spec, values.T if transposed else values, transposed, float_type(w, "weight"))
+        found.setdefault(x.name, []).append(layer)
+    return {x: layers for x, layers in found.items()
+            if len({layer.weight.shape[0] for layer in layers}) == 1 and layers[0].weight.shape[0] <= MAX_CHANNELS}
+
+
+def apply_awq(graph: gs.Graph, annotations: Annotations, lifted: onnx.ModelProto, feeds: FeedSource,
+              progress: bool = True) -> list[Scaled]:
+    """Choose ``s`` and the clip factors of every INT4 weight group (:func:`groups`) on ``feeds`` run through the
+    float model ``lifted`` (whose graph is ``graph``), and apply them in place: ``1/s`` in the graph, ``diag(s)·W`` as
+    the float weights, the chosen codes and scales in their annotations. Inputs seen on fewer than ``MIN_ROWS``
+    rows keep plain rounding."""
+    found = groups(graph, annotations)
+    known = {o for n in lifted.graph.node for o in n.output} | {i.name for i in lifted.graph.input}
+    found = {x: layers for x, layers in found.items() if x in known}
+    if not found:
+        return []
+    names = NameAllocator(graph)
+    tensors = graph.tensors()
+    graph_outputs = {t.name for t in graph.outputs}
+    done = []
+    with CalibrationSession(lifted, sorted(found)) as session:
+        for chunk in _passes(found):
+            observers = {x: GramObserver() for x in chunk}
+            session.run(observers, feeds, progress, desc="AWQ statistics")
+            for x_name in chunk:
+                obs, layers = observers.pop(x_name), found[x_name]
+                if obs.rows < MIN_ROWS or obs.gram is None or obs.gram.shape[0] != layers[0].weight.shape[0]:
+                    log.info("AWQ leaves %r to plain rounding: %d calibration row(s), fewer than %d", x_name,
+                             obs.rows, MIN_ROWS)
+                    continue
+                done.append(_apply(graph, annotations, tensors[x_name], layers, obs, names, graph_outputs))
+    if any(d.through for d in done):
+        toposort(graph.cleanup())
+    return done
+
+
+def _passes(found: dict[str, list[_Layer]]) -> list[list[str]]:
+    """The inputs in passes whose Gram matrices take at most ``GRAM_BYTES`` together (one input at least)."""
+    passes: list[list[str]] = [[]]
+    size = 0
+    for x in sorted(found):
+        k = found[x][0].weight.shape[0]
+        if passes[-1] and size + 8 * k * k > GRAM_BYTES:
+            passes.append([])
+            size = 0
+        passes[-1].append(x)
+        size += 8 * k * k
+    return passes
+
+
+def search_alpha(gram: np.ndarray, mean_abs: np.ndarray, layers: list[_Layer]) -> tuple[float, np.ndarray, float,
+                                                                                      float]:
+    """(α, s, RTN's error, the chosen s's error): the grid's α whose ``s`` gives the least output error summed over
+    ``layers`` (each ``x · (W − diag(1/s)·Q(diag(s)·W))``'s squared norm, from the Gram matrix)."""
+    best = None
+    rtn = 0.0
+    for alpha in ALPHAS:
+        s = factors(mean_abs, alpha)
+        err = _error(gram, np.concatenate([layer.weight - _rounded(layer, s) / s[:, None].astype(np.float32)
+                                           for layer in layers], axis=1))
+        if alpha == 0:
+            rtn = err
+        if best is None or err < best[2]:
+            best = (alpha, s, err)
+    return best[0], best[1], rtn, best[2]
+
+
+def factors(mean_abs: np.ndarray, alpha: float) -> np.ndarray:
+    """AWQ's ``s = mean|x|^α`` per input channel, normalised to a geometric mean of max and min of 1, clipped
+    (channels never seen non-zero take the smallest)."""
+    a = np.maximum(np.asarray(mean_abs, np.float64), 0.0)
+    floor = a[a > 0].min() if np.any(a > 0) else 1.0
+    s = np.power(np.maximum(a, floor), alpha)
+    s = s / np.sqrt(s.max() * s.min())
+    return np.clip(s, *S_RANGE)
+
+
+def search_clip(gram: np.ndarray, scaled: np.ndarray, block: int, ftype) -> np.ndarray:
+    """Per block of ``block`` rows and per column of ``scaled`` (``diag(s)·W``, [K, N]), the factor of
+    :data:`CLIPS` for its range whose rounding error ``x_b · (W_b − Q(W_b))`` is least (``gram``: of ``x/s``).
+    Returns the factors, [blocks, N]."""
+    k, n = scaled.shape
+    blocks = -(-k // block)
+    chosen = np.ones((blocks, n))
+    for b in range(blocks):
+        rows = slice(b * block, min(k, (b + 1) * block))
+        w, g = scaled[rows], gram[rows, rows]
+        amax = np.abs(w).max(axis=0)
+        d = np.concatenate([w - _quantized(np.clip(w, -c * amax, c * amax), block, ftype) for c in CLIPS], axis=1)
+        err = np.sum((g @ d) * d, axis=0).reshape(len(CLIPS), n)  # one product for every factor
+        chosen[b] = np.asarray(CLIPS)[np.argmin(err, axis=0)]  # the first (largest) factor on ties
+    return chosen
+
+
+def _apply(graph: gs.Graph, annotations: Annotations, x: gs.Tensor, layers: list[_Layer], obs: GramObserver,
+           names: NameAllocator, graph_outputs: set[str]) -> Scaled:
+    alpha, s, rtn, _ = search_alpha(obs.gram.astype(np.float32), obs.mean_abs, layers)
+    if alpha == 0:
+        s = np.ones_like(s)
+    nodes = [layer.node for layer in layers]
+    through = applied_by = ""
+    if alpha:
+        ln = foldable_layer_norm(x, nodes, graph_outputs)
+        ftype = np.dtype(x.dtype) if x.dtype is not None else np.dtype(np.float32)
+        if ln is not None and {id(n) for n in x.outputs} == {id(n) for n in nodes}:  # every reader takes 1/s
+            divide_layer_norm(ln, s, names)
+            through, applied_by = "LayerNormalization", ln.name
+        else:  # x ─ Mul(1/s) ─ x/s ─ the INT4 layers; the other readers keep x
+            divided = gs.Variable(names(f"{x.name}_awq"), dtype=x.dtype, shape=x.shape)
+            applied_by = names(f"{x.name}_awq_scale")
+            graph.nodes.append(gs.Node("Mul", applied_by, inputs=[x, gs.Constant(
+                names(f"{x.name}_awq_divisors"), (1.0 / s).astype(ftype))], outputs=[divided]))
+            for node in nodes:
+                node.inputs[0] = divided
+            through = "Mul"
+        stored = [(layer.weight.T if layer.transposed else layer.weight) for layer in layers]
+        specs = rescale_weights(annotations, nodes, stored, s, names, layers[0].ftype, "awq")
+    else:
+        specs = [layer.spec for layer in layers]
+    gram = (obs.gram / np.outer(s, s)).astype(np.float32)  # of x/s
+    error, clips = 0.0, []
+    for layer, spec, node in zip(layers, specs, nodes, strict=True):
+        stored = np.asarray(node.inputs[1].values, np.float32)
+        scaled = stored.T if layer.transposed else stored  # diag(s)·W as the model stores it, [K, N]
+        chosen = search_clip(gram, scaled, spec.block_size, layer.ftype)
+        limit = np.repeat(chosen * np.abs(_blocks(scaled, spec.block_size)).max(axis=1), spec.block_size,
+                          axis=0)[:scaled.shape[0]]
+        clipped = np.clip(scaled, -limit, limit)
+        codes, scale = quantize_blocks(clipped.T if layer.transposed else clipped, block_axis(spec.axis, 2),
+                                       spec.block_size, layer.ftype, INT4)
+        spec.codes, spec.scale = codes, scale
+        deq = dequantize(codes, scale, block_axis(spec.axis, 2), spec.block_size)
+        error += _error(gram, scaled - (deq.T if layer.transposed else deq))
+        clips.append(chosen.mean())
+    return Scaled(x.name, tuple(n.name for n in nodes), alpha, through, applied_by, float(s.max() / s.min()),
+                  round(float(np.mean(clips)), 3), float(rtn), float(error))
+
+
+def _blocks(w: np.ndarray, block: int) -> np.ndarray:
+    """``w`` [K, N] as [blocks, block, N], the last block padded with zeros."""
+    k = w.shape[0]
+    blocks = -(-k // block)
+    padded = np.concatenate([w, np.zeros((blocks * block - k, w.shape[1]), w.dtype)]) if blocks * block != k else w
+    return padded.reshape(blocks, block, w.shape[1])
+
+
+def _quantized(w: np.ndarray, block: int, ftype) -> np.ndarray:
+    """``w`` [K, N] through the INT4 block quantizer (blocks along K) and back, in float32: the values
+    :func:`~trt_bridge.lift.weights.quantize_blocks` gives, without its int4 codes (a search's inner loop)."""
+    w = np.asarray(w.astype(ftype), np.float32)
+    blocked = _blocks(w, block)
+    amax = np.abs(blocked).max(axis=1, keepdims=True)
+    scale = representable_scale(np.where(amax > 0, np.maximum(amax / INT4.qmax, FLOAT32_TINY), 1.0 / INT4.qmax),
+                                ftype).astype(np.float32)
+    q = np.clip(np.rint(blocked / scale), -INT4.qmax, INT4.qmax) * scale
+    return q.reshape(-1, w.shape[1])[:w.shape[0]]
+
+
+def _rounded(layer: _Layer, s: np.ndarray) -> np.ndarray:
+    """``Q(diag(s)·W)`` of ``layer`` (dequantized, [K, N])."""
+    return _quantized(layer.weight * s[:, None], layer.spec.block_size, layer.ftype)
+
+
+def _error(gram: np.ndarray, delta: np.ndarray) -> float:
+    """``||X · delta||²`` from ``gram = XᵀX``."""
+    return float(np.sum((gram @ delta) * delta, dtype=np.float64))

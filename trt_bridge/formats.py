@@ -1,0 +1,141 @@
+"""Quantization formats as values: what a Q/DQ's codes are, and what TensorRT builds of them.
+
+One frozen :class:`QuantFormat` per format TensorRT runs (INT8, FP8 E4M3, INT4 and FP4 E2M1), with what every stage
+needs to know of it: its ONNX and numpy types, the largest code (``qmax``: a tensor whose largest magnitude is amax
+has scale amax / qmax), whether its codes are integers or floats, which granularities TensorRT takes for it, the
+opset its Q/DQ need and the compute capability that runs it. Lift, placement, lowering and check read formats from
+here instead of assuming int8; :func:`code_format` is the one reader of a source Q/DQ's code type.
+
+Ranges travel through the annotations in INT8's unit (an activation's ``scale`` is amax / 127, whatever its format:
+every scale source, from calibration to TensorRT caches, writes that unit); lowering writes amax / ``qmax`` of the
+tensor's format (:meth:`QuantFormat.scale_of`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+from onnx import TensorProto
+
+
+@dataclass(frozen=True)
+class QuantFormat:
+    """One quantization format TensorRT builds (compare onnxruntime's ``QuantType``, Polygraphy's ``DataType``)."""
+
+    name: str  # the option's spelling: int8, fp8, int4, fp4
+    label: str  # the report's: INT8, FP8, INT4, FP4
+    onnx_type: int  # the codes' TensorProto type
+    dtype: np.dtype  # the codes' numpy (ml_dtypes) type
+    qmax: float  # the largest code: 127, 448, 7, 6
+    is_float: bool  # float codes (FP8, FP4): cast, not rounded to integers
+    activations: bool  # TensorRT quantizes activations in it (per tensor); else weights only
+    block_size: int  # weights: 0 per channel, else the default block along the reduction axis
+    min_opset: int  # QuantizeLinear/DequantizeLinear take the type from this opset
+    min_compute: float  # the lowest compute capability whose kernels run it
+
+    @property
+    def qmin(self) -> float:
+        """The smallest code a symmetric quantizer writes: −qmax (int4's −8 is left unused, as TensorRT does)."""
+        return -self.qmax
+
+    def scale_of(self, int8_scale) -> np.ndarray:
+        """The scale of this format covering the range an INT8-unit scale (amax / 127) covers."""
+        return np.asarray(int8_scale, np.float64) * (INT8_QMAX / self.qmax)
+
+    def codes(self, values: np.ndarray, scale: np.ndarray) -> np.ndarray:
+        """``QuantizeLinear(values, scale, 0)`` with saturation: integer codes rounded half to even, float codes
+        cast (round to nearest even) after clamping to ±qmax (so nothing becomes NaN)."""
+        q = np.clip(np.asarray(values, np.float64) / np.asarray(scale, np.float64), -self.qmax, self.qmax)
+        if not self.is_float:
+            q = np.rint(q)
+        return q.astype(self.dtype)
+
+    def zero(self, shape=()) -> np.ndarray:
+        """The zero point TensorRT takes: zeros of the codes' type."""
+        return np.zeros(shape, self.dtype)
+
+    def runs_on(self, compute: float) -> bool:
+        return compute >= self.min_compute
+
+
+INT8_QMAX = 127
+
+INT8 = QuantFormat("int8", "INT8", TensorProto.INT8, np.dtype(np.int8), INT8_QMAX, False, True, 0, 13, 0.0)
+FP8 = QuantFormat("fp8", "FP8", TensorProto.FLOAT8E4M3FN, np.dtype(ml_dtypes.float8_e4m3fn), 448.0, True, True,
+                  0, 19, 8.9)
+INT4 = QuantFormat("int4", "INT4", TensorProto.INT4, np.dtype(ml_dtypes.int4), 7, False, False, 128, 21, 8.0)
+FP4 = QuantFormat("fp4", "FP4", TensorProto.FLOAT4E2M1, np.dtype(ml_dtypes.float4_e2m1fn), 6.0, True, True, 16,
+                  23, 10.0)
+
+FORMATS = {f.name: f for f in (INT8, FP8, INT4, FP4)}
+
+
+@dataclass(frozen=True)
+class SourceCodes:
+    """What a source Q/DQ's code type is, and the format TensorRT runs that keeps it best."""
+
+    onnx_type: int
+    name: str  # uint8, int16, float8e5m2, ...
+    nearest: QuantFormat
+    exact: bool  # the codes are the nearest format's own (int8, float8e4m3fn, int4, float4e2m1)
+
+
+_SOURCES = {
+    TensorProto.INT8: ("int8", INT8, True), TensorProto.UINT8: ("uint8", INT8, False),
+    TensorProto.INT16: ("int16", INT8, False), TensorProto.UINT16: ("uint16", INT8, False),
+    TensorProto.INT4: ("int4", INT4, True), TensorProto.UINT4: ("uint4", INT4, False),
+    TensorProto.FLOAT8E4M3FN: ("float8e4m3fn", FP8, True), TensorProto.FLOAT8E4M3FNUZ: ("float8e4m3fnuz", FP8, False),
+    TensorProto.FLOAT8E5M2: ("float8e5m2", FP8, False), TensorProto.FLOAT8E5M2FNUZ: ("float8e5m2fnuz", FP8, False),
+    TensorProto.FLOAT4E2M1: ("float4e2m1", FP4, True),
+}
+
+
+#: every ONNX type a Q/DQ's codes can have
+CODE_TYPES = tuple(_SOURCES)
+
+
+def code_format(onnx_type: int) -> SourceCodes | None:
+    """The source codes of ONNX type ``onnx_type`` (None: not a quantized type: int32, float, ...)."""
+    found = _SOURCES.get(onnx_type)
+    return None if found is None else SourceCodes(onnx_type, *found)
+
+
+def numpy_code_format(dtype) -> SourceCodes | None:
+    """:func:`code_format` of a numpy (or ml_dtypes) dtype; None for a type that is not one of the code types."""
+    try:
+        dtype = np.dtype(dtype)
+    except TypeError:
+        return None
+    for onnx_type in _SOURCES:
+        if _NUMPY.get(onnx_type) == dtype:
+            return code_format(onnx_type)
+    return None
+
+
+_NUMPY = {
+    TensorProto.INT8: np.dtype(np.int8), TensorProto.UINT8: np.dtype(np.uint8),
+    TensorProto.INT16: np.dtype(np.int16), TensorProto.UINT16: np.dtype(np.uint16),
+    TensorProto.INT4: np.dtype(ml_dtypes.int4), TensorProto.UINT4: np.dtype(ml_dtypes.uint4),
+    TensorProto.FLOAT8E4M3FN: np.dtype(ml_dtypes.float8_e4m3fn),
+    TensorProto.FLOAT8E4M3FNUZ: np.dtype(ml_dtypes.float8_e4m3fnuz),
+    TensorProto.FLOAT8E5M2: np.dtype(ml_dtypes.float8_e5m2),
+    TensorProto.FLOAT8E5M2FNUZ: np.dtype(ml_dtypes.float8_e5m2fnuz),
+    TensorProto.FLOAT4E2M1: np.dtype(ml_dtypes.float4_e2m1fn),
+}
+
+
+def code_limits(dtype) -> tuple[float, float]:
+    """The smallest and largest code of a (source) code type: integers from ``iinfo``, floats from ``finfo``
+    (float8/float4 included, through ml_dtypes)."""
+    dtype = np.dtype(dtype)
+    try:
+        info = np.iinfo(dtype)
+    except ValueError:
+        try:
+            info = ml_dtypes.iinfo(dtype)
+        except (ValueError, TypeError):
+            info = ml_dtypes.finfo(dtype)
+            return float(-info.max), float(info.max)
+    return float(info.min), float(info.max)

@@ -1,0 +1,81 @@
+"""A MatMul's 4-bit block weight that TensorRT's INT4 has no exact form for, kept exact as int4 codes plus a float side
+path that adds each block's shift (the zero point other than 8, the sign of a negative scale, a float zero point)::
+
+    Before:  A ─ MatMul(W = (q − z)·s, blocks of b along K) ─ Y
+    After:   A ─ MatMul(W' = k·|s|) ─ + ─ Y          annotation: W' → INT4 blocks of b, the codes k kept
+             A ─ MatMul(E) ─ MatMul(T) ─┘            E [1, K, K/b]: ones summing each block of A's columns,
+                                                     T [1, K/b, N]: each block's shift t·|s| (float)
+             (a Shape ─ Reshape after MatMul(T) where A's rank is below 3 or unknown: the leading 1 goes)
+
+with ``(q − z)·s = k·|s| + t·|s|`` (:func:`trt_bridge.lift.int4_blocks.int4_offset_blocks`). The side path costs K/b
+of the MatMul's N columns; it stays in the high precision. Used by the rules that lift MatMulNBits and blocked
+DequantizeLinear weights of a MatMul.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx_graphsurgeon as gs
+
+from trt_bridge.annotations import ScaleSource, Site, WeightSpec
+from trt_bridge.formats import INT4
+from trt_bridge.lift.base import LiftContext
+from trt_bridge.lift.int4_blocks import OffsetBlocks, int4_offset_blocks
+from trt_bridge.lift.weights import dequantize
+
+
+def shifted_blocks(values: np.ndarray, zero_point: np.ndarray, scale: np.ndarray, block: int) -> OffsetBlocks | None:
+    """A [K, N] block weight (codes ``values``, ``zero_point`` and ``scale`` [K/b, N], blocks along K) as exact int4
+    codes plus a shift per block, where some block does not fit int4 as it is; None where every block fits (or
+    one cannot be shifted into int4: 8-bit codes)."""
+    zp = np.repeat(np.asarray(zero_point), block, axis=0)[:values.shape[0]] if np.ndim(zero_point) else zero_point
+    if np.issubdtype(np.asarray(zero_point).dtype, np.floating):
+        centred = values.astype(np.float64) - np.asarray(zp, np.float64)
+    else:
+        centred = values.astype(np.int16) - np.asarray(zp).astype(np.int16)
+    shifted = int4_offset_blocks(centred, scale, block, 0)
+    return None if shifted is None or not np.any(shifted.offset) else shifted
+
+
+def lift_shifted_matmul(ctx: LiftContext, matmul: gs.Node, source: gs.Tensor, shifted: OffsetBlocks, block: int,
+                        origin: str, ftype=np.float32) -> None:
+    """Make ``matmul``'s weight (input 1, from ``source``) the exact codes of ``shifted`` and add its side path."""
+    key = ("shifted-block-weight", source.name, shifted.scale.tobytes(), shifted.offset.tobytes(),
+           np.dtype(ftype).name)
+    base = source.name.removesuffix("_quantized") or origin
+    weight = ctx.constant(f"{base}_float", lambda: dequantize(shifted.codes, shifted.scale, 0, block).astype(ftype),
+                          key)
+    site = Site(matmul.name, 1)
+    spec = ctx.annotations.weights.get(weight.name)
+    if spec is None:
+        spec = WeightSpec(weight.name, [], 1, origin, codes=shifted.codes, scale=shifted.scale,
+                          source=ScaleSource.EXACT_WEIGHTS, format=INT4, block_size=block)
+    spec.sites.append(site)
+    ctx.annotations.add_weight(spec)
+    matmul.inputs[1] = weight
+    a, y = matmul.inputs[0], matmul.outputs[0]
+    name = matmul.name or y.name
+    rows, blocks = shifted.codes.shape[0], shifted.offset.shape[0]
+    ones = np.zeros((rows, blocks), ftype)
+    ones[np.arange(rows), np.arange(rows) // block] = 1
+    product = gs.Variable(ctx.names(f"{name}/int4_out"), dtype=y.dtype)
+    summed = gs.Variable(ctx.names(f"{name}/block_sums"), dtype=y.dtype)
+    shift = gs.Variable(ctx.names(f"{name}/block_shift_out"), dtype=y.dtype)
+    y.inputs.clear()
+    matmul.outputs.append(product)
+    # E and T are 3-D ([1, ·, ·]): no 2-D MatMul weight that --int4 would quantize; a product of A of rank < 3 (or
+    # unknown) gains a leading 1, reshaped back to the MatMul's shape
+    ctx.graph.nodes.append(gs.Node("MatMul", ctx.names(f"{name}/block_sum"), {}, [
+        a, ctx.constant(f"{name}/block_sum_ones", ones[None], ("block-sum-ones", rows, block, np.dtype(ftype).name))],
+        [summed]))
+    ctx.graph.nodes.append(gs.Node("MatMul", ctx.names(f"{name}/block_shift"), {}, [
+        summed, ctx.constant(f"{base}_block_shifts", shifted.offset.astype(ftype)[None], ("block-shifts",) + key)],
+        [shift]))
+    if a.shape is None or len(a.shape) < 3:
+        shape = gs.Variable(ctx.names(f"{name}/int4_out_shape"), dtype=np.int64)
+        ctx.graph.nodes.append(gs.Node("Shape", ctx.names(f"{name}/int4_shape"), {}, [product], [shape]))
+        reshaped = gs.Variable(ctx.names(f"{name}/block_shift_reshaped"), dtype=y.dtype)
+        ctx.graph.nodes.append(gs.Node("Reshape", ctx.names(f"{name}/block_shift_reshape"), {}, [shift, shape],
+                                       [reshaped]))
+        shift = reshaped
+    ctx.graph.nodes.append(gs.Node("Add", ctx.names(f"{name}/shifted"), {}, [product, shift], [y]))

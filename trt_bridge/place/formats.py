@@ -1,0 +1,127 @@
+"""Which format each quantized tensor is written in: the source's where TensorRT runs it, or the one asked for.
+
+    --int8 / --fp8   every quantized activation, and the weights of the layers they feed, in that format
+    --int4           2-D MatMul/Gemm weights in INT4 blocks along their reduction axis (weight-only: those layers'
+                     activations stay in the high precision, which is the form TensorRT builds)
+    (none)           what the source quantizes: FP8 stays FP8, INT4 blocks stay INT4, everything else INT8; a float
+                     model's layers INT8
+
+A weight runs in its layer's activation format (TensorRT's FP8 and INT8 layers take both inputs in one format); a
+block-wise INT4 weight takes none. Codes the lift kept exact stay exact where the format does not change; a weight
+whose format changes is re-quantized from its float values when lowered (:func:`trt_bridge.lift.weights.weight_values`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import onnx_graphsurgeon as gs
+
+from trt_bridge.annotations import Annotations, ScaleSource, Site, WeightSpec
+from trt_bridge.choices import FormatOptions
+from trt_bridge.errors import UnsupportedPatternError
+from trt_bridge.formats import FORMATS, INT4, INT8, QuantFormat
+from trt_bridge.lift.weights import weight_axis
+
+
+@dataclass(frozen=True)
+class FormatChange:
+    tensor: str
+    kind: str  # "activation" | "weight"
+    format: str
+    was: str
+    reason: str
+
+
+def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOptions) -> list[FormatChange]:
+    """Set each annotation's format (in place) as ``options`` ask; return what changed from the lifted one."""
+    changes: list[FormatChange] = []
+    act = None if options.activations is None else FORMATS[options.activations]
+    lifted = {spec.format for spec in annotations.activations.values() if not spec.placed}
+    if act is None and lifted == {FORMATS["fp8"]}:  # an FP8 source: what placement adds is FP8 too
+        for spec in annotations.activations.values():
+            spec.format = FORMATS["fp8"]
+    if act is not None:
+        for spec in annotations.activations.values():
+            if spec.format is not act:
+                changes.append(FormatChange(spec.tensor, "activation", act.name, spec.format.name, f"--{act.name}"))
+                spec.format = act
+    nodes = {n.name: n for n in graph.nodes}
+    tensors = graph.tensors()
+    weight_only = None if options.weights is None else FORMATS[options.weights]
+    if weight_only is INT4:
+        _annotate_float_weights(graph, annotations)
+        if not annotations.weights and not annotations.activations:
+            raise UnsupportedPatternError("--int4 quantizes the constant 2-D weights of MatMul and Gemm, and this "
+                                          "model has none (its weighted layers are convolutions, or their weights are "
+                                          "computed): use --int8 or --fp8 with --calib-data instead.")
+    reads = _activation_formats(annotations)
+    for spec in annotations.weights.values():
+        wanted = _weight_format(spec, nodes, tensors, reads, weight_only)
+        if wanted is spec.format:
+            if wanted is INT4 and not spec.block_size:
+                spec.block_size = options.block_size
+            continue
+        reason = "--int4" if wanted is INT4 else f"its layer's activations are {wanted.label}"
+        changes.append(FormatChange(spec.tensor, "weight", wanted.name, spec.format.name, reason))
+        spec.format, spec.codes, spec.scale, spec.source = wanted, None, None, ScaleSource.REQUANTIZED
+        spec.block_size = options.block_size if wanted is INT4 else 0
+    # INT4 layers are weight-only: TensorRT-RTX builds no FP8 × INT4 layer for compute capability 8.9, and INT8 × INT4
+    # only for some shapes (an AIMET W4A8 export with blocks of 16 failed: "CHECK(is_constant()) failed")
+    blocked = {s.node for spec in annotations.weights.values() if spec.format is INT4 for s in spec.sites}
+    for name in list(annotations.activations):
+        spec = annotations.activations[name]
+        kept = [s for s in spec.sites if s.node not in blocked]
+        if len(kept) == len(spec.sites):
+            continue
+        if not spec.placed:
+            changes.append(FormatChange(name, "activation", "none", spec.format.name, "it feeds INT4 weight-only "
+                                        "layers only" if not kept else "INT4 weight-only layers read it in float"))
+        spec.sites = kept
+        if not kept:
+            del annotations.activations[name]
+    return changes
+
+
+def _annotate_float_weights(graph: gs.Graph, annotations: Annotations) -> None:
+    """--int4: every 2-D float constant weight of a MatMul/Gemm that placement left unannotated (a float model
+    without calibration data has none) becomes a weight annotation; the loop above makes it INT4."""
+    for node in graph.nodes:
+        if node.op not in ("MatMul", "Gemm") or len(node.inputs) < 2 or node.attrs.get("transA", 0):
+            continue
+        weight = node.inputs[1]
+        if not isinstance(weight, gs.Constant) or len(weight.shape) != 2 or getattr(weight.dtype, "kind", "") != "f":
+            continue
+        site = Site(node.name, 1)
+        spec = annotations.weights.get(weight.name)
+        if spec is None:
+            annotations.weights[weight.name] = WeightSpec(weight.name, [site], weight_axis(node, 2), node.name)
+        elif site not in spec.sites:
+            spec.sites.append(site)
+
+
+def _activation_formats(annotations: Annotations) -> dict[str, QuantFormat]:
+    """node → the format of the activations it reads quantized (FP8 where any is)."""
+    found: dict[str, QuantFormat] = {}
+    for spec in annotations.activations.values():
+        for site in spec.sites:
+            if found.get(site.node) is not FORMATS["fp8"]:
+                found[site.node] = spec.format
+    return found
+
+
+def _weight_format(spec, nodes, tensors, reads, weight_only: QuantFormat | None) -> QuantFormat:
+    """INT4 for a 2-D MatMul/Gemm weight that --int4 asks for or the source wrote in INT4 blocks; else its layers'
+    activation format (FP8 where any is, INT8 otherwise)."""
+    layers = [nodes[s.node] for s in spec.sites if s.node in nodes]
+    tensor = tensors.get(spec.tensor)
+    blockable = bool(tensor is not None and len(tensor.shape or ()) == 2 and layers
+                     and all(n.op in ("MatMul", "Gemm") for n in layers))
+    if blockable and (weight_only is INT4 or (spec.format is INT4 and weight_only is None)):
+        return INT4
+    formats = {reads[n.name] for n in layers if n.name in reads}
+    if FORMATS["fp8"] in formats:
+        return FORMATS["fp8"]
+    if formats:
+        return INT8
+    return spec.format if spec.format is not INT4 else INT8
