@@ -93,6 +93,8 @@ def measure(model, files: Path, work: Path, args, fp8: bool, int4: bool) -> dict
         row.update(rtn_db=score(work / "rtn.onnx"), rtn_s=round(seconds, 1))
         seconds, report = ours(fixed, work / "awq.onnx", work / "calib.npz", weights="int4", only_weights=True)
         row.update(awq_db=score(work / "awq.onnx"), awq_s=round(seconds, 1),
+                   awq_variant=report.awq[0]["variant"] if report.awq else None,
+                   awq_held_out_db=report.awq[0]["held_out_db"] if report.awq else None,
                    awq_alphas=[x["alpha"] for x in report.awq], awq_gain_db=round(float(np.mean(
                        [10 * np.log10(x["rtn_error"] / x["error"]) for x in report.awq if x["error"] > 0])), 2)
                    if report.awq else None)
@@ -120,11 +122,12 @@ def render(rows: list[dict]) -> str:
             return f"failed: {value[:60]}"
         return f"{value:.1f} dB ({row.get(seconds, 0):.0f} s)"
 
-    lines = ["| model | INT4 ModelOpt awq_clip | INT4 ours RTN | INT4 ours AWQ (α chosen) | FP8 ModelOpt | FP8 ours |",
+    lines = ["| model | INT4 ModelOpt awq_clip | INT4 ours RTN | INT4 ours AWQ (variant, α chosen) | FP8 ModelOpt "
+             "| FP8 ours |",
              "|---|---|---|---|---|---|"]
     for r in rows:
         alphas = r.get("awq_alphas")
-        chosen = f" α {min(alphas):.1f}-{max(alphas):.1f}" if alphas else ""
+        chosen = f" {r.get('awq_variant')}, α {min(alphas):.1f}-{max(alphas):.1f}" if alphas else ""
         lines.append(f"| {r['model']} | {cell(r, 'modelopt_int4_db', 'modelopt_int4_s')} | "
                      f"{cell(r, 'rtn_db', 'rtn_s')} | {cell(r, 'awq_db', 'awq_s')}{chosen} | "
                      f"{cell(r, 'modelopt_fp8_db', 'modelopt_fp8_s')} | {cell(r, 'fp8_db', 'fp8_s')} |")
@@ -137,6 +140,8 @@ def main() -> int:
     ap.add_argument("--only", nargs="*", default=list(INT4_MODELS), help="models for the INT4 columns")
     ap.add_argument("--fp8", nargs="*", default=list(FP8_MODELS), help="models for the FP8 columns")
     ap.add_argument("--modelopt-python", type=Path, default=MODELOPT if MODELOPT.is_file() else None)
+    ap.add_argument("--no-modelopt", dest="modelopt_python", action="store_const", const=None,
+                    help="measure trt-bridge alone")
     ap.add_argument("--calib", type=int, default=table.CALIB, help="calibration feeds")
     ap.add_argument("--eval", type=int, default=table.EVAL, help="held-out feeds")
     ap.add_argument("--json", type=Path, help="write the rows here too")

@@ -29,7 +29,7 @@ MAX_LINES = 400
 
 #: layers, lowest first; the names are trt_bridge's top-level modules and packages
 LAYERS = (
-    ("__init__", "errors", "_lazy", "user_code", "choices"),  # user_code: the one place the user's own Python runs
+    ("__init__", "errors", "user_code", "choices"),  # user_code: the one place the user's own Python runs
     ("ir", "formats"),
     ("annotations", "stage", "samples"),
     ("runtime",),

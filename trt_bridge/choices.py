@@ -25,6 +25,17 @@ ACTIVATION_FORMATS = ("int8", "fp8")
 WEIGHT_ONLY_FORMATS = ("int4",)
 
 
+def compute_capability(text: str) -> float:
+    """'8.9' / 'SM89' / 'sm_89' / '89' / '12.0' → 8.9 / 12.0 (what ``--compute-capability`` takes)."""
+    match = re.fullmatch(r"(?:sm_?)?(\d+)(?:\.(\d))?", str(text).strip().lower())
+    if match and match.group(2) is not None:
+        return float(f"{match.group(1)}.{match.group(2)}")
+    if match and len(match.group(1)) >= 2:
+        digits = match.group(1)
+        return float(f"{digits[:-1]}.{digits[-1]}")
+    raise TrtBridgeError(f"--compute-capability '{text}' is not a compute capability such as 8.9 or 12.0.")
+
+
 class CalibMethod(str, enum.Enum):
     MAX = "max"
     PERCENTILE = "percentile"
@@ -78,8 +89,13 @@ class FormatOptions:
     activations: str | None = field(default=None, metadata={"key": "precision"})  # None: the source's, else INT8
     weights: str | None = None  # "int4": weight-only blocks for MatMul/Gemm
     block_size: int = BLOCK_SIZE
+    #: the GPU the output must run on (--compute-capability X.Y): FP4 sources stay FP4 for 10.0 and newer, else
+    #: INT4 blocks; also the target of convert's own check. None: no target (FP4 approximated)
+    compute_capability: str | None = None
 
     def __post_init__(self) -> None:
+        if self.compute_capability is not None:
+            compute_capability(self.compute_capability)  # a bad value fails before any work
         if self.activations is not None and self.activations not in ACTIVATION_FORMATS:
             raise TrtBridgeError(f"precision {self.activations}: choose int8 or fp8 (--int8, --fp8).")
         if self.weights is not None and self.weights not in WEIGHT_ONLY_FORMATS:

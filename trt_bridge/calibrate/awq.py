@@ -19,6 +19,12 @@ calibration row, so no activations are kept. ``1/s`` is folded into the LayerNor
 INT4 layers are its only readers (:func:`trt_bridge.calibrate.smooth.divide_layer_norm`, as SmoothQuant does), else
 applied by one Mul before them; other readers keep ``x`` as it was. The float graph computes what it did; the chosen
 codes and block scales go into the weight annotations, which lowering writes as they are.
+
+Each layer's error is only a proxy for the model's: on a real DINOv2 ViT-S both steps lowered every layer's
+calibration error (2.4 dB on average) and together still cost 0.5 dB on held-out photographs, each alone gaining
+0.3-0.6 dB. So the statistics come from all calibration feeds but the last few, on which the whole model is judged
+rounded four ways (:data:`VARIANTS`), and the best is written (a real MiniLM-L3 encoder: 14.5 dB plain, 17.2 dB AWQ;
+ModelOpt's int4 awq_clip 15.1 dB).
 """
 
 from __future__ import annotations
@@ -32,10 +38,11 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations, WeightSpec
 from trt_bridge.calibrate.feeds import FeedSource
-from trt_bridge.calibrate.session import CalibrationSession
+from trt_bridge.calibrate.session import CalibrationSession, HeldOut, bad_feed
 from trt_bridge.calibrate.smooth import MIN_ROWS, S_RANGE, divide_layer_norm, foldable_layer_norm, rescale_weights
 from trt_bridge.formats import INT4
 from trt_bridge.ir.names import NameAllocator
+from trt_bridge.ir.store import store_of
 from trt_bridge.ir.toposort import toposort
 from trt_bridge.ir.values import FLOAT32_TINY
 from trt_bridge.lift.weights import block_axis, dequantize, float_type, quantize_blocks, representable_scale
@@ -48,6 +55,10 @@ ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))
 CLIPS = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))
 #: inputs wider than this are left to plain rounding (their Gram matrix would take over 512 MB)
 MAX_CHANNELS = 8192
+#: what the held-out feeds choose among: scaling and clipping (AWQ), either alone, plain rounding; the first on ties
+VARIANTS = ("awq", "clip", "scale", "rtn")
+#: how much better on the held-out feeds another variant must be than AWQ (or the one before it) to be chosen
+MARGIN_DB = 0.1
 #: the Gram matrices gathered in one pass over the feeds, in bytes (more inputs: more passes)
 GRAM_BYTES = 1 << 30
 
@@ -64,7 +75,9 @@ class Scaled:
     max_factor: float  # the largest s / the smallest s
     clip: float  # the mean factor the blocks' ranges were shrunk by
     rtn_error: float  # calibration output error Σ||x·W − x·Q(W)||² with plain rounding
-    error: float  # the same with AWQ's scaling and clipping
+    error: float  # the same as written
+    variant: str = "awq"  # of VARIANTS: what the held-out feeds chose for the whole model
+    held_out_db: dict | None = None  # variant → the model's SNR on the held-out feeds ({}: none held out)
 
     @property
     def gain_db(self) -> float:
@@ -157,27 +170,52 @@ def apply_awq(graph: gs.Graph, annotations: Annotations, lifted: onnx.ModelProto
     """Choose ``s`` and the clip factors of every INT4 weight group (:func:`groups`) on ``feeds`` run through the
     float model ``lifted`` (whose graph is ``graph``), and apply them in place: ``1/s`` in the graph, ``diag(s)·W`` as
     the float weights, the chosen codes and scales in their annotations. Inputs seen on fewer than ``MIN_ROWS``
-    rows keep plain rounding."""
+    rows keep plain rounding; the last feeds (``HeldOut.size_for``) judge the variants (:func:`_judge`)."""
     found = groups(graph, annotations)
     known = {o for n in lifted.graph.node for o in n.output} | {i.name for i in lifted.graph.input}
     found = {x: layers for x, layers in found.items() if x in known}
     if not found:
         return []
-    names = NameAllocator(graph)
-    tensors = graph.tensors()
-    graph_outputs = {t.name for t in graph.outputs}
-    done = []
+    total = feeds.total
+    # a model over 2 GB (its weights in a store) is not copied to be judged
+    hold = HeldOut.size_for(total) if total is not None and total >= 8 and store_of(lifted) is None else 0
+    outputs = [o.name for o in lifted.graph.output]
+    kept: list[tuple[dict, dict]] = []  # held-out feeds and the float model's outputs on them
+    options: dict[str, dict[str, tuple]] = {}
     with CalibrationSession(lifted, sorted(found)) as session:
         for chunk in _passes(found):
             observers = {x: GramObserver() for x in chunk}
-            session.run(observers, feeds, progress, desc="AWQ statistics")
-            for x_name in chunk:
-                obs, layers = observers.pop(x_name), found[x_name]
-                if obs.rows < MIN_ROWS or obs.gram is None or obs.gram.shape[0] != layers[0].weight.shape[0]:
-                    log.info("AWQ leaves %r to plain rounding: %d calibration row(s), fewer than %d", x_name,
-                             obs.rows, MIN_ROWS)
+            names = [x for x in chunk if x not in session.graph_inputs] + [o for o in outputs if o not in chunk]
+            for index, (feed, values) in enumerate(session.outputs(names, feeds)):
+                got = {**{x: feed[x] for x in chunk if x in session.graph_inputs}, **dict(zip(names, values))}
+                if bad_feed(feed, {o: got[o] for o in outputs}, index) is not None:
                     continue
-                done.append(_apply(graph, annotations, tensors[x_name], layers, obs, names, graph_outputs))
+                if hold and index >= total - hold:
+                    if not options:  # the first pass keeps them
+                        kept.append((feed, {o: got[o] for o in outputs}))
+                    continue
+                for x in chunk:
+                    observers[x].update(got[x])
+            for x in chunk:
+                obs = observers.pop(x)
+                if obs.rows < MIN_ROWS or obs.gram is None or obs.gram.shape[0] != found[x][0].weight.shape[0]:
+                    log.info("AWQ leaves %r to plain rounding: %d calibration row(s), fewer than %d", x, obs.rows,
+                             MIN_ROWS)
+                    continue
+                options[x] = _variants(found[x], obs)
+    if not options:
+        return []
+    scores = {v: _judge(graph, found, options, v, kept) for v in VARIANTS} if kept else {}
+    chosen = VARIANTS[0]
+    for variant in VARIANTS[1:] if scores else ():  # AWQ unless another variant is clearly better
+        if scores[variant] > scores[chosen] + MARGIN_DB:
+            chosen = variant
+    log.info("AWQ: held-out SNR by variant %s; chose %s", {k: round(v, 2) for k, v in scores.items()}, chosen)
+    names_ = NameAllocator(graph)
+    tensors = graph.tensors()
+    graph_outputs = {t.name for t in graph.outputs}
+    done = [_commit(graph, annotations, tensors[x], found[x], options[x], chosen, names_, graph_outputs,
+                    scores) for x in sorted(options)]
     if any(d.through for d in done):
         toposort(graph.cleanup())
     return done
@@ -241,11 +279,65 @@ def search_clip(gram: np.ndarray, scaled: np.ndarray, block: int, ftype) -> np.n
     return chosen
 
 
-def _apply(graph: gs.Graph, annotations: Annotations, x: gs.Tensor, layers: list[_Layer], obs: GramObserver,
-           names: NameAllocator, graph_outputs: set[str]) -> Scaled:
-    alpha, s, rtn, _ = search_alpha(obs.gram.astype(np.float32), obs.mean_abs, layers)
-    if alpha == 0:
-        s = np.ones_like(s)
+def _variants(layers: list[_Layer], obs: GramObserver) -> dict[str, tuple]:
+    """Per variant of :data:`VARIANTS`: (α, s, [(codes, scales) per layer as stored], mean clip factor, error, plain
+    rounding's error)."""
+    alpha, s_best, rtn, _ = search_alpha(obs.gram.astype(np.float32), obs.mean_abs, layers)
+    found = {}
+    for variant in VARIANTS:
+        scaled_too, clipped_too = variant in ("awq", "scale"), variant in ("awq", "clip")
+        a, s = (alpha, s_best) if scaled_too and alpha else (0.0, np.ones_like(s_best))
+        gram = (obs.gram / np.outer(s, s)).astype(np.float32)  # of x/s
+        quantized, clips, error = [], [], 0.0
+        for layer in layers:
+            scaled = np.asarray((layer.weight * s[:, None]).astype(layer.ftype), np.float32)  # as rescaled, [K, N]
+            block = layer.spec.block_size
+            chosen = search_clip(gram, scaled, block, layer.ftype) if clipped_too else np.ones((1, 1))
+            limit = np.repeat(chosen * np.abs(_blocks(scaled, block)).max(axis=1), block, axis=0)[:scaled.shape[0]]
+            clipped = np.clip(scaled, -limit, limit)
+            codes, scale = quantize_blocks(clipped.T if layer.transposed else clipped,
+                                           block_axis(layer.spec.axis, 2), block, layer.ftype, INT4)
+            deq = dequantize(codes, scale, block_axis(layer.spec.axis, 2), block)
+            error += _error(gram, scaled - (deq.T if layer.transposed else deq))
+            quantized.append((codes, scale))
+            clips.append(float(chosen.mean()))
+        found[variant] = (a, s, quantized, float(np.mean(clips)), error, rtn)
+    return found
+
+
+def _judge(graph: gs.Graph, found: dict[str, list[_Layer]], options: dict[str, dict[str, tuple]], variant: str,
+           kept: list[tuple[dict, dict]]) -> float:
+    """The worst output's SNR (dB) on the held-out feeds of the float graph with every INT4 weight as ``variant``
+    writes it (``diag(1/s)·Q(diag(s)·W)``, dequantized)."""
+    candidate = graph.copy()
+    nodes = {n.name: n for n in candidate.nodes}
+    for x, by_variant in options.items():
+        s, quantized = by_variant[variant][1:3]
+        for layer, (codes, scale) in zip(found[x], quantized, strict=True):
+            deq = dequantize(codes, scale, block_axis(layer.spec.axis, 2), layer.spec.block_size)
+            deq = deq / (s[None, :] if layer.transposed else s[:, None])
+            node = nodes[layer.node.name]
+            node.inputs[1] = gs.Constant(f"{node.inputs[1].name}_{variant}", deq.astype(layer.ftype))
+    names = list(kept[0][1])
+    worst = np.inf
+    with CalibrationSession(gs.export_onnx(candidate), [], what="an AWQ candidate") as session:
+        got = [values for _, values in session.outputs(names, [feed for feed, _ in kept])]
+    for i, name in enumerate(names):
+        ref = np.concatenate([np.asarray(out[name], np.float64).ravel() for _, out in kept])
+        if not np.issubdtype(ref.dtype, np.floating):
+            continue
+        test = np.concatenate([np.asarray(g[i], np.float64).ravel() for g in got])
+        finite = np.isfinite(ref) & np.isfinite(test)
+        noise = np.sum((ref[finite] - test[finite]) ** 2)
+        worst = min(worst, 10 * np.log10(np.sum(ref[finite] ** 2) / noise) if noise > 0 else np.inf)
+    return float(worst)
+
+
+def _commit(graph: gs.Graph, annotations: Annotations, x: gs.Tensor, layers: list[_Layer],
+            by_variant: dict[str, tuple], variant: str, names: NameAllocator, graph_outputs: set[str],
+            scores: dict[str, float]) -> Scaled:
+    """Apply ``variant`` of one input's layers: 1/s in the graph, diag(s)·W, the codes and scales."""
+    alpha, s, quantized, clip, error, rtn = by_variant[variant]
     nodes = [layer.node for layer in layers]
     through = applied_by = ""
     if alpha:
@@ -266,23 +358,11 @@ def _apply(graph: gs.Graph, annotations: Annotations, x: gs.Tensor, layers: list
         specs = rescale_weights(annotations, nodes, stored, s, names, layers[0].ftype, "awq")
     else:
         specs = [layer.spec for layer in layers]
-    gram = (obs.gram / np.outer(s, s)).astype(np.float32)  # of x/s
-    error, clips = 0.0, []
-    for layer, spec, node in zip(layers, specs, nodes, strict=True):
-        stored = np.asarray(node.inputs[1].values, np.float32)
-        scaled = stored.T if layer.transposed else stored  # diag(s)·W as the model stores it, [K, N]
-        chosen = search_clip(gram, scaled, spec.block_size, layer.ftype)
-        limit = np.repeat(chosen * np.abs(_blocks(scaled, spec.block_size)).max(axis=1), spec.block_size,
-                          axis=0)[:scaled.shape[0]]
-        clipped = np.clip(scaled, -limit, limit)
-        codes, scale = quantize_blocks(clipped.T if layer.transposed else clipped, block_axis(spec.axis, 2),
-                                       spec.block_size, layer.ftype, INT4)
+    for spec, (codes, scale) in zip(specs, quantized, strict=True):
         spec.codes, spec.scale = codes, scale
-        deq = dequantize(codes, scale, block_axis(spec.axis, 2), spec.block_size)
-        error += _error(gram, scaled - (deq.T if layer.transposed else deq))
-        clips.append(chosen.mean())
     return Scaled(x.name, tuple(n.name for n in nodes), alpha, through, applied_by, float(s.max() / s.min()),
-                  round(float(np.mean(clips)), 3), float(rtn), float(error))
+                  round(clip, 3), float(rtn), float(error), variant,
+                  {k: round(v, 2) for k, v in scores.items()})
 
 
 def _blocks(w: np.ndarray, block: int) -> np.ndarray:

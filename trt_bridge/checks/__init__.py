@@ -67,6 +67,11 @@ class CheckOptions:
     #: 10.0) is a blocker naming it; None: the ``costs`` target (checks/targets.py)
     compute_capability: str | None = None
 
+    @classmethod
+    def for_target(cls, target: str | None) -> CheckOptions:
+        """The defaults, held to ``target`` (``convert --compute-capability``) and building costs for it."""
+        return cls(costs=target, compute_capability=target) if target else cls()
+
 
 def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> CheckReport:
     """Check the model at ``path``; raise TrtBridgeError only when it cannot be read at all."""

@@ -9,27 +9,15 @@ holds each to the target: ``--compute-capability``, else the ``--costs`` build's
 
 from __future__ import annotations
 
-import re
-
 import onnx
 
 from trt_bridge.checks.findings import Finding, Severity
-from trt_bridge.errors import TrtBridgeError
+from trt_bridge.choices import compute_capability
 from trt_bridge.formats import FORMATS, INT4, INT8, QuantFormat, code_format
 
 #: layer_precisions' names → the format each runs in
-_PRECISIONS = {"int8": INT8, "fp8": FORMATS["fp8"], "int4": INT4, "int4-w": INT4, "fp4": FORMATS["fp4"]}
-
-
-def compute_capability(text: str) -> float:
-    """'8.9' / 'SM89' / 'sm_89' / '89' / '12.0' → 8.9 / 12.0 (what ``--compute-capability`` takes)."""
-    match = re.fullmatch(r"(?:sm_?)?(\d+)(?:\.(\d))?", str(text).strip().lower())
-    if match and match.group(2) is not None:
-        return float(f"{match.group(1)}.{match.group(2)}")
-    if match and len(match.group(1)) >= 2:
-        digits = match.group(1)
-        return float(f"{digits[:-1]}.{digits[-1]}")
-    raise TrtBridgeError(f"--compute-capability '{text}' is not a compute capability such as 8.9 or 12.0.")
+_PRECISIONS = {"int8": INT8, "fp8": FORMATS["fp8"], "int4": INT4, "int4-w": INT4, "fp4": FORMATS["fp4"],
+               "fp4-w": FORMATS["fp4"]}
 
 
 def model_formats(model: onnx.ModelProto | None, precisions: dict | None) -> dict[QuantFormat, int]:

@@ -246,9 +246,15 @@ class FormatArgs:
                                 "layers); the default for a source with INT4 block-wise weights or MatMulNBits")
         group.add_argument("--block-size", type=int, default=BLOCK_SIZE, metavar="N",
                            help="the INT4 block length along the reduction axis (default: %(default)s)")
+        group.add_argument("--compute-capability", metavar="X.Y",
+                           help="the GPU the output must run on (8.6, 8.9, 12.0, ...): a source's FP4 (NVFP4/MXFP4) "
+                                "weights stay FP4 for 10.0 and newer, else become INT4 blocks (reported); the output's "
+                                "check holds its precisions to it (FP8 below 8.9, FP4 below 10.0: a blocker) and "
+                                "builds its costs for it (default: no target; the check's costs build for 8.9)")
 
     def parse(self, args: argparse.Namespace) -> FormatOptions:
-        return FormatOptions(activations=args.precision, weights=args.weights, block_size=args.block_size)
+        return FormatOptions(activations=args.precision, weights=args.weights, block_size=args.block_size,
+                             compute_capability=getattr(args, "compute_capability", None))
 
 
 DESCRIPTION = """\

@@ -119,7 +119,8 @@ class ConversionReport:
         if self.awq:
             alphas = ", ".join(f"{a:.1f}" for a in sorted({x["alpha"] for x in self.awq}))
             lines.append(f"  AWQ: the INT4 weights of {sum(len(x['layers']) for x in self.awq)} layer(s) reading "
-                         f"{len(self.awq)} input(s) scaled and clipped on the calibration data (alpha {alphas}; "
+                         f"{len(self.awq)} input(s) rounded '{self.awq[0]['variant']}' (held-out SNR by variant: "
+                         f"{self.awq[0]['held_out_db'] or 'none held out'}; alpha {alphas}; "
                          f"{sum(1 for x in self.awq if x['through'] == 'Mul')} through a Mul)")
         if self.runtime_ranges and self.runtime_ranges["tensors"]:
             r = self.runtime_ranges

@@ -185,14 +185,14 @@ def place_quantizers(state: Conversion) -> StageResult:
     if state.imported is not None:
         apply(state.graph, ctx.annotations, state.imported, calibrating=feeds is not None)
         share_imported(ctx.annotations, state.placement.shared_scales)  # a group's members the file does not name
-    formats = assign_formats(state.graph, ctx.annotations, options.formats)  # --int8/--fp8/--int4, else the source's
+    formats = assign_formats(state.graph, ctx.annotations, options.formats, ctx.approximate)  # else the source's
     check_quantizable(state.graph, ctx.annotations)
     left = [FloatLeftover(x.node, "", f"'{x.tensor}': {x.reason}") for x in state.placement.left_in_float]
     return StageResult(changed=len(ctx.annotations.activations), records={
         "placement": options.placement.policy.value, "scales": scales.value,
         "left_in_float": left + [FloatLeftover(d.node, d.op, d.reason) for d in ctx.declined],
         "imported_scales": None if state.imported is None else state.imported.to_dict(),
-        "formats": [asdict(c) for c in formats]})
+        "formats": [asdict(c) for c in formats], "approximated": [asdict(a) for a in ctx.approximated]})
 
 
 def _lowering(state: Conversion) -> range_choice.Lowering:
@@ -392,9 +392,9 @@ def save(state: Conversion) -> StageResult:
 
 
 def check(state: Conversion) -> StageResult:
-    """``trt-bridge check`` on the written output (with TensorRT's parser where installed)."""
-    checked = check_model(state.output_path, CheckOptions())
+    """``trt-bridge check`` on the written output (with TensorRT's parser where installed), for the target."""
+    checked = check_model(state.output_path, CheckOptions.for_target(state.options.formats.compute_capability))
     return StageResult(changed=0, records={
         "check": {**checked.to_dict(), "headline": checked.headline()}, "costs": costs.against_float(
-            checked.costs, state.float_copy, state.store is not None),
+            checked.costs, state.float_copy, state.store is not None, state.options.formats.compute_capability),
         "remaining_blockers": [f"{f.where}: {f.why}" for f in checked.blockers]})

@@ -15,17 +15,31 @@ from trt_bridge.runtime.session import opset_problem
 
 def check_supported(model: onnx.ModelProto, path: Path) -> None:
     """Refuse a model at an opset onnxruntime cannot load (it could be neither calibrated nor verified, and the
-    output would keep that opset), and FP4 Q/DQ (lift reads integer and FP8 codes only, for now)."""
+    output would keep that opset), and FP4 activations (FP4 Q/DQ of a computed tensor, TensorRT's dynamic FP4
+    quantization: lift keeps FP4 weights only, for now)."""
     opset = default_opset(model)
     problem = opset_problem(opset)
     if problem:
         raise TrtBridgeError(f"{path}: the model is at ONNX opset {opset}, and {problem}: it could be neither "
                              "calibrated nor verified, and the output would keep that opset. Export the model at a "
                              "supported opset, or upgrade onnxruntime.")
-    fp4 = [(node, code) for node, code in float_code_nodes(model) if code.startswith("FLOAT4")]
-    if fp4:
-        node, code = fp4[0]
-        raise UnsupportedPatternError(f"{path}: node '{node}' quantizes to {code}, and {len(fp4)} Q/DQ node(s) in "
-                                      "all have FP4 codes; trt-bridge converts INT8, FP8 and INT4 Q/DQ and does not "
-                                      "convert FP4 yet. Give the FP4 model to TensorRT as it is (it builds FP4 for "
-                                      "compute capability 10.0 and later), or convert the float model.")
+    constants = {i.name for i in model.graph.initializer} | {o for n in model.graph.node if n.op_type == "Constant"
+                                                              for o in n.output}
+    by_name = {n.name or (n.output[0] if n.output else ""): n for n in model.graph.node}
+    fp4 = [(node, code) for node, code in float_code_nodes(model) if code.startswith("FLOAT4")
+           and not _fp4_weight(by_name.get(node), constants)]
+    dynamic = [n.name or n.op_type for n in model.graph.node if n.op_type == "TRT_FP4DynamicQuantize"]
+    if fp4 or dynamic:
+        node, code = fp4[0] if fp4 else (dynamic[0], "FLOAT4E2M1 (TensorRT's dynamic FP4 quantization)")
+        raise UnsupportedPatternError(f"{path}: node '{node}' quantizes activations to {code}, and "
+                                      f"{len(fp4) + len(dynamic)} node(s) in all do; trt-bridge converts FP4 weights "
+                                      "(blocked FP4 DequantizeLinear of a constant MatMul/Gemm weight: kept FP4 with "
+                                      "--compute-capability 10.0 or newer, else INT4 blocks) but not FP4 activations "
+                                      "yet. Give the FP4 model to TensorRT as it is (it builds FP4 for compute "
+                                      "capability 10.0 and later), or convert the float model.")
+
+
+def _fp4_weight(node: onnx.NodeProto | None, constants: set[str]) -> bool:
+    """An FP4 DequantizeLinear of constant codes: a weight, which the lift keeps (or approximates as INT4)."""
+    return node is not None and node.op_type == "DequantizeLinear" and bool(node.input) \
+        and node.input[0] in constants

@@ -23,7 +23,10 @@ than 8 or onnxruntime's negative symmetric scales, shifted into int4 with the sh
 
 Blocks along another axis, or of another op's weight, have no TensorRT form: the weight is dequantized exactly
 and re-quantized per output channel (reported in ``approximated``). FP8 weights (float8 codes) are kept the same way
-as integer ones: exact where symmetric, per tensor or per output channel.
+as integer ones: exact where symmetric, per tensor or per output channel. FP4 weights (NVFP4/MXFP4: float4e2m1 codes
+in blocks along a 2-D MatMul/Gemm weight's reduction axis, the two-level scale lifted to one float per block first;
+also ModelOpt's ``DQ ─ Transpose ─ MatMul``) keep their codes and block scales, annotated FP4; placement keeps them
+for a target of 10.0 or newer, else makes them INT4 blocks (:mod:`trt_bridge.place.formats`).
 """
 
 from __future__ import annotations
@@ -140,8 +143,10 @@ class DequantizeConstant:
             scale = scale.astype(np.float64)
         else:
             scale = scale.astype(np.float64).reshape(-1) if scale.size > 1 else scale.astype(np.float64).reshape(())
-        if block:
-            zp = zp.astype(np.int64) if zp.size > 1 else zp.astype(np.int64).reshape(())
+        if block:  # float codes (FP8, FP4) keep a fractional zero point
+            wide = np.float64 if (numpy_code_format(zp.dtype) or numpy_code_format(np.int8)).nearest.is_float \
+                else np.int64
+            zp = zp.astype(wide) if zp.size > 1 else zp.astype(wide).reshape(())
         else:
             zp = zp.reshape(-1) if zp.size > 1 else zp.reshape(())
             zp = zp.astype(np.int64) if np.issubdtype(zp.dtype, np.integer) else zp.astype(np.float64)
@@ -159,6 +164,8 @@ class DequantizeConstant:
                 if tensor is not out:
                     continue
                 weighted = WEIGHT_INPUT.get(consumer.op) == index and values.dtype.itemsize == 1 and not lost
+                if not lost and _lift_transposed_fp4(ctx, consumer, source, match):
+                    continue
                 if not weighted:
                     consumer.inputs[index] = ctx.constant(f"{source.name}_float", floats,
                                                           ("dequantized", source.name, node.name))
@@ -195,3 +202,29 @@ class DequantizeConstant:
                     ctx.annotations.add_weight(WeightSpec(const.name, [site], c_axis, node.name,
                                                           source=ScaleSource.REQUANTIZED))
                     consumer.inputs[index] = const
+
+
+def _lift_transposed_fp4(ctx: LiftContext, transpose: gs.Node, source: gs.Tensor,
+                         match: DequantizedConstantMatch) -> bool:
+    """ModelOpt's NVFP4 export of a torch Linear: FP4 codes [N, K] in blocks along K (axis 1), transposed for a
+    MatMul. The blocks are lifted transposed ([K, N], blocks along axis 0) onto each MatMul/Gemm the Transpose
+    feeds (the Transpose is left dead); False where the pattern is not that one::
+
+        Before:  W_q:fp4 [N, K] ─ DQ(s [N, K/16], axis 1, block_size 16) ─ Transpose ─ MatMul
+        After:   W = W_qᵀ·sᵀ ─ MatMul     annotation: W → FP4 blocks of 16 along K, the codes kept (transposed)
+    """
+    values, block = match.values, match.block
+    if values.dtype != FP4.dtype or transpose.op != "Transpose" or values.ndim != 2 or not block \
+            or list(transpose.attrs.get("perm", [1, 0])) != [1, 0] or not transpose.outputs:
+        return False
+    moved = transpose.outputs[0]
+    users = list(moved.outputs)
+    if not users or any(t is moved for t in ctx.graph.outputs) or any(
+            u.op not in ("MatMul", "Gemm") or len(u.inputs) < 2 or u.inputs[1] is not moved
+            or u.inputs[0] is moved or weight_axis(u, 2) != match.axis for u in users):
+        return False  # the transposed blocks must lie along each layer's reduction axis
+    zp = match.zp.T if match.zp.ndim else match.zp
+    for user in users:
+        user.inputs[1] = lift_fp4_block_weight(ctx, source, values.T, zp, match.scale.T, weight_axis(user, 2), block,
+                                               Site(user.name, 1), match.dq.name)
+    return True

@@ -114,7 +114,7 @@ def lift_fp4_block_weight(ctx: LiftContext, tensor: gs.Tensor, values: np.ndarra
         exact = not np.any(np.asarray(zero_point, np.float64)) and bool(np.all(scale > 0))
         spec = WeightSpec(const.name, [], axis, origin, format=FP4, block_size=block)
         if exact:
-            spec.codes, spec.scale = values.astype(FP4.dtype), np.asarray(scale, np.float32)
+            spec.codes, spec.scale = np.ascontiguousarray(values, FP4.dtype), np.ascontiguousarray(scale, np.float32)
             spec.source = ScaleSource.EXACT_WEIGHTS
         else:
             ctx.approximate("dequantize-constant", origin, f"FP4 weight codes of '{tensor.name}' have a zero "

@@ -2,8 +2,8 @@
 
 Under strong typing TensorRT runs every layer in the type the ONNX gives it: a weighted op whose data input
 is dequantized runs in the precision of the codes (int8/uint8: INT8, float8: FP8, int4: INT4, float4: FP4), one
-whose weight alone is dequantized from int4 INT4 weight-only (INT4-W), trt-bridge's DynamicInt8Gemm plugin INT8
-(its GEMM is int8 × int8), any other layer in its output's type (FP32, FP16, BF16).
+whose weight alone is dequantized from int4 INT4 weight-only (INT4-W; from float4 FP4-W), trt-bridge's
+DynamicInt8Gemm plugin INT8 (its GEMM is int8 × int8), any other layer in its output's type (FP32, FP16, BF16).
 """
 
 from __future__ import annotations
@@ -56,9 +56,10 @@ def layer_precisions(model: onnx.ModelProto) -> dict:
             layers[node.name] = CODE_PRECISIONS.get(_code_type(src, types), "int8")
             continue
         weight = producer.get(node.input[1]) if node.op_type in WEIGHTED_OPS and len(node.input) > 1 else None
-        if weight is not None and weight.op_type == "DequantizeLinear" and \
-                CODE_PRECISIONS.get(_code_type(weight, types)) == "int4":
-            layers[node.name] = "int4-w"  # 4-bit weights, activations in float: INT4 weight-only
+        four = CODE_PRECISIONS.get(_code_type(weight, types)) if weight is not None and \
+            weight.op_type == "DequantizeLinear" else None
+        if four in ("int4", "fp4"):
+            layers[node.name] = f"{four}-w"  # 4-bit weights, activations in float: INT4 (FP4) weight-only
             continue
         kind = names.get(types.get(node.output[0], 0))
         if kind is not None:
@@ -73,8 +74,8 @@ def layer_precisions(model: onnx.ModelProto) -> dict:
 #: float8 FP8, uint4 INT4; 16-bit codes TensorRT does not take: check names them)
 CODE_PRECISIONS = {t: code_format(t).nearest.name for t in CODE_TYPES if code_format(t).name not in ("int16", "uint16")}
 #: the quantized precisions, in the order a headline names them, and how it names them
-QUANTIZED = ("int8", "fp8", "int4-w", "int4", "fp4")
-HEADLINE = {"int4-w": "INT4 weight-only"}
+QUANTIZED = ("int8", "fp8", "int4-w", "int4", "fp4-w", "fp4")
+HEADLINE = {"int4-w": "INT4 weight-only", "fp4-w": "FP4 weight-only"}
 
 
 def _code_type(dq: onnx.NodeProto, types: dict[str, int]) -> int:

@@ -5,6 +5,9 @@
                      activations stay in the high precision, which is the form TensorRT builds)
     (none)           what the source quantizes: FP8 stays FP8, INT4 blocks stay INT4, everything else INT8; a float
                      model's layers INT8
+    --compute-capability X.Y   the target GPU: a source's FP4 (NVFP4/MXFP4) weight blocks stay FP4 for 10.0 and newer;
+                     without a target, or an older one, they are approximated as INT4 blocks of the same size
+                     (reported in ``approximated``, with a warning naming --compute-capability 12.0)
 
 A weight runs in its layer's activation format (TensorRT's FP8 and INT8 layers take both inputs in one format); a
 block-wise INT4 weight takes none. Codes the lift kept exact stay exact where the format does not change; a weight
@@ -13,15 +16,19 @@ whose format changes is re-quantized from its float values when lowered (:func:`
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations, ScaleSource, Site, WeightSpec
-from trt_bridge.choices import FormatOptions
+from trt_bridge.choices import FormatOptions, compute_capability
 from trt_bridge.errors import UnsupportedPatternError
-from trt_bridge.formats import FORMATS, INT4, INT8, QuantFormat
+from trt_bridge.formats import FORMATS, FP4, INT4, INT8, QuantFormat
 from trt_bridge.lift.weights import weight_axis
+
+log = logging.getLogger("trt_bridge.place")
 
 
 @dataclass(frozen=True)
@@ -33,8 +40,10 @@ class FormatChange:
     reason: str
 
 
-def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOptions) -> list[FormatChange]:
-    """Set each annotation's format (in place) as ``options`` ask; return what changed from the lifted one."""
+def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOptions,
+                   approximate: Callable[[str, str, str], None] | None = None) -> list[FormatChange]:
+    """Set each annotation's format (in place) as ``options`` ask; return what changed from the lifted one.
+    ``approximate(rule, node, what)`` records a source format the target cannot run (FP4 below 10.0)."""
     changes: list[FormatChange] = []
     act = None if options.activations is None else FORMATS[options.activations]
     lifted = {spec.format for spec in annotations.activations.values() if not spec.placed}
@@ -56,8 +65,14 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
                                           "model has none (its weighted layers are convolutions, or their weights are "
                                           "computed): use --int8 or --fp8 with --calib-data instead.")
     reads = _activation_formats(annotations)
+    fp4_to_int4 = []
     for spec in annotations.weights.values():
-        wanted = _weight_format(spec, nodes, tensors, reads, weight_only)
+        wanted = _weight_format(spec, nodes, tensors, reads, weight_only, options.compute_capability)
+        if spec.format is FP4 and wanted is INT4 and weight_only is None:  # FP4 for a target that cannot run it
+            fp4_to_int4.append(_approximate_fp4(spec, options.compute_capability, approximate))
+            changes.append(FormatChange(spec.tensor, "weight", INT4.name, FP4.name, "the target runs no FP4"))
+            spec.format, spec.codes, spec.scale, spec.source = INT4, None, None, ScaleSource.REQUANTIZED
+            continue  # the same blocks: FP4 values re-quantized as INT4 block by block
         if wanted is spec.format:
             if wanted is INT4 and not spec.block_size:
                 spec.block_size = options.block_size
@@ -66,9 +81,11 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
         changes.append(FormatChange(spec.tensor, "weight", wanted.name, spec.format.name, reason))
         spec.format, spec.codes, spec.scale, spec.source = wanted, None, None, ScaleSource.REQUANTIZED
         spec.block_size = options.block_size if wanted is INT4 else 0
+    if fp4_to_int4:  # once, not per weight
+        log.warning("%d FP4 weight(s) approximated as INT4 blocks, e.g. %s", len(fp4_to_int4), fp4_to_int4[0])
     # INT4 layers are weight-only: TensorRT-RTX builds no FP8 × INT4 layer for compute capability 8.9, and INT8 × INT4
     # only for some shapes (an AIMET W4A8 export with blocks of 16 failed: "CHECK(is_constant()) failed")
-    blocked = {s.node for spec in annotations.weights.values() if spec.format is INT4 for s in spec.sites}
+    blocked = {s.node for spec in annotations.weights.values() if spec.format in (INT4, FP4) for s in spec.sites}
     for name in list(annotations.activations):
         spec = annotations.activations[name]
         kept = [s for s in spec.sites if s.node not in blocked]
@@ -110,18 +127,33 @@ def _activation_formats(annotations: Annotations) -> dict[str, QuantFormat]:
     return found
 
 
-def _weight_format(spec, nodes, tensors, reads, weight_only: QuantFormat | None) -> QuantFormat:
-    """INT4 for a 2-D MatMul/Gemm weight that --int4 asks for or the source wrote in INT4 blocks; else its layers'
-    activation format (FP8 where any is, INT8 otherwise)."""
+def _approximate_fp4(spec: WeightSpec, target: str | None, approximate) -> str:
+    """Report that FP4 weights become INT4 blocks (no target, or one below FP4's 10.0); return the report."""
+    why = ("no --compute-capability was given" if target is None else
+           f"--compute-capability {target} runs no FP4 (TensorRT runs FP4 on {FP4.min_compute:.1f} and newer)")
+    what = (f"FP4 weights of '{spec.origin}' re-quantized as INT4 blocks of {spec.block_size} (TensorRT's 4-bit "
+            f"form for older GPUs): {why}; convert with --compute-capability 12.0 (a Blackwell target) to keep FP4")
+    if approximate is not None:
+        approximate("fp4-target", spec.origin, what)
+    return what
+
+
+def _weight_format(spec, nodes, tensors, reads, weight_only: QuantFormat | None,
+                   target: str | None = None) -> QuantFormat:
+    """INT4 for a 2-D MatMul/Gemm weight that --int4 asks for or the source wrote in INT4 blocks; FP4 for the
+    source's FP4 blocks where the target runs FP4 (else INT4); else its layers' activation format (FP8 where any
+    is, INT8 otherwise)."""
     layers = [nodes[s.node] for s in spec.sites if s.node in nodes]
     tensor = tensors.get(spec.tensor)
     blockable = bool(tensor is not None and len(tensor.shape or ()) == 2 and layers
                      and all(n.op in ("MatMul", "Gemm") for n in layers))
     if blockable and (weight_only is INT4 or (spec.format is INT4 and weight_only is None)):
         return INT4
+    if blockable and spec.format is FP4:
+        return FP4 if target is not None and FP4.runs_on(compute_capability(target)) else INT4
     formats = {reads[n.name] for n in layers if n.name in reads}
     if FORMATS["fp8"] in formats:
         return FORMATS["fp8"]
     if formats:
         return INT8
-    return spec.format if spec.format is not INT4 else INT8
+    return spec.format if spec.format not in (INT4, FP4) else INT8

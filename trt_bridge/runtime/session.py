@@ -33,6 +33,7 @@ import onnx
 from trt_bridge.ir.dynamic_gemm import decompose, disabled_optimizers, has_plugin_nodes
 from trt_bridge.runtime.bf16 import emulate_bfloat16, has_bfloat16
 from trt_bridge.runtime.exact_integer import exact_integer, has_saturating_ops
+from trt_bridge.runtime.fp4 import fp4_dequantized, has_float4_codes
 from trt_bridge.runtime.process import owns_process
 
 
@@ -159,6 +160,8 @@ def create_session(model, options, providers=("CPUExecutionProvider",), exact: b
         quiet_default_logger()
         options.log_severity_level = 4
     model, disabled = _plugins_decomposed(model)
+    fp4 = _loaded_if(model, has_float4_codes)  # no FP4 kernel: its weights' float values (runtime/fp4.py)
+    model = model if fp4 is None else fp4_dequantized(fp4)
     if exact:
         model = _exact(model)
     if _loaded_if(model, has_float8_codes) is not None:

@@ -161,13 +161,7 @@ def _constant_scale(node: onnx.NodeProto, constants: Constants) -> np.ndarray:
 
 def qdq_scale(node: onnx.NodeProto, constants: Constants) -> np.ndarray:
     """The node's scale (0-d or 1-d, its own float type), after checking its zero point is an int8 0."""
-    if len(node.input) < 2 or node.input[1] not in constants:
-        raise TrtBridgeError(f"{node.op_type} '{node.name}' has no constant scale; TensorRT needs build-time "
-                             "constant scales (initializers).")
-    scale = constants.array(node.input[1])
-    if scale.ndim > 1:
-        raise TrtBridgeError(f"{node.op_type} '{node.name}' has a {scale.ndim}-d scale (blocked quantization); "
-                             "trt-bridge reads per-tensor and per-channel int8 scales only.")
+    scale = _constant_scale(node, constants)
     zp = constants.array(node.input[2]) if len(node.input) > 2 and node.input[2] in constants else None
     x = node.input[0]
     int8 = zp.dtype == np.int8 if zp is not None else (
