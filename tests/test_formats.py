@@ -19,6 +19,7 @@ from trt_bridge.errors import TrtBridgeError
 from trt_bridge.formats import FP4, FP8, INT4, INT8, code_format, code_limits, numpy_code_format
 from trt_bridge.lift.weights import dequantize, quantize_blocks, quantize_weight
 from trt_bridge.place.formats import FormatOptions, assign_formats
+from trt_bridge.place.policies import PlacementOptions
 
 RNG = np.random.default_rng(7)
 
@@ -172,3 +173,56 @@ def test_what_placement_adds_to_an_fp8_source_is_fp8():
     ann.add_weight(WeightSpec("W", [Site("mm", 1), Site("mm2", 1)], 1, "dq"))
     assign_formats(graph, ann, FormatOptions())
     assert ann.activations["h"].format is FP8 and ann.weights["W"].format is FP8
+
+
+def test_int4_with_data_is_weight_only_and_respects_exclusions(tmp_path):
+    """--int4 --calib-data: the MatMul weights INT4 (AWQ may round them), nothing else quantized (placement's INT8
+    sites on the Conv dropped); --exclude-nodes keeps a MatMul float."""
+    w = RNG.normal(0, 0.3, (8, 3, 3, 3)).astype(np.float32)
+    w1, w2 = RNG.normal(0, 0.2, (8 * 36, 64)).astype(np.float32), RNG.normal(0, 0.2, (64, 16)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], "conv"), helper.make_node("Relu", ["c"], ["r"], "relu"),
+             helper.make_node("Flatten", ["r"], ["f"], "flat"), helper.make_node("MatMul", ["f", "W1"], ["h"], "fc1"),
+             helper.make_node("MatMul", ["h", "W2"], ["y"], "fc2")]
+    graph = helper.make_graph(nodes, "net", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16])],
+                              [onnx.numpy_helper.from_array(a, n) for a, n in ((w, "W"), (w1, "W1"), (w2, "W2"))])
+    source = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "net.onnx")
+    data = tmp_path / "calib.npz"
+    np.savez(data, x=RNG.normal(size=(16, 1, 3, 8, 8)).astype(np.float32))
+    out = tmp_path / "out.onnx"
+    report = convert(source, out, ConvertOptions(
+        progress=False, calibration=CalibrationOptions(data=str(data)), formats=FormatOptions(weights="int4"),
+        placement=PlacementOptions(exclude_nodes="fc2")))
+    model = assert_qdq_contract(out)
+    inits = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    dqs = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    assert "QuantizeLinear" not in {n.op_type for n in model.graph.node}
+    assert len(dqs) == 1 and inits[dqs[0].input[0]].dtype == INT4.dtype  # fc1's weight only
+    assert {q["format"] for q in report.quantized} == {"int4"}
+    assert_tensorrt_ready(out)
+
+
+def test_fp8_leaves_convolutions_tensorrt_has_no_fp8_kernel_for():
+    """--fp8: a Conv with 16 or fewer channels on a side, or a filter over 32 taps, stays in the high precision
+    (YOLOv8n: 32.1 → 34.5 dB, its stem and two 16-channel convs no longer FP8); others are FP8."""
+    def conv(name, x, w_shape):
+        y = gs.Variable(f"{name}_y", np.float32)
+        return gs.Node("Conv", name, inputs=[x, gs.Constant(f"{name}_w", np.ones(w_shape, np.float32))], outputs=[y])
+
+    x = gs.Variable("x", np.float32, [1, 32, 8, 8])
+    nodes = [conv("wide", x, (32, 32, 3, 3)), conv("narrow", x, (16, 32, 3, 3)), conv("big", x, (32, 32, 7, 7))]
+    graph = gs.Graph(nodes, [x], [n.outputs[0] for n in nodes])
+    ann = Annotations()
+    for n in nodes:
+        ann.add_activation("x", Site(n.name, 0), "q", 0.1, ScaleSource.MODEL)
+        ann.add_weight(WeightSpec(f"{n.name}_w", [Site(n.name, 1)], 0, n.name))
+    changes = assign_formats(graph, ann, FormatOptions(activations="fp8"))
+    assert ann.activations["x"].sites == [Site("wide", 0)] and set(ann.weights) == {"wide_w"}
+    assert ann.weights["wide_w"].format is FP8
+    reasons = {c.tensor: c.reason for c in changes if c.format == "none"}
+    assert "16 output channels" in reasons["narrow_w"] and "49-tap filter" in reasons["big_w"]
+    ann = Annotations()  # INT8 keeps them all
+    for n in nodes:
+        ann.add_activation("x", Site(n.name, 0), "q", 0.1, ScaleSource.MODEL)
+    assign_formats(graph, ann, FormatOptions(activations="int8"))
+    assert len(ann.activations["x"].sites) == 3

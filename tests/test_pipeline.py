@@ -159,3 +159,16 @@ def test_manifest_output_stays_inside_unless_given_on_the_command_line(tmp_path)
     (folder / "m.yaml").write_text("output: runs/today\n" + body)
     manifest = load_manifest(folder / "m.yaml")
     assert manifest.output == folder / "runs" / "today" and manifest.models[0].calib_random == 2
+
+
+def test_the_converted_file_is_named_after_its_format(tmp_path):
+    from trt_bridge.manifest import converted_name
+    from trt_bridge.manifest.schema import load_manifest
+
+    (tmp_path / "m.onnx").write_bytes(samples.conv_net().SerializeToString())
+    (tmp_path / "m.yaml").write_text(
+        "models:\n  - {name: a, source: m.onnx, calib_random: 2}\n"
+        "  - {name: b, source: m.onnx, calib_random: 2, convert: {precision: fp8}}\n"
+        "  - {name: c, source: m.onnx, convert: {weights: int4}}\n")
+    names = [converted_name(m) for m in load_manifest(tmp_path / "m.yaml").models]
+    assert names == ["a.int8.onnx", "b.fp8.onnx", "c.int4.onnx"]

@@ -79,6 +79,7 @@ class WeightSpec:
     source: ScaleSource = ScaleSource.REQUANTIZED
     format: QuantFormat = INT8
     block_size: int = 0  # 0: per tensor or per channel
+    placed: bool = False  # added by placement (the source did not quantize it)
 
 
 @dataclass

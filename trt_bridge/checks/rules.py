@@ -238,5 +238,5 @@ def is_int8(graph: gs.Graph) -> bool:
     """The model carries integer quantization of some kind (what convert turns into TensorRT's int8 Q/DQ)."""
     return any(is_plugin_node(n) or n.op in QDQ or n.op in NO_IMPORTER or n.op.startswith("QLinear") or n.op in (
         "QGemm", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention", "QEmbedLayerNormalization",
-        "MatMulNBits")
+        "MatMulNBits", "MatMulBnb4")
         for n in _walk(graph))

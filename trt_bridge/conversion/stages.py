@@ -185,7 +185,7 @@ def place_quantizers(state: Conversion) -> StageResult:
     if state.imported is not None:
         apply(state.graph, ctx.annotations, state.imported, calibrating=feeds is not None)
         share_imported(ctx.annotations, state.placement.shared_scales)  # a group's members the file does not name
-    formats = assign_formats(state.graph, ctx.annotations, options.formats, ctx.approximate)  # else the source's
+    formats = assign_formats(state.graph, ctx.annotations, options.formats, ctx.approximate, options.placement)
     check_quantizable(state.graph, ctx.annotations)
     left = [FloatLeftover(x.node, "", f"'{x.tensor}': {x.reason}") for x in state.placement.left_in_float]
     return StageResult(changed=len(ctx.annotations.activations), records={

@@ -25,6 +25,7 @@ from trt_bridge.lift.embed_layer_norm import OrtEmbedLayerNorm
 from trt_bridge.lift.fused_dynamic_matmul import FusedDynamicMatMul
 from trt_bridge.lift.fused_matmul import FusedMatMul
 from trt_bridge.lift.integer_passthrough import IntegerPassThrough
+from trt_bridge.lift.matmul_bnb4 import MatMulBnb4
 from trt_bridge.lift.matmul_nbits import MatMulNBits
 from trt_bridge.lift.ort_attention import OrtAttention
 from trt_bridge.lift.ort_multihead_attention import OrtMultiHeadAttention
@@ -34,8 +35,9 @@ from trt_bridge.lift.qembed_layer_norm import QEmbedLayerNorm
 from trt_bridge.lift.qoperator import QOperatorOps
 from trt_bridge.lift.scale_through_movement import ScaleThroughMovement
 
-#: In order: dynamic patterns (they consume their own QuantizeLinear), onnxruntime's 4-bit MatMulNBits, then
-#: QOperator ops are written as float ops between DQ and Q, onnxruntime's fused attention and embedding ops
+#: In order: dynamic patterns (they consume their own QuantizeLinear), onnxruntime's 4-bit MatMulNBits and
+#: MatMulBnb4 (NF4/FP4, re-quantized INT4), then QOperator ops are written as float ops between DQ and Q,
+#: onnxruntime's fused attention and embedding ops
 #: (the attention first: it reads the embedding's mask index), integer pass-through ops likewise, then the
 #: dynamically quantized codes that are only moved and dequantized again, quantized tables read
 #: through Gather (embeddings), every DQ of a constant and every activation Q→DQ pair is lifted,
@@ -43,10 +45,10 @@ from trt_bridge.lift.scale_through_movement import ScaleThroughMovement
 #: quantized in front of data-movement ops is carried through them to the op they feed, and last a bias
 #: Add left after a lifted Conv is folded into it.
 LIFT_RULES: tuple[LiftRule, ...] = (
-    DynamicIntegerOp(), DynamicQuantizeLSTM(), FusedDynamicMatMul(), FusedMatMul(), MatMulNBits(), QOperatorOps(),
-    QAttention(), OrtAttention(), OrtMultiHeadAttention(), QEmbedLayerNorm(), OrtEmbedLayerNorm(), IntegerPassThrough(),
-    DynamicPassThrough(), DequantizeGathered(), DequantizeConstant(), QDQPair(), BlockQuantizeDequantize(),
-    ScaleThroughMovement(), FoldConvBias(),
+    DynamicIntegerOp(), DynamicQuantizeLSTM(), FusedDynamicMatMul(), FusedMatMul(), MatMulNBits(), MatMulBnb4(),
+    QOperatorOps(), QAttention(), OrtAttention(), OrtMultiHeadAttention(), QEmbedLayerNorm(), OrtEmbedLayerNorm(),
+    IntegerPassThrough(), DynamicPassThrough(), DequantizeGathered(), DequantizeConstant(), QDQPair(),
+    BlockQuantizeDequantize(), ScaleThroughMovement(), FoldConvBias(),
 )
 
 log = logging.getLogger("trt_bridge.lift")

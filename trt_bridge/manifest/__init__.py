@@ -66,11 +66,19 @@ def run_pipeline(manifest_path: str | Path, options: PipelineOptions = PipelineO
     return report
 
 
+def converted_name(model: ModelEntry) -> str:
+    """The converted model's file name: NAME.int8.onnx (NAME.fp8.onnx, NAME.int4.onnx where the model's convert table
+    asks for that format)."""
+    formats = model.convert.formats
+    return f"{model.name}.{'int4' if formats.weights else formats.activations or 'int8'}.onnx"
+
+
 def artifacts(manifest: Manifest, model: ModelEntry) -> list[Path]:
     """Every file the pipeline may write for ``model`` (and the summaries beside its folder)."""
     out, folder, name = manifest.output, manifest.output / model.name, model.name
     paths = [out / "pipeline.json", out / "pipeline.md", out / "pipeline.junit.xml"]
-    paths += [folder / f for f in (f"{name}.int8.onnx", f"{name}.int8.onnx.data", "convert.json", "check.json",
+    converted = converted_name(model)
+    paths += [folder / f for f in (converted, f"{converted}.data", "convert.json", "check.json",
                                    "verify.json", "reference-outputs.json", "inputs.json", "verify.html", "bench.json")]
     for target in manifest.targets:
         engine = folder / f"{name}.{target.name}.engine"
@@ -127,7 +135,7 @@ class _ModelRun:
         self.manifest, self.model, self.machine, self.options = manifest, model, machine, options
         self.folder = manifest.output / model.name
         self.folder.mkdir(parents=True, exist_ok=True)
-        self.converted = self.folder / f"{model.name}.int8.onnx"
+        self.converted = self.folder / converted_name(model)
         self.results: list[StepResult] = []
 
     def run(self) -> list[StepResult]:

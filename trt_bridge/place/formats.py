@@ -17,13 +17,15 @@ whose format changes is re-quantized from its float values when lowered (:func:`
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations, ScaleSource, Site, WeightSpec
-from trt_bridge.choices import FormatOptions, compute_capability
+from trt_bridge.choices import FormatOptions, PlacementOptions, compute_capability
 from trt_bridge.errors import UnsupportedPatternError
 from trt_bridge.formats import FORMATS, FP4, INT4, INT8, QuantFormat
 from trt_bridge.lift.weights import weight_axis
@@ -41,9 +43,11 @@ class FormatChange:
 
 
 def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOptions,
-                   approximate: Callable[[str, str, str], None] | None = None) -> list[FormatChange]:
+                   approximate: Callable[[str, str, str], None] | None = None,
+                   placement: PlacementOptions | None = None) -> list[FormatChange]:
     """Set each annotation's format (in place) as ``options`` ask; return what changed from the lifted one.
-    ``approximate(rule, node, what)`` records a source format the target cannot run (FP4 below 10.0)."""
+    ``approximate(rule, node, what)`` records a source format the target cannot run (FP4 below 10.0); ``placement``:
+    its --exclude-nodes/--exclude-ops keep --int4 off those layers too."""
     changes: list[FormatChange] = []
     act = None if options.activations is None else FORMATS[options.activations]
     lifted = {spec.format for spec in annotations.activations.values() if not spec.placed}
@@ -57,9 +61,10 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
                 spec.format = act
     nodes = {n.name: n for n in graph.nodes}
     tensors = graph.tensors()
+    changes += _fp8_conv_kernels(nodes, annotations, act)
     weight_only = None if options.weights is None else FORMATS[options.weights]
     if weight_only is INT4:
-        _annotate_float_weights(graph, annotations)
+        _annotate_float_weights(graph, annotations, placement or PlacementOptions())
         if not annotations.weights and not annotations.activations:
             raise UnsupportedPatternError("--int4 quantizes the constant 2-D weights of MatMul and Gemm, and this "
                                           "model has none (its weighted layers are convolutions, or their weights are "
@@ -81,6 +86,10 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
         changes.append(FormatChange(spec.tensor, "weight", wanted.name, spec.format.name, reason))
         spec.format, spec.codes, spec.scale, spec.source = wanted, None, None, ScaleSource.REQUANTIZED
         spec.block_size = options.block_size if wanted is INT4 else 0
+    if weight_only is INT4 and act is None:  # --int4 alone is weight-only: nothing placement added besides
+        for table in (annotations.activations, annotations.weights):
+            for name in [n for n, spec in table.items() if spec.placed and spec.format is not INT4]:
+                del table[name]
     if fp4_to_int4:  # once, not per weight
         log.warning("%d FP4 weight(s) approximated as INT4 blocks, e.g. %s", len(fp4_to_int4), fp4_to_int4[0])
     # INT4 layers are weight-only: TensorRT-RTX builds no FP8 × INT4 layer for compute capability 8.9, and INT8 × INT4
@@ -100,11 +109,16 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
     return changes
 
 
-def _annotate_float_weights(graph: gs.Graph, annotations: Annotations) -> None:
+def _annotate_float_weights(graph: gs.Graph, annotations: Annotations, placement: PlacementOptions) -> None:
     """--int4: every 2-D float constant weight of a MatMul/Gemm that placement left unannotated (a float model
-    without calibration data has none) becomes a weight annotation; the loop above makes it INT4."""
+    without calibration data has none) becomes a weight annotation, but on the layers --exclude-nodes/--exclude-ops
+    name; the loop above makes it INT4."""
+    nodes = re.compile(placement.exclude_nodes) if placement.exclude_nodes else None
+    ops = re.compile(placement.exclude_ops) if placement.exclude_ops else None
     for node in graph.nodes:
         if node.op not in ("MatMul", "Gemm") or len(node.inputs) < 2 or node.attrs.get("transA", 0):
+            continue
+        if (nodes is not None and nodes.search(node.name)) or (ops is not None and ops.fullmatch(node.op)):
             continue
         weight = node.inputs[1]
         if not isinstance(weight, gs.Constant) or len(weight.shape) != 2 or getattr(weight.dtype, "kind", "") != "f":
@@ -112,9 +126,55 @@ def _annotate_float_weights(graph: gs.Graph, annotations: Annotations) -> None:
         site = Site(node.name, 1)
         spec = annotations.weights.get(weight.name)
         if spec is None:
-            annotations.weights[weight.name] = WeightSpec(weight.name, [site], weight_axis(node, 2), node.name)
+            annotations.weights[weight.name] = WeightSpec(weight.name, [site], weight_axis(node, 2), node.name,
+                                                          placed=True)
         elif site not in spec.sites:
             spec.sites.append(site)
+
+
+#: TensorRT's FP8 convolution kernels: more than this many channels on each side, at most this many filter taps
+#: (smaller layers gain nothing over float16 and lose accuracy; NVIDIA ModelOpt's FP8 mode leaves them out alike)
+FP8_CONV_MIN_CHANNELS, FP8_CONV_MAX_TAPS = 16, 32
+
+
+def _fp8_conv_problem(node: gs.Node) -> str | None:
+    weight = node.inputs[1] if len(node.inputs) > 1 else None
+    shape = getattr(weight, "shape", None)
+    if node.op != "Conv" or not shape or len(shape) < 3 or not all(isinstance(d, int) for d in shape):
+        return None
+    out_c, in_c, taps = shape[0], shape[1] * node.attrs.get("group", 1), int(np.prod(shape[2:]))
+    if min(out_c, in_c) <= FP8_CONV_MIN_CHANNELS:
+        return (f"an FP8 convolution with {in_c} input and {out_c} output channels (TensorRT's FP8 kernels want more "
+                f"than {FP8_CONV_MIN_CHANNELS} a side)")
+    if taps > FP8_CONV_MAX_TAPS:
+        return f"an FP8 convolution with a {taps}-tap filter (TensorRT's FP8 kernels take at most {FP8_CONV_MAX_TAPS})"
+    return None
+
+
+def _fp8_conv_kernels(nodes: dict, annotations: Annotations, act: QuantFormat | None) -> list[FormatChange]:
+    """Convolutions TensorRT has no FP8 kernel worth running for stay in the high precision, where trt-bridge chose
+    FP8 (--fp8, or what placement added to an FP8 source); a source's own FP8 convolutions are kept."""
+    problems = {name: why for name, node in nodes.items() if (why := _fp8_conv_problem(node))}
+    changes, dropped = [], set()
+    for name in list(annotations.activations):
+        spec = annotations.activations[name]
+        if spec.format is not FORMATS["fp8"] or not (spec.placed or act is FORMATS["fp8"]):
+            continue
+        layers = [s.node for s in spec.sites if s.node in problems]
+        if layers:
+            changes.append(FormatChange(name, "activation", "none", spec.format.name, problems[layers[0]]))
+            dropped.update(layers)
+            spec.sites = [s for s in spec.sites if s.node not in problems]
+            if not spec.sites:
+                del annotations.activations[name]
+    for name in list(annotations.weights):  # those layers' weights stay float with them
+        spec = annotations.weights[name]
+        if any(s.node in dropped for s in spec.sites):
+            changes.append(FormatChange(name, "weight", "none", spec.format.name, problems[spec.sites[0].node]))
+            spec.sites = [s for s in spec.sites if s.node not in dropped]
+            if not spec.sites:
+                del annotations.weights[name]
+    return changes
 
 
 def _activation_formats(annotations: Annotations) -> dict[str, QuantFormat]:

@@ -250,6 +250,6 @@ def _annotate_weighted(node: gs.Node, annotations: Annotations, result: Placemen
     spec = annotations.weights.get(weight.name)
     if spec is None:
         annotations.weights[weight.name] = WeightSpec(weight.name, [Site(node.name, w_index)],
-                                                      weight_axis(node, rank), node.name)
+                                                      weight_axis(node, rank), node.name, placed=True)
     elif Site(node.name, w_index) not in spec.sites:
         spec.sites.append(Site(node.name, w_index))
