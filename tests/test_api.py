@@ -126,3 +126,15 @@ def test_build_ahead_of_time(workdir, tmp_path):
                               shapes="x:1x3x32x32", quiet=True, json=tmp_path / "build.json")
     assert (tmp_path / "model.engine").stat().st_size > 0 and result.info["tensorrt"]["module"] == "tensorrt_rtx"
     assert json.loads(json.dumps(result.to_dict())) == json.loads((tmp_path / "build.json").read_text())
+
+
+def test_an_fp8_conversion_prints_nothing_of_graphsurgeon(tmp_path, capfd):
+    """onnx-graphsurgeon warns on stdout about FP8 constants (a type numpy lacks) that trt-bridge reads on purpose;
+    the API keeps them to errors while it works, as the CLI does, and restores the caller's level."""
+    from onnx_graphsurgeon.logger import G_LOGGER
+
+    source = save(samples.conv_net(), tmp_path / "float.onnx")
+    before = G_LOGGER.severity
+    report = trt_bridge.convert(source, tmp_path / "out.onnx", fp8=True, calib_random=2, quiet=True)
+    assert {q["format"] for q in report.quantized} == {"fp8"}
+    assert "[W]" not in capfd.readouterr().out and G_LOGGER.severity == before

@@ -32,6 +32,7 @@ The CLI's exit status 1 is a field of the report here: ``ConversionReport.remain
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 from collections.abc import Mapping
@@ -232,10 +233,25 @@ def _run(command: str, models: list[Model], options: dict[str, Any]):
                               "JSON).")
         absolute_paths(args)
         check_input_files(args)
-        report = COMMANDS[command][1].execute(args)
+        with _graphsurgeon_errors_only():
+            report = COMMANDS[command][1].execute(args)
         if command != "convert" and getattr(args, "json", None):  # convert writes its own report files
             emit_report(args.json, report.to_json(), None)
         return report
+
+
+@contextlib.contextmanager
+def _graphsurgeon_errors_only():
+    """onnx-graphsurgeon's warnings about types numpy lacks (FP8 codes, which trt-bridge reads on purpose) go to
+    stdout; keep them to errors while trt-bridge works, as the command line does, then restore the caller's level."""
+    from onnx_graphsurgeon.logger import G_LOGGER
+
+    saved = G_LOGGER.severity
+    G_LOGGER.severity = max(saved, G_LOGGER.ERROR)
+    try:
+        yield
+    finally:
+        G_LOGGER.severity = saved
 
 
 def _tokens(name: str, value: Any, action: argparse.Action, flag: str, by_destination: bool) -> list[str]:
