@@ -70,13 +70,14 @@ def test_wheel_installs_in_a_fresh_virtualenv(wheel, tmp_path):
     install = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--quiet",
                               "--no-index", wheel.filename], capture_output=True, text=True, timeout=300)
     assert install.returncode == 0, install.stderr[-4000:]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the installed wheel, not a checkout
     version = subprocess.run([str(venv / "bin" / "trt-bridge"), "--version"], capture_output=True, text=True,
-                             cwd=tmp_path, timeout=60)
+                             cwd=tmp_path, timeout=60, env=env)
     assert version.returncode == 0 and version.stdout.startswith("trt-bridge "), version.stderr
     usage = subprocess.run([str(python), "-m", "trt_bridge", "--help"], capture_output=True, text=True, cwd=tmp_path,
-                           timeout=60)
+                           timeout=60, env=env)
     assert usage.returncode == 0 and "pipeline" in usage.stdout, usage.stderr
     sources = subprocess.run([str(python), "-c", "import importlib.resources as r; "
                               "print(r.files('trt_bridge.plugins').joinpath('dynamic_gemm.cu').is_file())"],
-                             capture_output=True, text=True, cwd=tmp_path, timeout=60)
+                             capture_output=True, text=True, cwd=tmp_path, timeout=60, env=env)
     assert sources.stdout.strip() == "True", sources.stderr
