@@ -96,6 +96,11 @@ _SOURCES = {
 CODE_TYPES = tuple(_SOURCES)
 
 
+def code_types(fmt: QuantFormat) -> frozenset[int]:
+    """The ONNX code types whose nearest TensorRT format is ``fmt`` (FP8: the four float8 types)."""
+    return frozenset(t for t, (_, nearest, _) in _SOURCES.items() if nearest is fmt)
+
+
 def code_format(onnx_type: int) -> SourceCodes | None:
     """The source codes of ONNX type ``onnx_type`` (None: not a quantized type: int32, float, ...)."""
     found = _SOURCES.get(onnx_type)
@@ -124,6 +129,20 @@ _NUMPY = {
     TensorProto.FLOAT8E5M2FNUZ: np.dtype(ml_dtypes.float8_e5m2fnuz),
     TensorProto.FLOAT4E2M1: np.dtype(ml_dtypes.float4_e2m1fn),
 }
+
+
+def broadcast_param(param, shape, axis: int, block: int = 0) -> np.ndarray:
+    """A Q/DQ's scale or zero point shaped to broadcast against a tensor of ``shape``: 0-d (one value), per ``axis``,
+    or per block of ``block`` elements along ``axis`` (``param`` then has the tensor's rank; the last block may be
+    short). The values keep their type."""
+    param = np.asarray(param)
+    if param.size == 1:
+        return param.reshape(())
+    if block:
+        return np.repeat(param, block, axis=axis).take(range(shape[axis]), axis=axis)
+    shaped = [1] * len(shape)
+    shaped[axis] = -1
+    return param.reshape(shaped)
 
 
 def code_limits(dtype) -> tuple[float, float]:

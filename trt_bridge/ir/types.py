@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import onnx
 
+from trt_bridge.formats import FP4, FP8, code_types
 from trt_bridge.ir.size import payload_bytes
 
 
@@ -48,10 +49,15 @@ def elem_types(model: onnx.ModelProto) -> dict[str, int]:
     return {name: t.tensor_type.elem_type for name, t in value_types(model).items()}
 
 
-#: the floating-point Q/DQ code types (FP8, FP4, the E8M0 block scale) of the onnx installed
-FLOAT_CODE_TYPES = tuple(getattr(onnx.TensorProto, name) for name in (
-    "FLOAT8E4M3FN", "FLOAT8E4M3FNUZ", "FLOAT8E5M2", "FLOAT8E5M2FNUZ", "FLOAT4E2M1", "FLOAT8E8M0")
-    if hasattr(onnx.TensorProto, name))
+#: the floating-point Q/DQ code types (FP8, FP4, the E8M0 block scale)
+FLOAT_CODE_TYPES = code_types(FP8) | code_types(FP4) | {getattr(onnx.TensorProto, "FLOAT8E8M0", FP8.onnx_type)}
+
+
+def holds_codes(model: onnx.ModelProto, types) -> bool:
+    """Whether ``model``'s main graph holds a constant (initializer or Constant node) of one of ``types``."""
+    return any(t.data_type in types for t in model.graph.initializer) or any(
+        a.t.data_type in types for n in model.graph.node if n.op_type == "Constant" for a in n.attribute
+        if a.name == "value")
 
 
 def float_code_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:

@@ -38,6 +38,7 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site, WeightSpec
 from trt_bridge.formats import FP4, code_limits, numpy_code_format
+from trt_bridge.formats import broadcast_param as expand_param
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, dequantized, infinite_scale, quantizer_zero_point
 from trt_bridge.lift.shifted_blocks import lift_shifted_matmul, shifted_blocks
@@ -51,38 +52,18 @@ from trt_bridge.lift.weights import (
 )
 
 
-def integer_range(dtype: np.dtype) -> tuple[int, int]:
-    """The codes of an integer type, int4/uint4 (ml_dtypes) included."""
-    try:
-        info = np.iinfo(dtype)
-    except ValueError:
-        import ml_dtypes
-
-        info = ml_dtypes.iinfo(dtype)
-    return int(info.min), int(info.max)
-
-
 def broadcast_param(param: np.ndarray, values: np.ndarray, axis: int, block: int = 0) -> np.ndarray:
     """A scale or zero point shaped to broadcast against ``values``: 0-d (per tensor), per ``axis``, or
     per block of ``block`` elements along ``axis`` (``param`` then has the rank of ``values``)."""
-    param = param.astype(np.float64)
-    if param.size == 1:
-        return param.reshape(())
-    if block:
-        return np.repeat(param, block, axis=axis).take(range(values.shape[axis]), axis=axis)
-    shape = [1] * values.ndim
-    shape[axis] = -1
-    return param.reshape(shape)
+    return expand_param(param.astype(np.float64), values.shape, axis, block)
 
 
 def quantize_like(values: np.ndarray, scale: np.ndarray, zp: np.ndarray, axis: int, block: int = 0) -> np.ndarray:
     """What ``QuantizeLinear(values, scale, zp, axis, block_size)`` computes (round half to even, saturate)."""
     s, z = broadcast_param(scale, values, axis, block), broadcast_param(zp, values, axis, block)
-    codes = numpy_code_format(zp.dtype)
+    codes, (lo, hi) = numpy_code_format(zp.dtype), code_limits(zp.dtype)
     if codes is not None and codes.nearest.is_float:  # float8: saturate, then round to the nearest code
-        lo, hi = code_limits(zp.dtype)
         return np.clip(values.astype(np.float64) / s + z, lo, hi).astype(zp.dtype)
-    lo, hi = integer_range(zp.dtype)
     return np.clip(np.rint(values.astype(np.float64) / s) + z, lo, hi).astype(zp.dtype)
 
 

@@ -18,7 +18,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site, WeightSpec
-from trt_bridge.formats import INT4
+from trt_bridge.formats import INT4, broadcast_param
 from trt_bridge.lift.base import LiftContext
 from trt_bridge.lift.int4_blocks import OffsetBlocks, int4_offset_blocks
 from trt_bridge.lift.weights import dequantize
@@ -28,7 +28,7 @@ def shifted_blocks(values: np.ndarray, zero_point: np.ndarray, scale: np.ndarray
     """A [K, N] block weight (codes ``values``, ``zero_point`` and ``scale`` [K/b, N], blocks along K) as exact int4
     codes plus a shift per block, where some block does not fit int4 as it is; None where every block fits (or
     one cannot be shifted into int4: 8-bit codes)."""
-    zp = np.repeat(np.asarray(zero_point), block, axis=0)[:values.shape[0]] if np.ndim(zero_point) else zero_point
+    zp = broadcast_param(zero_point, values.shape, 0, block)
     if np.issubdtype(np.asarray(zero_point).dtype, np.floating):
         centred = values.astype(np.float64) - np.asarray(zp, np.float64)
     else:

@@ -12,7 +12,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from trt_bridge.annotations import QMAX, ScaleSource, Site, WeightSpec
 from trt_bridge.errors import InternalError, UnsupportedPatternError
-from trt_bridge.formats import FP4, INT4, INT8, QuantFormat, numpy_code_format
+from trt_bridge.formats import FP4, INT4, INT8, QuantFormat, broadcast_param, numpy_code_format
 from trt_bridge.ir.store import release_weight
 from trt_bridge.ir.tensorrt_ops import output_channel_axis
 from trt_bridge.ir.values import FLOAT32_TINY, check_finite_weight
@@ -61,9 +61,7 @@ def lift_block_weight(ctx: LiftContext, tensor: gs.Tensor, values: np.ndarray, z
     scale's, fits int4 (int4, and uint4 with zero point 8), the other blocks clipped or re-quantized
     (:func:`trt_bridge.lift.int4_blocks.int4_blocks`, reported by ``rule``)."""
     along = block_axis(axis, values.ndim)
-    full_scale = np.repeat(scale, block, axis=along).take(range(values.shape[along]), axis=along)
-    zp = (np.repeat(zero_point, block, axis=along).take(range(values.shape[along]), axis=along)
-          if zero_point.ndim else zero_point)
+    full_scale, zp = (broadcast_param(p, values.shape, along, block) for p in (scale, zero_point))
     if np.issubdtype(np.asarray(zero_point).dtype, np.floating):
         centred = values.astype(np.float64) - zp.astype(np.float64)
     else:
@@ -102,9 +100,7 @@ def lift_fp4_block_weight(ctx: LiftContext, tensor: gs.Tensor, values: np.ndarra
     positive; else re-quantized FP4 from the float values, reported). Placement keeps them FP4 for a target that
     runs it, else approximates them as INT4 blocks (:mod:`trt_bridge.place.formats`)."""
     along = block_axis(axis, values.ndim)
-    full_scale = np.repeat(scale, block, axis=along).take(range(values.shape[along]), axis=along)
-    zp = (np.repeat(zero_point, block, axis=along).take(range(values.shape[along]), axis=along)
-          if zero_point.ndim else zero_point)
+    full_scale, zp = (broadcast_param(p, values.shape, along, block) for p in (scale, zero_point))
     centred = values.astype(np.float64) - np.asarray(zp, np.float64)
     key = ("fp4-block-weight", tensor.name, scale.tobytes(), zero_point.tobytes())
     base = tensor.name.removesuffix("_quantized") or origin
@@ -238,21 +234,14 @@ def quantize_blocks(values: np.ndarray, axis: int, block_size: int, ftype=np.flo
         padded = np.concatenate([padded, np.zeros((blocks * block_size - length, *padded.shape[1:]))])
     amax = np.abs(padded.reshape(blocks, block_size, *padded.shape[1:])).max(axis=1)
     scale = _scale(amax, ftype, fmt)
-    full = np.repeat(scale.astype(np.float64), block_size, axis=0)[:length]
-    codes = fmt.codes(np.moveaxis(values, axis, 0), full)
+    moved = np.moveaxis(values, axis, 0)
+    codes = fmt.codes(moved, broadcast_param(scale.astype(np.float64), moved.shape, 0, block_size))
     return np.moveaxis(codes, 0, axis), np.moveaxis(scale, 0, axis)
 
 
 def dequantize(codes: np.ndarray, scale: np.ndarray, axis: int, block_size: int = 0) -> np.ndarray:
     """``DequantizeLinear(codes, scale, 0)`` in float32: ``scale`` 0-d, 1-d along ``axis`` or blocked along it."""
-    s = np.asarray(scale, np.float32)
-    if s.ndim and block_size:
-        s = np.repeat(s, block_size, axis=axis).take(range(codes.shape[axis]), axis=axis)
-    elif s.ndim:
-        shape = [1] * codes.ndim
-        shape[axis] = -1
-        s = s.reshape(shape)
-    return codes.astype(np.float32) * s
+    return codes.astype(np.float32) * broadcast_param(np.asarray(scale, np.float32), codes.shape, axis, block_size)
 
 
 def representable_scale(scale: np.ndarray, ftype) -> np.ndarray:

@@ -17,15 +17,16 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from trt_bridge.formats import FP4, broadcast_param, code_types
+from trt_bridge.ir.types import holds_codes
+
 #: the FP4 code type (TensorProto)
-FLOAT4_TYPES = frozenset({onnx.TensorProto.FLOAT4E2M1})
+FLOAT4_TYPES = code_types(FP4)
 
 
 def has_float4_codes(model: onnx.ModelProto) -> bool:
     """Whether ``model``'s main graph holds FP4 codes (initializers or Constant nodes)."""
-    return any(t.data_type in FLOAT4_TYPES for t in model.graph.initializer) or any(
-        a.t.data_type in FLOAT4_TYPES for n in model.graph.node if n.op_type == "Constant" for a in n.attribute
-        if a.name == "value")
+    return holds_codes(model, FLOAT4_TYPES)
 
 
 def fp4_dequantized(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -71,20 +72,9 @@ def dequantize(node: onnx.NodeProto, inputs: list[np.ndarray | None]) -> np.ndar
     x, scale = inputs[0], inputs[1]
     zero = inputs[2] if len(inputs) > 2 and inputs[2] is not None else None
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
-    axis, block = int(attrs.get("axis", 1)), int(attrs.get("block_size", 0))
+    axis, block = int(attrs.get("axis", 1)) % max(x.ndim, 1), int(attrs.get("block_size", 0))
     codes = x.astype(np.float32)
     if zero is not None:
-        codes = codes - _broadcast(zero.astype(np.float32), x, axis, block)
-    out = codes * _broadcast(scale.astype(np.float32), x, axis, block)
+        codes = codes - broadcast_param(zero.astype(np.float32), x.shape, axis, block)
+    out = codes * broadcast_param(scale.astype(np.float32), x.shape, axis, block)
     return out.astype(scale.dtype if scale.dtype in (np.float16, np.float32) else np.float32)
-
-
-def _broadcast(param: np.ndarray, x: np.ndarray, axis: int, block: int) -> np.ndarray:
-    if param.ndim == 0 or param.size == 1 and not block:
-        return param.reshape(())
-    axis %= max(x.ndim, 1)
-    if block:
-        return np.repeat(param, block, axis=axis).take(range(x.shape[axis]), axis=axis)
-    shape = [1] * x.ndim
-    shape[axis] = -1
-    return param.reshape(shape)

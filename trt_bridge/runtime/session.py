@@ -30,7 +30,9 @@ from typing import Any, TypeVar
 
 import onnx
 
+from trt_bridge.formats import FP8, code_types
 from trt_bridge.ir.dynamic_gemm import decompose, disabled_optimizers, has_plugin_nodes
+from trt_bridge.ir.types import holds_codes
 from trt_bridge.runtime.bf16 import emulate_bfloat16, has_bfloat16
 from trt_bridge.runtime.exact_integer import exact_integer, has_saturating_ops
 from trt_bridge.runtime.fp4 import fp4_dequantized, has_float4_codes
@@ -180,8 +182,7 @@ def create_session(model, options, providers=("CPUExecutionProvider",), exact: b
 
 
 #: the FP8 code types (TensorProto)
-FLOAT8_TYPES = frozenset({onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ, onnx.TensorProto.FLOAT8E5M2,
-                          onnx.TensorProto.FLOAT8E5M2FNUZ})
+FLOAT8_TYPES = code_types(FP8)
 
 
 def has_float8_codes(model: onnx.ModelProto) -> bool:
@@ -189,9 +190,7 @@ def has_float8_codes(model: onnx.ModelProto) -> bool:
     compute an FP8 Q/DQ model wrong on CPU (an onnxruntime FP8 MNIST: -7.7 dB against its float model with them,
     8.1 dB without; the same model's Q/DQ as float simulation agrees with the latter), so its sessions stop at the
     basic level."""
-    return any(t.data_type in FLOAT8_TYPES for t in model.graph.initializer) or any(
-        a.t.data_type in FLOAT8_TYPES for n in model.graph.node if n.op_type == "Constant" for a in n.attribute
-        if a.name == "value")
+    return holds_codes(model, FLOAT8_TYPES)
 
 
 def _bfloat16_emulated(model: str | Path | onnx.ModelProto | bytes):
