@@ -17,7 +17,6 @@ whose format changes is re-quantized from its float values when lowered (:func:`
 from __future__ import annotations
 
 import logging
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -27,8 +26,9 @@ import onnx_graphsurgeon as gs
 from trt_bridge.annotations import Annotations, ScaleSource, Site, WeightSpec
 from trt_bridge.choices import FormatOptions, PlacementOptions, compute_capability
 from trt_bridge.errors import UnsupportedPatternError
-from trt_bridge.formats import FORMATS, FP4, INT4, INT8, QuantFormat
+from trt_bridge.formats import FORMATS, FP4, FP8, INT4, INT8, QuantFormat
 from trt_bridge.lift.weights import weight_axis
+from trt_bridge.place.policies import excluder
 
 log = logging.getLogger("trt_bridge.place")
 
@@ -51,9 +51,9 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
     changes: list[FormatChange] = []
     act = None if options.activations is None else FORMATS[options.activations]
     lifted = {spec.format for spec in annotations.activations.values() if not spec.placed}
-    if act is None and lifted == {FORMATS["fp8"]}:  # an FP8 source: what placement adds is FP8 too
+    if act is None and lifted == {FP8}:  # an FP8 source: what placement adds is FP8 too
         for spec in annotations.activations.values():
-            spec.format = FORMATS["fp8"]
+            spec.format = FP8
     if act is not None:
         for spec in annotations.activations.values():
             if spec.format is not act:
@@ -113,12 +113,9 @@ def _annotate_float_weights(graph: gs.Graph, annotations: Annotations, placement
     """--int4: every 2-D float constant weight of a MatMul/Gemm that placement left unannotated (a float model
     without calibration data has none) becomes a weight annotation, but on the layers --exclude-nodes/--exclude-ops
     name; the loop above makes it INT4."""
-    nodes = re.compile(placement.exclude_nodes) if placement.exclude_nodes else None
-    ops = re.compile(placement.exclude_ops) if placement.exclude_ops else None
+    excluded = excluder(placement)
     for node in graph.nodes:
-        if node.op not in ("MatMul", "Gemm") or len(node.inputs) < 2 or node.attrs.get("transA", 0):
-            continue
-        if (nodes is not None and nodes.search(node.name)) or (ops is not None and ops.fullmatch(node.op)):
+        if node.op not in ("MatMul", "Gemm") or len(node.inputs) < 2 or node.attrs.get("transA", 0) or excluded(node):
             continue
         weight = node.inputs[1]
         if not isinstance(weight, gs.Constant) or len(weight.shape) != 2 or getattr(weight.dtype, "kind", "") != "f":
@@ -158,7 +155,7 @@ def _fp8_conv_kernels(nodes: dict, annotations: Annotations, act: QuantFormat | 
     changes, dropped = [], set()
     for name in list(annotations.activations):
         spec = annotations.activations[name]
-        if spec.format is not FORMATS["fp8"] or not (spec.placed or act is FORMATS["fp8"]):
+        if spec.format is not FP8 or not (spec.placed or act is FP8):
             continue
         layers = [s.node for s in spec.sites if s.node in problems]
         if layers:
@@ -182,7 +179,7 @@ def _activation_formats(annotations: Annotations) -> dict[str, QuantFormat]:
     found: dict[str, QuantFormat] = {}
     for spec in annotations.activations.values():
         for site in spec.sites:
-            if found.get(site.node) is not FORMATS["fp8"]:
+            if found.get(site.node) is not FP8:
                 found[site.node] = spec.format
     return found
 
@@ -212,8 +209,8 @@ def _weight_format(spec, nodes, tensors, reads, weight_only: QuantFormat | None,
     if blockable and spec.format is FP4:
         return FP4 if target is not None and FP4.runs_on(compute_capability(target)) else INT4
     formats = {reads[n.name] for n in layers if n.name in reads}
-    if FORMATS["fp8"] in formats:
-        return FORMATS["fp8"]
+    if FP8 in formats:
+        return FP8
     if formats:
         return INT8
     return spec.format if spec.format not in (INT4, FP4) else INT8

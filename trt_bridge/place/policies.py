@@ -29,6 +29,7 @@ adds the inputs of more op types. Every edge dropped is reported with its reason
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import onnx_graphsurgeon as gs
@@ -62,23 +63,31 @@ def _is_constant(t: gs.Tensor) -> bool:
     return isinstance(t, gs.Constant) or (len(t.inputs) == 1 and t.inputs[0].op == "Constant")
 
 
+def excluder(options: PlacementOptions) -> Callable[[gs.Node], str | None]:
+    """``excluded(node)``: why --exclude-nodes (searched in the node's name) or --exclude-ops (the whole op type)
+    leaves ``node`` float, else None."""
+    ops = re.compile(options.exclude_ops) if options.exclude_ops else None
+    names = re.compile(options.exclude_nodes) if options.exclude_nodes else None
+
+    def excluded(node: gs.Node) -> str | None:
+        if names is not None and names.search(node.name):
+            return "excluded by --exclude-nodes"
+        if ops is not None and ops.fullmatch(node.op):
+            return "excluded by --exclude-ops"
+        return None
+
+    return excluded
+
+
 def place(graph: gs.Graph, annotations: Annotations, options: PlacementOptions = PlacementOptions(),
           can_calibrate: bool = True) -> Placement:
     """Restrict and extend the annotations to what ``options`` quantizes (in place)."""
     include = re.compile(options.include_ops) if options.include_ops else None
-    exclude_ops = re.compile(options.exclude_ops) if options.exclude_ops else None
-    exclude_nodes = re.compile(options.exclude_nodes) if options.exclude_nodes else None
+    excluded = excluder(options)
     nodes = {n.name: n for n in graph.nodes}
     result = Placement()
     float_source = not annotations.activations and not annotations.weights
     outputs = {t.name for t in graph.outputs}  # graph outputs are consumers too (multi-output models)
-
-    def excluded(node: gs.Node) -> str | None:
-        if exclude_nodes is not None and exclude_nodes.search(node.name):
-            return "excluded by --exclude-nodes"
-        if exclude_ops is not None and exclude_ops.fullmatch(node.op):
-            return "excluded by --exclude-ops"
-        return None
 
     def wanted(node: gs.Node, index: int) -> str | None:
         """None when the edge is quantized under the policy, else why not."""
