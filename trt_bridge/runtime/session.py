@@ -161,6 +161,9 @@ def create_session(model, options, providers=("CPUExecutionProvider",), exact: b
     if owns_process():  # the command line: onnxruntime's own log lines stay off stderr (see above)
         quiet_default_logger()
         options.log_severity_level = 4
+    given = model
+    if isinstance(model, bytes):  # parsed once for the looks below, not once per look
+        model = parsed = onnx.ModelProto.FromString(model)
     model, disabled = _plugins_decomposed(model)
     fp4 = _loaded_if(model, has_float4_codes)  # no FP4 kernel: its weights' float values (runtime/fp4.py)
     model = model if fp4 is None else fp4_dequantized(fp4)
@@ -169,7 +172,9 @@ def create_session(model, options, providers=("CPUExecutionProvider",), exact: b
     if _loaded_if(model, has_float8_codes) is not None:
         if options.graph_optimization_level != ort.GraphOptimizationLevel.ORT_DISABLE_ALL:
             options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-    if isinstance(model, onnx.ModelProto):
+    if isinstance(given, bytes) and model is parsed:  # nothing rewritten: the bytes given, not serialized again
+        model = given
+    elif isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     extra = {"disabled_optimizers": list(disabled)} if disabled else {}
     try:
