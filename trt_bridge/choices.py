@@ -25,15 +25,20 @@ ACTIVATION_FORMATS = ("int8", "fp8")
 WEIGHT_ONLY_FORMATS = ("int4",)
 
 
-def compute_capability(text: str) -> float:
-    """'8.9' / 'SM89' / 'sm_89' / '89' / '12.0' → 8.9 / 12.0 (what ``--compute-capability`` takes)."""
+def compute_capability_digits(text: str) -> str:
+    """'8.9' / 'SM89' / 'sm_89' / '89' / '12.0' → '89' / '120' (what ``--compute-capability`` takes)."""
     match = re.fullmatch(r"(?:sm_?)?(\d+)(?:\.(\d))?", str(text).strip().lower())
     if match and match.group(2) is not None:
-        return float(f"{match.group(1)}.{match.group(2)}")
+        return match.group(1) + match.group(2)
     if match and len(match.group(1)) >= 2:
-        digits = match.group(1)
-        return float(f"{digits[:-1]}.{digits[-1]}")
+        return match.group(1)
     raise TrtBridgeError(f"--compute-capability '{text}' is not a compute capability such as 8.9 or 12.0.")
+
+
+def compute_capability(text: str) -> float:
+    """'8.9' / 'SM89' / 'sm_89' / '89' / '12.0' → 8.9 / 12.0."""
+    digits = compute_capability_digits(text)
+    return float(f"{digits[:-1]}.{digits[-1]}")
 
 
 class CalibMethod(str, enum.Enum):

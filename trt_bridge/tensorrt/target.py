@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import re
 
+from trt_bridge.choices import compute_capability_digits
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
 from trt_bridge.tensorrt import MODULES, gpu_present, import_tensorrt, is_rtx
 from trt_bridge.tensorrt.cuda import call, device_name, runtime
@@ -78,13 +79,7 @@ def parse_compute_capability(trt, text: str):
     TensorRT-RTX builds for."""
     supported = {name: f"{name[2:-1]}.{name[-1]}" for name in trt.ComputeCapability.__members__
                  if re.fullmatch(r"SM\d+", name)}
-    match = re.fullmatch(r"(?:sm_?)?(\d+)(?:\.(\d))?", str(text).strip().lower())
-    if match and match.group(2) is not None:
-        digits = match.group(1) + match.group(2)
-    elif match and len(match.group(1)) >= 2:
-        digits = match.group(1)
-    else:
-        raise TrtBridgeError(f"--compute-capability '{text}' is not a compute capability such as 8.9 or 12.0.")
+    digits = compute_capability_digits(text)
     name = f"SM{digits}"
     if name not in supported:
         hopper = " (Hopper, 9.0, is a datacenter GPU: build on it with datacenter TensorRT)" if digits == "90" else ""
