@@ -18,8 +18,7 @@ MKDOCS = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or shutil
 
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
-    if MKDOCS is None:
-        pytest.skip("mkdocs is not installed (pip install -e '.[dev]')")
+    assert MKDOCS is not None, "mkdocs is not installed: pip install -e '.[dev]' (make test does)"
     out = tmp_path_factory.mktemp("site")
     result = subprocess.run([MKDOCS, "build", "--strict", "--site-dir", str(out)], cwd=ROOT, capture_output=True,
                             text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})

@@ -21,6 +21,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import onnx_ir  # noqa: E402,F401 - onnxruntime's MatMulNBitsQuantizer needs it (the dev extra; make test installs it)
 from apply_rule import build_model, declined, lifted, ops_left, tensor_info  # noqa: E402
 from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save, snr_db  # noqa: E402
 
@@ -29,8 +30,6 @@ from trt_bridge.conversion import convert  # noqa: E402
 from trt_bridge.conversion.options import ConvertOptions  # noqa: E402
 from trt_bridge.lift.matmul_nbits import MatMulNBits  # noqa: E402
 from trt_bridge.runtime.session import session  # noqa: E402
-
-pytest.importorskip("onnx_ir", reason="onnxruntime's MatMulNBitsQuantizer needs onnx-ir (the dev extra)")
 
 RNG = np.random.default_rng(29)
 D, H = 256, 384
