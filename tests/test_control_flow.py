@@ -340,3 +340,35 @@ def test_a_source_quantized_only_inside_a_body_converts_without_data(tmp_path):
     feeds, _ = _loop_feeds(tmp_path)
     reference = run_ort(float_path, feeds)
     assert snr_db(reference, run_ort(out, feeds)) > snr_db(reference, run_ort(dynamic, feeds)) - 1.0
+
+
+def test_int4_weights_with_an_if_whose_branches_hold_no_matmul(tmp_path):
+    """--int4 quantizes the main graph's MatMul weight; an If whose branches hold no MatMul (a text recognizer's
+    shape-dependent If) is no reason to refuse it (it was: "this model has none", raised from the branch)."""
+    from trt_bridge.conversion.options import FormatOptions
+
+    rng = np.random.default_rng(2)
+    w = (rng.normal(0, 1, (64, 48)) / 8).astype(np.float32)
+    then, other = ([helper.make_node(op, ["h"], [f"{tag}_out"], f"{tag}_{op.lower()}")] for op, tag in
+                   (("Relu", "t"), ("Neg", "e")))
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], "fc"),
+         helper.make_node("If", ["a"], ["y"], "if", then_branch=helper.make_graph(
+             then, "then", [], [helper.make_tensor_value_info("t_out", TensorProto.FLOAT, [1, 8, 48])]),
+             else_branch=helper.make_graph(
+             other, "else", [], [helper.make_tensor_value_info("e_out", TensorProto.FLOAT, [1, 8, 48])]))],
+        "int4_if", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 64]),
+                    helper.make_tensor_value_info("a", TensorProto.BOOL, [])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 48])], [numpy_helper.from_array(w, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    onnx.checker.check_model(model, full_check=True)
+    src, out = save(model, tmp_path / "float.onnx"), tmp_path / "int4.onnx"
+    report = convert(src, out, ConvertOptions(formats=FormatOptions(weights="int4", block_size=32), progress=False))
+    assert not report.remaining_blockers and report.control_flow["bodies"] == 2
+    converted = assert_qdq_contract(out)
+    (dq,) = [n for n in converted.graph.node if n.op_type == "DequantizeLinear"]
+    codes = next(i for i in converted.graph.initializer if i.name == dq.input[0])
+    assert codes.data_type == TensorProto.INT4 and {a.name: a.i for a in dq.attribute}["block_size"] == 32
+    feeds = [{"x": rng.normal(0, 1, (1, 8, 64)).astype(np.float32), "a": np.array(a)} for a in (True, False)]
+    assert snr_db(run_ort(src, feeds), run_ort(out, feeds)) > 15  # 4-bit blocks of 32: plain rounding
+    assert_tensorrt_ready(out)

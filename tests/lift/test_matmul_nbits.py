@@ -265,3 +265,32 @@ def test_rule_declines_what_it_cannot_unpack_untouched():
     model.graph.node[0].input[1] = "x_b"
     model.graph.input.append(tensor_info("x_b", [N, K // B, B // 2], TensorProto.UINT8))
     assert declined(model, MatMulNBits(), "nbits") == "B and the scales must be constants"
+
+
+def test_zero_points_in_the_ops_first_layout(tmp_path):
+    # Intel Neural Compressor 1.0 packs the zero points as one run over N·K/b (the op's first layout); with K/b odd
+    # (3 blocks here) that differs from today's [N, ⌈(K/b)/2⌉] and onnxruntime refuses the file: the reference is
+    # the same node with its zero points repacked in today's layout
+    k, n, block = 96, 48, 32
+    blocks = k // block
+    q, zp = RNG.integers(0, 16, (n, k)), RNG.integers(0, 16, (n, blocks))
+    scales = RNG.uniform(0.01, 0.03, (n, blocks)).astype(np.float32)
+    node = helper.make_node("MatMulNBits", ["x", "B", "scales", "zp"], ["y"], "nbits", domain="com.microsoft", K=k,
+                            N=n, bits=4, block_size=block)
+
+    def model(packed_zp):
+        return build_model([node], [tensor_info("x", [2, 5, k])], [tensor_info("y", [2, 5, n])],
+                           {"B": _pack(q.reshape(n, blocks, block)), "scales": scales, "zp": packed_zp},
+                           opset=21, microsoft=True)
+
+    flat = _pack(np.append(zp.reshape(-1), 8 if zp.size % 2 else []))  # ⌈N·3/2⌉ = 72 bytes
+    rows = _pack(np.concatenate([zp, np.full((n, 1), 8)], axis=1))  # [N, 2] = 96 bytes
+    source, reference = save(model(flat), tmp_path / "inc.onnx"), save(model(rows), tmp_path / "reference.onnx")
+    out = tmp_path / "converted.onnx"
+    report = convert(source, out, ConvertOptions(progress=False))
+    assert not report.approximated and not report.remaining_blockers
+    assert "MatMulNBits" not in op_types(assert_qdq_contract(out))
+    feeds = _feeds(onnx.load(str(source)))
+    got = [session(out, simulate_qdq=True).run(None, f)[0] for f in feeds]
+    assert snr_db(run_ort(reference, feeds), got) > EXACT_DB
+    assert_tensorrt_ready(out)

@@ -127,7 +127,8 @@ def quantize_bodies(graph: gs.Graph, annotations: Annotations, options: ConvertO
     for body in found:
         mine = _restricted(annotations, {n.name for n in body.nodes})
         placement = place(body, mine, options.placement, feeds is not None)
-        assign_formats(body, mine, options.formats)  # --fp8 quantizes the bodies in FP8 too
+        # --fp8 quantizes the bodies in FP8 too; --int4 their MatMul weights (a branch without one refuses nothing)
+        assign_formats(body, mine, options.formats, placement=options.placement, body=True)
         result.left_in_float.extend(placement.left_in_float)
         placed.append((body, mine, placement))
     result.bodies = len(placed)

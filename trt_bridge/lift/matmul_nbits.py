@@ -11,12 +11,14 @@ TensorRT's form of it::
 
 ``Y = A · Wᵀ`` with ``W[n, k] = (q[n, k] − z[n, k / b])·s[n, k / b]``: codes packed low bits first along K, one blob of
 bytes per block; scales ``[N · K/b]`` or ``[N, K/b]``; zero points packed the same way (``[N, ⌈(K/b)·bits/8⌉]``
-bytes) or floats ``[N, K/b]`` of the scales' type, 2^(bits − 1) when absent. The codes are kept exactly: where
-``q − z``, its sign turned with a negative scale's, fits int4 as it is (onnxruntime's symmetric blocks with a
-positive scale; 2-bit codes always), else shifted into int4 by one integer per block, the shift added back by a float
-side path (:mod:`trt_bridge.lift.shifted_blocks`: onnxruntime's symmetric quantizer writes negative scales, its
-default writes zero points, HQQ float ones). 8-bit blocks are re-quantized int8 per channel (TensorRT's INT8 takes no
-blocks; reported in ``approximated``). float16 (``*_q4f16``) weights are lifted in float16.
+bytes) or floats ``[N, K/b]`` of the scales' type, 2^(bits − 1) when absent. Packed zero points in the op's first
+layout, one run over all ``N·K/b`` without padding at the end of a row (``⌈N·(K/b)·bits/8⌉`` bytes: Intel Neural
+Compressor 1.0 writes it; onnxruntime now refuses it where ``K/b`` is odd), are read in that layout. The codes are
+kept exactly: where ``q − z``, its sign turned with a negative scale's, fits int4 as it is (onnxruntime's symmetric
+blocks with a positive scale; 2-bit codes always), else shifted into int4 by one integer per block, the shift added
+back by a float side path (:mod:`trt_bridge.lift.shifted_blocks`: onnxruntime's symmetric quantizer writes negative
+scales, its default writes zero points, HQQ float ones). 8-bit blocks are re-quantized int8 per channel
+(TensorRT's INT8 takes no blocks; reported in ``approximated``). float16 (``*_q4f16``) weights are lifted in float16.
 
 An act-order ``g_idx`` (row k of W in group ``g_idx[k]``) whose groups hold ``b`` rows each is made blocks again by
 reading A's columns in group order (exact)::
@@ -110,6 +112,8 @@ class MatMulNBits:
                 return "the zero points must be constants"
             if zps.dtype == np.uint8 and zps.size == n * (-(-blocks * bits // 8)):
                 zero_point = np.ascontiguousarray(unpack(zps.reshape(n, -1), bits, blocks).T)
+            elif zps.dtype == np.uint8 and zps.size == -(-n * blocks * bits // 8):  # the op's first layout (see above)
+                zero_point = np.ascontiguousarray(unpack(zps.reshape(-1), bits, n * blocks).reshape(n, blocks).T)
             elif zps.dtype == scales.dtype and zps.size == n * blocks:
                 zero_point = np.ascontiguousarray(zps.reshape(n, blocks).T)
             else:

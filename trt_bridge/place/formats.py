@@ -44,10 +44,11 @@ class FormatChange:
 
 def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOptions,
                    approximate: Callable[[str, str, str], None] | None = None,
-                   placement: PlacementOptions | None = None) -> list[FormatChange]:
+                   placement: PlacementOptions | None = None, body: bool = False) -> list[FormatChange]:
     """Set each annotation's format (in place) as ``options`` ask; return what changed from the lifted one.
     ``approximate(rule, node, what)`` records a source format the target cannot run (FP4 below 10.0); ``placement``:
-    its --exclude-nodes/--exclude-ops keep --int4 off those layers too."""
+    its --exclude-nodes/--exclude-ops keep --int4 off those layers too; ``body``: ``graph`` is a control-flow body
+    (an If branch without a MatMul is no reason to refuse --int4)."""
     changes: list[FormatChange] = []
     act = None if options.activations is None else FORMATS[options.activations]
     lifted = {spec.format for spec in annotations.activations.values() if not spec.placed}
@@ -65,7 +66,7 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
     weight_only = None if options.weights is None else FORMATS[options.weights]
     if weight_only is INT4:
         _annotate_float_weights(graph, annotations, placement or PlacementOptions())
-        if not annotations.weights and not annotations.activations:
+        if not annotations.weights and not annotations.activations and not body:
             raise UnsupportedPatternError("--int4 quantizes the constant 2-D weights of MatMul and Gemm, and this "
                                           "model has none (its weighted layers are convolutions, or their weights are "
                                           "computed): use --int8 or --fp8 with --calib-data instead.")
