@@ -266,3 +266,48 @@ def test_a_tied_asymmetric_range_is_narrowed_to_the_data(setup, tmp_path):
     # measured: 30.7 dB with the tied range as it is, 32.9 dB narrowed (to 127 of AIMET's own steps, which are
     # coarser than g needs: the untied encodings give 34.4 dB); bar 3 dB under, and better than the file alone
     assert snrs[True] > 29.9 and snrs[True] > snrs[False] + 1.5, snrs
+
+
+def test_fp8_encodings_are_kept_fp8(setup, tmp_path):
+    """AIMET 2.x FP8 encodings (``output_dtype: float8e4m3fn``, symmetric, zero point 0): read as the range
+    y_scale·448, kept FP8 without --fp8 (they were dropped as "float" encodings, and convert without data then
+    failed: no scale for the activations), every Q/DQ FP8 with AIMET's own scales, built for SM 8.9."""
+    ranges = _ranges(setup["model"], ["x", "r", "g", "y"], _feeds(16, 1))
+    weights = {i.name: numpy_helper.to_array(i) for i in setup["model"].graph.initializer}
+    entries = [{"name": n, "output_dtype": "float8e4m3fn", "y_scale": max(abs(lo), abs(hi)) / 448,
+                "y_zero_point": 0.0} for n, (lo, hi) in ranges.items()]
+    entries += [{"name": n, "output_dtype": "float8e4m3fn", "axis": axis,
+                 "y_scale": (np.array(_weight_scales(weights[n], axis)) * 127 / 448).tolist()}
+                for n, axis in (("Wc", 0), ("Wg", 0), ("Wm", 1))]
+    path = tmp_path / "fp8.encodings"
+    path.write_text(json.dumps({"version": "2.0.0", "encodings": entries}))
+    table = read_scales(path, setup["model"])
+    assert {table[e["name"]].format for e in entries} == {"fp8"} and not table.notes
+    assert math.isclose(table["x"].amax, entries[0]["y_scale"] * 448, rel_tol=1e-12)
+    out = tmp_path / "model.trt.onnx"
+    report = convert(setup["path"], out, ConvertOptions(scales=ScaleOptions(files=(str(path),)), progress=False))
+    quantized = {q["tensor"]: q for q in report.quantized}
+    # the Conv (3 input channels) stays in the high precision, as every FP8 conversion leaves it (place/formats)
+    assert set(quantized) == {"f", "g", "Wg", "Wm"} and {q["source"] for q in quantized.values()} == {"file"}
+    model = assert_qdq_contract(out)
+    inits = {i.name: i for i in model.graph.initializer}
+    q_scales, dq_codes = {}, set()
+    for node in model.graph.node:
+        if node.op_type == "QuantizeLinear":
+            assert inits[node.input[2]].data_type == TensorProto.FLOAT8E4M3FN
+            q_scales[node.input[0]] = float(numpy_helper.to_array(inits[node.input[1]]))
+        elif node.op_type == "DequantizeLinear" and node.input[0] in inits:
+            dq_codes.add(inits[node.input[0]].data_type)
+            scale = numpy_helper.to_array(inits[node.input[1]])
+            name = next(w for w in ("Wg", "Wm") if node.input[0].startswith(w))
+            want = next(e["y_scale"] for e in entries if e["name"] == name)
+            np.testing.assert_array_equal(scale, np.float32(want), err_msg=name)  # AIMET's, bit for bit
+    assert dq_codes == {TensorProto.FLOAT8E4M3FN} and set(q_scales) == {"f", "g"}
+    # AIMET's activation scales, bit for bit ('f', the Flatten's output, takes its input 'r''s)
+    for tensor, entry in (("f", "r"), ("g", "g")):
+        assert q_scales[tensor] == np.float32(next(e["y_scale"] for e in entries if e["name"] == entry))
+    assert_tensorrt_ready(out)
+    held_out = _feeds(16, 2)
+    reference = [session(setup["path"]).run(None, {"x": f})[0] for f in held_out]
+    converted = [session(out, simulate_qdq=True).run(None, {"x": f})[0] for f in held_out]
+    assert snr_db(reference, converted) > 25.0

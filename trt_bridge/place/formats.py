@@ -3,8 +3,8 @@
     --int8 / --fp8   every quantized activation, and the weights of the layers they feed, in that format
     --int4           2-D MatMul/Gemm weights in INT4 blocks along their reduction axis (weight-only: those layers'
                      activations stay in the high precision, which is the form TensorRT builds)
-    (none)           what the source quantizes: FP8 stays FP8, INT4 blocks stay INT4, everything else INT8; a float
-                     model's layers INT8
+    (none)           what the source (or a --scales file) quantizes: FP8 stays FP8, INT4 blocks stay INT4, everything
+                     else INT8; a float model's layers INT8
     --compute-capability X.Y   the target GPU: a source's FP4 (NVFP4/MXFP4) weight blocks stay FP4 for 10.0 and newer;
                      without a target, or an older one, they are approximated as INT4 blocks of the same size
                      (reported in ``approximated``, with a warning naming --compute-capability 12.0)
@@ -27,7 +27,7 @@ from trt_bridge.annotations import Annotations, ScaleSource, Site, WeightSpec
 from trt_bridge.choices import FormatOptions, PlacementOptions, compute_capability
 from trt_bridge.errors import UnsupportedPatternError
 from trt_bridge.formats import FORMATS, FP4, FP8, INT4, INT8, QuantFormat
-from trt_bridge.lift.weights import weight_axis
+from trt_bridge.lift.weights import block_axis, weight_axis
 from trt_bridge.place.policies import excluder
 
 log = logging.getLogger("trt_bridge.place")
@@ -51,8 +51,10 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
     (an If branch without a MatMul is no reason to refuse --int4)."""
     changes: list[FormatChange] = []
     act = None if options.activations is None else FORMATS[options.activations]
-    lifted = {spec.format for spec in annotations.activations.values() if not spec.placed}
-    if act is None and lifted == {FP8}:  # an FP8 source: what placement adds is FP8 too
+    # the source's formats, and those of an imported scale file's entries (AIMET's FP8 encodings)
+    lifted = {spec.format for spec in annotations.activations.values()
+              if not spec.placed or spec.source in (ScaleSource.FILE, ScaleSource.QAT)}
+    if act is None and lifted == {FP8}:  # an FP8 source (or scale file): what placement adds is FP8 too
         for spec in annotations.activations.values():
             spec.format = FP8
     if act is not None:
@@ -83,6 +85,10 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
             if wanted is INT4 and not spec.block_size:
                 spec.block_size = options.block_size
             continue
+        if wanted is INT4 and spec.format is INT8 and _int4_codes_as_blocks(spec, options.block_size):
+            changes.append(FormatChange(spec.tensor, "weight", INT4.name, INT8.name, "--int4 (the source's int4 "
+                                        "codes kept, each channel's scale repeated per block)"))
+            continue
         reason = "--int4" if wanted is INT4 else f"its layer's activations are {wanted.label}"
         changes.append(FormatChange(spec.tensor, "weight", wanted.name, spec.format.name, reason))
         spec.format, spec.codes, spec.scale, spec.source = wanted, None, None, ScaleSource.REQUANTIZED
@@ -108,6 +114,24 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
         if not kept:
             del annotations.activations[name]
     return changes
+
+
+def _int4_codes_as_blocks(spec: WeightSpec, block_size: int) -> bool:
+    """A source's exact per-channel codes that int4 holds (AIMET's W4 export: int4 DequantizeLinear per channel) made
+    INT4 blocks of ``block_size`` along the reduction axis, in place: the codes kept, each channel's scale repeated
+    in every block (exact). False, and ``spec`` untouched, where the codes are not exact int4 or the blocks do not
+    divide the reduction axis."""
+    codes, scale = spec.codes, spec.scale
+    if codes is None or scale is None or codes.ndim != 2 or spec.block_size or codes.dtype.kind != "i":
+        return False
+    axis = block_axis(spec.axis, 2)
+    if codes.shape[axis] % block_size or codes.min() < INT4.qmin - 1 or codes.max() > INT4.qmax:
+        return False
+    channels = np.broadcast_to(np.asarray(scale).reshape(-1), (codes.shape[spec.axis],))
+    blocked = np.repeat(np.expand_dims(channels, axis), codes.shape[axis] // block_size, axis=axis)
+    spec.codes, spec.scale = codes.astype(INT4.dtype), np.ascontiguousarray(blocked, dtype=np.asarray(scale).dtype)
+    spec.format, spec.block_size = INT4, block_size
+    return True
 
 
 def _annotate_float_weights(graph: gs.Graph, annotations: Annotations, placement: PlacementOptions) -> None:

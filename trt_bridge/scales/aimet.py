@@ -39,7 +39,9 @@ What TensorRT has no equivalent for is brought to the nearest thing it builds, e
 16-bit (or other non-8-bit) encodings become int8 over the same range; block-wise weight encodings
 (``PER_BLOCK``, ``LPBQ``) are left out, so those weights are quantized per channel from their
 values; float16 (``dtype: float``) encodings quantize nothing and int32 bias encodings (TensorRT
-adds biases in float) are left out. A scale that is
+adds biases in float) are left out. FP8 encodings (2.x ``output_dtype: float8e4m3fn``) give the range ``y_scale``·448
+and stay FP8 in the conversion (``ScaleEntry.format``) unless ``--int8`` asks otherwise; E5M2 ones become E4M3
+over the same range (noted). A scale that is
 not finite and positive, or an entry that cannot be read, is an error naming the file and tensor.
 """
 
@@ -58,6 +60,8 @@ from trt_bridge.scales.table import ScaleEntry, ScaleTable
 
 log = logging.getLogger("trt_bridge.scales")
 
+#: AIMET's FP8 output dtypes (2.x) → the format's largest value: the range is ``y_scale`` times it
+FLOAT8 = {"float8e4m3fn": 448.0, "float8e4m3fnuz": 240.0, "float8e5m2": 57344.0, "float8e5m2fnuz": 57344.0}
 #: the widest bit width an encoding may give (AIMET quantizes to 4, 8, 16 or 32 bits)
 MAX_BITS = 32
 SECTIONS = ("activation_encodings", "param_encodings")
@@ -98,7 +102,8 @@ class _Reader:
 
     # ------------------------------------------------------------ one entry, any layout
 
-    def add(self, name: str, kind: str, scale, lo, hi, symmetric: bool, bits: int, axis: int | None) -> None:
+    def add(self, name: str, kind: str, scale, lo, hi, symmetric: bool, bits: int, axis: int | None,
+            fmt: str | None = None) -> None:
         if bits >= 32:  # AIMET's int32 bias encodings (2.x, export_int32_bias): TensorRT adds biases in float
             self.note("int32 (bias) encodings left out: TensorRT takes biases in float, as trt-bridge writes them",
                       name)
@@ -122,12 +127,12 @@ class _Reader:
                       name)
         if amax.size == 1:
             step = float(scale[0]) if not symmetric and kind == "activation" else None
-            self.table.add(ScaleEntry(name, float(amax[0]), None, kind, self.source, step))
+            self.table.add(ScaleEntry(name, float(amax[0]), None, kind, self.source, step, fmt))
             return
         if kind == "activation":
             self.note("per-channel activation encodings imported per tensor (their largest range; TensorRT "
                       "quantizes activations per tensor)", name)
-            self.table.add(ScaleEntry(name, float(amax.max()), None, kind, self.source))
+            self.table.add(ScaleEntry(name, float(amax.max()), None, kind, self.source, format=fmt))
             return
         if axis is None:
             axis = self.channel_axis(name, amax.size)
@@ -135,7 +140,7 @@ class _Reader:
             self.note("per-channel weight encodings whose channel axis is unknown left out (the weight is "
                       "quantized per channel from its values)", name)
             return
-        self.table.add(ScaleEntry(name, tuple(amax.tolist()), axis, "weight", self.source))
+        self.table.add(ScaleEntry(name, tuple(amax.tolist()), axis, "weight", self.source, format=fmt))
 
     def channel_axis(self, name: str, channels: int) -> int | None:
         """The weight's channel axis: the one dimension as long as the scale list, else its reader's."""
@@ -169,7 +174,9 @@ class _Reader:
     def skip(self, name: str, entry: dict, kind_key: str) -> bool:
         """Entries that quantize nothing TensorRT can take as int8: noted and left out."""
         dtype = str(entry.get("dtype", entry.get("output_dtype", "int"))).lower()
-        if "float" in dtype or dtype in ("bf16", "fp16", "fp8"):
+        if dtype in FLOAT8:
+            pass
+        elif "float" in dtype or dtype in ("bf16", "fp16", "fp8"):
             self.note("float (fp16/bf16) encodings left out: they quantize nothing", name)
             return True
         enc_type = str(entry.get(kind_key, "")).upper()
@@ -248,6 +255,9 @@ class _Reader:
             if self.skip(name, entry, "enc_type"):
                 continue
             dtype = str(entry.get("output_dtype", ""))
+            if dtype.lower() in FLOAT8:
+                self.float8(name, entry, dtype.lower(), params)
+                continue
             try:
                 signed = not dtype.startswith("u")
                 bits = self.bits(name, dtype.lstrip("u").removeprefix("int"), "output_dtype")
@@ -263,6 +273,27 @@ class _Reader:
                 axis += len(self._shapes[name])
             self.add(name, kind, scale, (qmin - zp) * scale, (qmax - zp) * scale,
                      signed and bool(np.all(zp == 0)), bits, axis if isinstance(axis, int) else None)
+
+    def float8(self, name: str, entry: dict, dtype: str, params: set[str]) -> None:
+        """A 2.x FP8 entry (``output_dtype: float8e4m3fn``, ``y_scale``, zero point 0): the range ``y_scale``
+        times the format's largest value, kept FP8 (E4M3; E5M2 becomes E4M3 over the same range, noted)."""
+        try:
+            scale = np.asarray(entry["y_scale"], np.float64).reshape(-1)
+            zp = np.asarray(entry.get("y_zero_point", 0), np.float64)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise self.error(name, f"cannot read {exc} from it (2.x FP8 layout: output_dtype, y_scale)") from None
+        if np.any(zp != 0):
+            raise self.error(name, f"{dtype} with a non-zero zero point; FP8 encodings are symmetric (zero point 0)")
+        if dtype != "float8e4m3fn":
+            self.note(f"{dtype} encodings imported as FP8 E4M3 over the same range (TensorRT quantizes FP8 as E4M3)",
+                      name)
+        kind = "weight" if name in params or (self.model is None and scale.size > 1) else "activation"
+        axis = entry.get("axis")
+        if isinstance(axis, int) and name in self._shapes and axis < 0:
+            axis += len(self._shapes[name])
+        # in INT8 units (amax = 127 of them), as every entry: y_scale · largest FP8 value is the range
+        self.add(name, kind, scale * (FLOAT8[dtype] / 127), None, None, True, 8,
+                 axis if isinstance(axis, int) else None, "fp8")
 
     @staticmethod
     def _signed_grid(offset: np.ndarray, bits: int) -> bool:
@@ -281,7 +312,8 @@ class _Reader:
                 continue
             for out in node.output:
                 if out and out not in self.table:
-                    self.table.add(ScaleEntry(out, entry.amax, None, "activation", f"{DERIVED}:{self.path.name}"))
+                    self.table.add(ScaleEntry(out, entry.amax, None, "activation", f"{DERIVED}:{self.path.name}",
+                                              format=entry.format))
 
     def finish(self) -> ScaleTable:
         self.derive_data_movement()

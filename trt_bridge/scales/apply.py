@@ -20,6 +20,7 @@ import numpy as np
 from trt_bridge.annotations import QMAX, Annotations, ScaleSource
 from trt_bridge.calibrate.session import CalibrationSession
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.formats import FORMATS, INT8
 from trt_bridge.scales.formats import read_scales
 from trt_bridge.scales.modelopt import read_modelopt_amax
 from trt_bridge.scales.qat import import_qat
@@ -96,6 +97,8 @@ def apply(graph, annotations: Annotations, imported: ImportedScales, calibrating
         if entry is not None and entry.kind == "activation":
             spec.scale = max(entry.amax / QMAX, float(np.finfo(np.float32).tiny))  # amax 0: the smallest scale
             spec.source, spec.model_range = _source(entry), None
+            if entry.format is not None:  # the file's format (AIMET's FP8): place/formats keeps it
+                spec.format = FORMATS[entry.format]
             used.add(key)
             imported.applied.append(name)
     tensors = graph.tensors()
@@ -113,13 +116,14 @@ def apply(graph, annotations: Annotations, imported: ImportedScales, calibrating
             log.warning("imported weight scales of '%s' (%d values on axis %s) do not fit the weight %s on axis %d; "
                         "kept its own", entry.tensor, amax.size, entry.axis, list(values.shape), spec.axis)
             continue
-        scale = np.maximum(amax / QMAX, np.finfo(np.float32).tiny)  # an all-zero channel: the smallest scale
+        fmt = FORMATS[entry.format or INT8.name]  # per channel or per tensor: INT8 unless the file says FP8
+        scale = np.maximum(amax / fmt.qmax, np.finfo(np.float32).tiny)  # an all-zero channel: the smallest scale
         shaped = scale
         if scale.ndim == 1:
             shape = [1] * values.ndim
             shape[spec.axis] = -1
             shaped = scale.reshape(shape)
-        spec.codes = np.clip(np.rint(values / shaped), -QMAX, QMAX).astype(np.int8)
+        spec.codes, spec.format, spec.block_size = fmt.codes(values, shaped), fmt, 0
         spec.scale = scale.astype(np.float32)
         spec.source = _source(entry)
         used.add(entry.tensor)

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 from trt_bridge.errors import TrtBridgeError
-from trt_bridge.formats import INT8_QMAX
+from trt_bridge.formats import FORMATS, INT8_QMAX
 from trt_bridge.ir.values import FLOAT32_TINY
 
 #: the unit scale tables write ranges in: amax maps to ±QMAX, INT8's largest code, whatever the output's format
@@ -79,6 +79,10 @@ class ScaleEntry:
     #: calibration data may then narrow ``amax`` to what the data reaches, never below 127 such steps.
     #: Not written to files (informational, like ``source``).
     step: float | None = None
+    #: the format the file quantizes the tensor in, where it names one other than INT8 (AIMET's float8e4m3fn: "fp8",
+    #: a :data:`trt_bridge.formats.FORMATS` key); the conversion keeps it unless --int8/--fp8 ask otherwise.
+    #: ``amax`` is the range all the same (in INT8 units, as every entry). Not written to files.
+    format: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.tensor, str) or not self.tensor:
@@ -98,6 +102,8 @@ class ScaleEntry:
                                      "give the output-channel axis (Conv: 0, MatMul: last).")
         elif self.axis is not None:
             object.__setattr__(self, "axis", None)  # a per-tensor value has no axis
+        if self.format is not None and self.format not in FORMATS:
+            raise TrtBridgeError(f"tensor '{self.tensor}': format {self.format!r} is not one of {', '.join(FORMATS)}.")
         if self.step is not None and (isinstance(amax, tuple) or not math.isfinite(self.step) or self.step <= 0):
             raise TrtBridgeError(f"tensor '{self.tensor}': step {self.step!r} must be a finite positive number "
                                  "of a per-tensor entry.")
