@@ -31,6 +31,27 @@ output of every op quantized), ``compute_encodings`` on the 16 calibration feeds
   initializers → DQ and int32 biases → DQ (shared initializers duplicated first):
   ``OUT/quantized/aimet-qdq-int/<name>.onnx``.
 
+The 4-bit and FP8 modes (``--modes qdq-w4 ...``; not in the default run), each ``sim.to_onnx_qdq()`` of a
+simulation whose weights AIMET quantizes otherwise (the activations as above):
+
+| mode | simulation | export |
+|---|---|---|
+| qdq-w4 | ``param_type="int4"`` (W4A8) | INT4 per-channel weight Q/DQ, uint8 activations, opset 21 |
+| qdq-w4a16 | ``param_type="int4", activation_type="int16"`` | INT4 per-channel weight Q/DQ, uint16 activations |
+| qdq-w4-block | ``set_blockwise_quantization_for_weights`` (4 bits, symmetric, 32) | INT4 Q/DQ, ``block_size=32`` |
+| qdq-w4-lpbq | ``set_lpbq_for_params(sim, 4, 32)`` on Gemm/MatMul | INT4 DQ, ``block_size=32``, scale from a uint8 DQ |
+| qdq-fp8 | ``param_type=activation_type="float8e4m3fn"`` | FLOAT8E4M3FN Q/DQ (per-channel weights), opset 19 |
+| encodings-w4 | as ``qdq-w4``, ``sim.export`` (1.0.0 layout) | the float model + encodings, ``bw: 4`` weights |
+
+Blocks run along the weights' input channels, on Gemm, MatMul and Conv; a layer whose input channels 32 does not
+divide keeps its int8 per-channel quantizer (``strict=False``). AIMET writes a k×k Conv's block scale as
+``[O, I/32, 1, 1]``, which onnxruntime refuses ("x_scale and x must have the same shape despite the quantize
+axis"): such a source is kept (trt-bridge reads it) though onnxruntime cannot run it. LPBQ (low-power blockwise:
+the 4-bit blocks' scales are int8 multiples of a per-channel scale) leaves Conv out: ``to_onnx_qdq`` refuses a 4-D
+weight ("LPBQ can be only applied to tensors with at most two non-singleton dimensions"), so a convolutional model
+keeps int8 weights there.
+FP8 encodings have no 1.0.0 layout (AIMET: "use the 2.0.0 format or onnx QDQ export instead").
+
 ``<name>.sim.onnx`` beside an encodings export is the same simulation as Q/DQ (``to_onnx_qdq``): the
 matrix measures the source's SNR on it, since the float model alone is not what AIMET simulates.
 Every model is written as one file (AIMET writes weights as external data; they are loaded back in).
@@ -56,6 +77,15 @@ import onnx.numpy_helper
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "tests" / "data" / "corpus"
 MODES = ("encodings", "encodings-legacy", "encodings-v2", "qdq", "qdq-a16", "qdq-int")
+#: the 4-bit and FP8 modes (not run unless asked with --modes: see the docstring)
+LOW_BIT_MODES = ("qdq-w4", "qdq-w4a16", "qdq-w4-block", "qdq-w4-lpbq", "qdq-fp8", "encodings-w4")
+#: each mode's simulation: (param type, activation type, weight blocks), int8 per-channel weights where not named
+SIMS = {"qdq-a16": ("int8", "int16", None), "qdq-w4": ("int4", "int8", None), "qdq-w4a16": ("int4", "int16", None),
+        "qdq-w4-block": ("int8", "int8", "block"), "qdq-w4-lpbq": ("int8", "int8", "lpbq"),
+        "qdq-fp8": ("float8e4m3fn", "float8e4m3fn", None), "encodings-w4": ("int4", "int8", None)}
+#: the weights the block-wise modes quantize in 4-bit blocks of 32 input channels (LPBQ: to_onnx_qdq takes no Conv)
+BLOCK = 32
+BLOCK_OPS = {"block": ("Gemm", "MatMul", "Conv"), "lpbq": ("Gemm", "MatMul")}
 #: the exports with int32 biases, which AIMET computes per bias: shared initializers are duplicated first, as it asks
 SHARED_DUPLICATED = ("encodings-v2", "qdq-int")
 
@@ -83,9 +113,11 @@ def _inline_identity_constants(model: onnx.ModelProto) -> None:
     model.graph.node.extend(keep)
 
 
-def _sim(src: Path, calib: list[dict], activation_type: str, duplicate: bool = False):
+def _sim(src: Path, calib: list[dict], activation_type: str, duplicate: bool = False, param_type: str = "int8",
+         blocks: str | None = None):
     from aimet_onnx import QuantizationSimModel
     from aimet_onnx.batch_norm_fold import fold_all_batch_norms_to_weight
+    from aimet_onnx.quantsim import set_blockwise_quantization_for_weights, set_lpbq_for_params
     from aimet_onnx.utils import duplicate_shared_initializers
 
     model = onnx.load(str(src))
@@ -93,9 +125,13 @@ def _sim(src: Path, calib: list[dict], activation_type: str, duplicate: bool = F
     if duplicate:  # after folding, which writes the Conv biases
         _inline_identity_constants(model)
         duplicate_shared_initializers(model.graph)
-    sim = QuantizationSimModel(model, param_type="int8", activation_type=activation_type,
+    sim = QuantizationSimModel(model, param_type=param_type, activation_type=activation_type,
                                quant_scheme="min_max", config_file="default",
                                session_options_kwargs={"intra_op_num_threads": 1})
+    if blocks == "block":  # strict=False: a layer whose input channels BLOCK does not divide keeps its quantizer
+        set_blockwise_quantization_for_weights(sim, BLOCK_OPS[blocks], bitwidth=4, symmetric=True, block_size=BLOCK)
+    elif blocks == "lpbq":
+        set_lpbq_for_params(sim, 4, BLOCK, op_types=set(BLOCK_OPS[blocks]))
     sim.compute_encodings(calib)
     return sim
 
@@ -158,7 +194,8 @@ def run(floats: list[Path], modes: list[str], out_dir, failed_path: Path | None,
         for mode in modes:
             dst = out_dir(mode) / src.name
             key = f"aimet-{mode}/{src.name}"
-            kind = ("int16" if mode == "qdq-a16" else "int8", mode in SHARED_DUPLICATED)
+            param, activation, blocks = SIMS.get(mode, ("int8", "int8", None))
+            kind = (activation, mode in SHARED_DUPLICATED, param, blocks)
             try:
                 if kind not in sims:
                     sims.clear()
@@ -188,7 +225,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", type=Path, nargs="?")
     ap.add_argument("--only", nargs="*")
-    ap.add_argument("--modes", nargs="*", default=list(MODES))
+    ap.add_argument("--modes", nargs="*", default=list(MODES), choices=[*MODES, *LOW_BIT_MODES])
     ap.add_argument("--tiny", action="store_true", help="quantize the suite's slice into tests/data/corpus")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()

@@ -16,6 +16,22 @@ feeds); writes ``OUT/quantized/quark-<mode>/<name>.onnx`` with ``quark.onnx.Mode
 | mxint8 | ``MXInt8Spec()`` for both: OCP MX int8, com.amd.quark ``MXQuantizeDequantize`` (blocks of 32) |
 | u8s8 | ``QConfig(QLayerConfig(activation=UInt8Spec(), weight=Int8Spec(per channel)))``: asymmetric uint8 activations |
 
+The FP8 and 4-bit modes (``--modes fp8 mxfp8 ...``; not in the default run; the QConfig API has no FP8
+spec, so fp8 uses the legacy configuration; MatMulNBits takes only a MatMul with a constant weight, not a Gemm):
+
+| mode | configuration |
+|---|---|
+| fp8 | legacy ``QuantizationConfig``, both types ``QuantType.QFLOAT8E4M3FN``, symmetric: FLOAT8E4M3FN Q/DQ, opset 21 |
+| mxfp8 | ``MXFP8E4M3Spec()`` for both: OCP MXFP8 E4M3, com.amd.quark ``MXQuantizeDequantize`` (blocks of 32) |
+| mxfp4 | ``MXFP4E2M1Spec()`` for both: OCP MXFP4 E2M1, com.amd.quark ``MXQuantizeDequantize`` (blocks of 32) |
+| mx4 | ``MX4Spec()`` for both: AMD MX4 (shared-microexponent block format), com.amd.quark ``BFPQuantizeDequantize`` |
+| int4-nbits | legacy ``QuantizationConfig``, ``UseMatMulNBits`` (4 bits, blocks of 128): com.microsoft MatMulNBits |
+| int4-hqq | the same with ``"Algorithm": "HQQ"`` |
+
+Quark 0.13's ONNX quantizer has no INT4/UINT4 Q/DQ (``weight_type=QuantType.QInt4`` fails in
+``get_qmin_qmax_for_qType``: "Only INT8, UINT8, INT16, and UINT16 are supported") and no FP8 E5M2 Q/DQ
+(onnxruntime's ``QuantType`` has no ``QFLOAT8E5M2``).
+
 Failures are recorded in ``OUT/quantized/quark-failed.json``; one failing model never stops the rest.
 The source's own SNR for modes whose custom ops plain onnxruntime cannot run (bfp16, mxint8) is measured here,
 with Quark's custom-op library, into ``OUT/quantized/quark-source-snr.json``.
@@ -38,6 +54,8 @@ ROOT = Path(__file__).resolve().parents[2]
 #: the suite's slice (--tiny): SegFormer's quantized models are over the 300 KB a committed fixture may take
 TINY = ("bert", "bert-dynamo", "t5-encoder")
 MODES = ("xint8", "a8w8", "a16w8", "bfp16", "mxint8", "u8s8")
+#: the FP8 and 4-bit modes (not run unless asked with --modes: see the docstring)
+LOW_BIT_MODES = ("fp8", "mxfp8", "mxfp4", "mx4", "int4-nbits", "int4-hqq")
 
 
 class _Reader:
@@ -76,6 +94,24 @@ def config(mode: str):
         return q.QConfig(q.QLayerConfig(activation=q.UInt8Spec(),
                                         weight=q.Int8Spec(quant_granularity=q.QuantGranularity.Channel)),
                          extra_options={"ForceQuantizeNoInputCheck": True})
+    if mode == "fp8":  # no FP8 spec in the QConfig API: the legacy configuration, with onnxruntime's FP8 type
+        return q.Config(global_quant_config=q.QuantizationConfig(
+            activation_type=q.QuantType.QFLOAT8E4M3FN, weight_type=q.QuantType.QFLOAT8E4M3FN,
+            extra_options={"ActivationSymmetric": True, "WeightSymmetric": True}))
+    if mode == "mxfp8":
+        return q.QConfig(q.QLayerConfig(activation=q.MXFP8E4M3Spec(), weight=q.MXFP8E4M3Spec()))
+    if mode == "mxfp4":
+        return q.QConfig(q.QLayerConfig(activation=q.MXFP4E2M1Spec(), weight=q.MXFP4E2M1Spec()))
+    if mode == "mx4":
+        return q.QConfig(q.QLayerConfig(activation=q.MX4Spec(), weight=q.MX4Spec()))
+    if mode in ("int4-nbits", "int4-hqq"):
+        params = {"GroupSize": 128, "Symmetric": True, "Bits": 4, "AccuracyLevel": 1}
+        if mode == "int4-hqq":
+            params["Algorithm"] = "HQQ"
+        # no graph optimization: Quark's pre-processing would first fuse MatMul + Add into Gemm, which
+        # MatMulNBits does not take (nothing would be quantized)
+        return q.Config(global_quant_config=q.QuantizationConfig(optimize_model=False, extra_options={
+            "SkipPreprocess": True, "UseMatMulNBits": True, "MatMulNBitsParams": params}))
     raise ValueError(mode)
 
 
