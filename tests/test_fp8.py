@@ -101,7 +101,9 @@ def opset(path) -> int:
 
 
 #: SNR (dB) bars, measured minus about 3 dB: (converted against the float model, converted against the source)
-SOURCE_BARS = {"conv": (18.5, 24.0), "transformer": (17.5, 23.0)}
+#: the conv net's first two convolutions go back to float (TensorRT has no FP8 kernel worth running for ≤16 channels
+#: a side): nearer the float model than the source (measured 22.7 dB, the source 19.8), 23.0 dB from the source
+SOURCE_BARS = {"conv": (18.5, 20.0), "transformer": (17.5, 23.0)}
 
 
 def test_an_fp8_source_keeps_fp8_and_its_scales(model, tmp_path):
@@ -140,7 +142,7 @@ def test_per_channel_fp8_weights_are_kept_bit_for_bit(tmp_path):
     theirs, ours = ({i.name: numpy_helper.to_array(i) for i in onnx.load(str(p)).graph.initializer}
                     for p in (source, out))
     weights = [q["tensor"] for q in report.quantized if q["kind"] == "weight"]
-    assert len(weights) == 4
+    assert len(weights) == 2  # conv1 (3 → 16 channels) and conv2 (16 → 32) stay float: no FP8 kernel worth running
     for name in weights:
         base = name.removesuffix("_float")
         assert np.array_equal(ours[f"{name}_fp8"].view(np.uint8), theirs[f"{base}_quantized"].view(np.uint8)), name
@@ -470,11 +472,13 @@ def test_scales_export_reads_fp8_ranges(conv, tmp_path):
     result = cli("scales", "export", out, "--format", "json", "-o", exported)
     assert result.returncode == 0, result.stderr
     tensors = json.loads(exported.read_text())["tensors"]
-    assert tensors["x"]["amax"] == pytest.approx(448 * scales["x"], rel=1e-6)
+    first = sorted(scales)[0]  # the first conv (3 input channels) stays float: TensorRT has no FP8 kernel for it
+    assert tensors[first]["amax"] == pytest.approx(448 * scales[first], rel=1e-6)
     cache = tmp_path / "scales.cache"
     assert cli("scales", "export", out, "--format", "trt-cache", "-o", cache).returncode == 0
-    line = next(v for v in cache.read_text().splitlines() if v.startswith("x: "))
-    assert np.frombuffer(bytes.fromhex(line[3:]), ">f4")[0] == pytest.approx(448 * scales["x"] / 127, rel=1e-6)
+    line = next(v for v in cache.read_text().splitlines() if v.startswith(f"{first}: "))
+    assert np.frombuffer(bytes.fromhex(line.split(": ")[1]), ">f4")[0] == pytest.approx(448 * scales[first] / 127,
+                                                                                         rel=1e-6)
     refused = cli("scales", "export", out, "--format", "fixed-point", "-o", tmp_path / "fp.csv")
     assert refused.returncode == 2 and "FP8" in refused.stderr and "Traceback" not in refused.stderr
 

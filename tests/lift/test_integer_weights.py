@@ -1,7 +1,9 @@
 """lift/weights.py: a source's 8-bit weights become float weights and int8 specs with the very values of the float64
-formulas (``(W_q − zero_point) · scale``, rounded to float32 once; channels whose centred integers do not fit
-[−127, 127] re-quantized on ``max |c·s| / 127``), computed in float32 and int16 and on the channels that need it only.
-Random int8 and uint8 sources, per tensor and per channel, scales from 1e-6 to 10."""
+formulas (``(W_q − zero_point) · scale``, rounded to float32 once; a negative scale's sign moved into the codes, as
+NNCF's symmetric int8 writes them; channels whose centred integers do not fit [−127, 127] either re-quantized on
+``max |c·s| / 127`` or clipped to ±127 on their own scale, whichever is nearer the source), computed in float32 and
+int16 and on the channels that need it only. Random int8 and uint8 sources, per tensor and per channel, scales from
+1e-6 to 10, some negative."""
 
 from __future__ import annotations
 
@@ -20,15 +22,22 @@ def _reference_spec(values, zero_point, scale, axis):
     shape[axis] = -1
     zp = zero_point.reshape(shape) if zero_point.ndim else zero_point
     centred = values.astype(np.int64) - zp
+    centred = np.where((scale.reshape(shape) if scale.ndim else scale) < 0, -centred, centred)
+    scale = np.abs(scale)
     if np.abs(centred).max(initial=0) <= QMAX:
         return centred.astype(np.int8), np.asarray(scale, np.float32), ScaleSource.EXACT_WEIGHTS
     axes = tuple(i for i in range(centred.ndim) if i != axis)
     fits = np.abs(centred).max(axis=axes) <= QMAX
     scale_vec = np.broadcast_to(scale, fits.shape).astype(np.float64)
     floats = centred * scale_vec.reshape(shape)
-    per_channel = np.where(fits, scale_vec, np.abs(floats).max(axis=axes) / QMAX)
-    q = np.where(fits.reshape(shape), centred, np.rint(floats / per_channel.reshape(shape)))
-    return np.clip(q, -QMAX, QMAX).astype(np.int8), per_channel.astype(np.float32), ScaleSource.REQUANTIZED
+    requant_scale = np.abs(floats).max(axis=axes) / QMAX
+    requant = np.clip(np.rint(floats / requant_scale.reshape(shape)), -QMAX, QMAX)
+    clipped = np.clip(centred, -QMAX, QMAX)
+    clip = (np.square((clipped - centred) * scale_vec.reshape(shape)).sum(axis=axes)
+            <= np.square(requant * requant_scale.reshape(shape) - floats).sum(axis=axes))
+    per_channel = np.where(fits | clip, scale_vec, requant_scale)
+    q = np.where((fits | clip).reshape(shape), clipped, requant)
+    return q.astype(np.int8), per_channel.astype(np.float32), ScaleSource.REQUANTIZED
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -50,6 +59,8 @@ def test_the_values_of_the_float64_formulas(seed):
         else:
             zero_point = np.array(rng.integers(0, 120), dtype)
             scale = np.array(rng.random() * 0.1, np.float32)
+        if case % 5 == 2:  # NNCF's symmetric int8: negative scales (amax / −128), here on some channels
+            scale = scale * np.where(rng.random(scale.shape) < 0.5, -1, 1).astype(np.float32)
         got = _weight_spec("w", values, zero_point, scale, axis, "origin")
         want = _reference_spec(values, zero_point, scale, axis)
         np.testing.assert_array_equal(got.codes, want[0])
@@ -59,9 +70,49 @@ def test_the_values_of_the_float64_formulas(seed):
         shape1 = [1] * values.ndim
         shape1[axis] = -1
         zp = zero_point.reshape(shape1) if zero_point.ndim else zero_point
-        sc = scale.reshape(shape1) if scale.ndim else scale
+        sc = np.abs(scale.reshape(shape1) if scale.ndim else scale)
         for sc_type in (np.float32, np.float16):
             s = sc.astype(sc_type)
             np.testing.assert_array_equal(_dequantized(values, zp, s),
                                           ((values.astype(np.float64) - zp) * s).astype(np.float32))
     assert requantized > 10  # the re-quantizing path was exercised
+
+
+def test_nncf_symmetric_int8_weights_with_negative_scales_convert(tmp_path):
+    """NNCF's ``compress_weights(INT8_SYM)`` writes int8 weights with scale = amax / −128 per channel (onnxruntime runs
+    them): refused before as a broken model; now each channel's sign goes into its codes, the +128 clipped to 127 on
+    the source's scale, and the conversion follows onnxruntime running the source."""
+    import sys
+    from pathlib import Path
+
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from helpers import assert_qdq_contract, assert_tensorrt_ready, run_ort, save, snr_db
+
+    from trt_bridge.conversion import convert
+    from trt_bridge.conversion.options import ConvertOptions
+
+    rng = np.random.default_rng(5)
+    w = rng.normal(size=(64, 32)).astype(np.float32)
+    scale = (np.abs(w).max(axis=0) / -128).astype(np.float32)
+    codes = np.clip(np.rint(w / scale), -128, 127).astype(np.int8)
+    graph = helper.make_graph(
+        [helper.make_node("DequantizeLinear", ["w_q", "w_s"], ["w"], "dq", axis=1),
+         helper.make_node("MatMul", ["x", "w"], ["y"], "fc")], "nncf",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, 32])],
+        [numpy_helper.from_array(codes, "w_q"), numpy_helper.from_array(scale, "w_s")])
+    source = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "nncf.onnx")
+    out = tmp_path / "out.onnx"
+    convert(source, out, ConvertOptions(progress=False))
+    model = assert_qdq_contract(out)
+    inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
+    (dq,) = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
+    assert np.all(inits[dq.input[1]] > 0) and inits[dq.input[0]].dtype == np.int8
+    feeds = [{"x": rng.normal(size=(4, 64)).astype(np.float32)} for _ in range(4)]
+    # measured 55.9 dB: each channel's one +128 became 127 on the source's scale
+    assert snr_db(run_ort(source, feeds), run_ort(out, feeds)) > 50
+    assert_tensorrt_ready(out)
+    assert onnx.load(str(out)).graph.node  # written

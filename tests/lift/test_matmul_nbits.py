@@ -267,10 +267,11 @@ def test_rule_declines_what_it_cannot_unpack_untouched():
     assert declined(model, MatMulNBits(), "nbits") == "B and the scales must be constants"
 
 
-def test_zero_points_in_the_ops_first_layout(tmp_path):
-    # Intel Neural Compressor 1.0 packs the zero points as one run over N·K/b (the op's first layout); with K/b odd
-    # (3 blocks here) that differs from today's [N, ⌈(K/b)/2⌉] and onnxruntime refuses the file: the reference is
-    # the same node with its zero points repacked in today's layout
+@pytest.mark.parametrize("layout", ["first", "unpacked"])
+def test_zero_points_in_the_layouts_other_quantizers_write(tmp_path, layout):
+    # Intel Neural Compressor 1.0 packs the zero points as one run over N·K/b (the op's first layout; "first"), NNCF
+    # 3.4 writes one a byte, [N, K/b] ("unpacked"); with K/b odd (3 blocks here) neither is today's [N, ⌈(K/b)/2⌉]
+    # and onnxruntime refuses both: the reference is the same node with its zero points in today's layout
     k, n, block = 96, 48, 32
     blocks = k // block
     q, zp = RNG.integers(0, 16, (n, k)), RNG.integers(0, 16, (n, blocks))
@@ -285,7 +286,8 @@ def test_zero_points_in_the_ops_first_layout(tmp_path):
 
     flat = _pack(np.append(zp.reshape(-1), 8 if zp.size % 2 else []))  # ⌈N·3/2⌉ = 72 bytes
     rows = _pack(np.concatenate([zp, np.full((n, 1), 8)], axis=1))  # [N, 2] = 96 bytes
-    source, reference = save(model(flat), tmp_path / "inc.onnx"), save(model(rows), tmp_path / "reference.onnx")
+    theirs = flat if layout == "first" else zp.astype(np.uint8)  # [N, 3] = 144 bytes
+    source, reference = save(model(theirs), tmp_path / "source.onnx"), save(model(rows), tmp_path / "reference.onnx")
     out = tmp_path / "converted.onnx"
     report = convert(source, out, ConvertOptions(progress=False))
     assert not report.approximated and not report.remaining_blockers

@@ -63,18 +63,20 @@ def check_source_scales(model: onnx.ModelProto, where) -> None:
             # NaN, negative or zero one is broken
             data = constants.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
             smallest = 0.0 if data is not None and data.data_type == onnx.TensorProto.INT32 else FLOAT32_TINY
-            # a blocked weight's negative scales are onnxruntime's symmetric INT4 (the lift turns their sign)
-            blocked = data is not None and any(a.name == "block_size" and a.i for a in node.attribute)
-            broken = values[np.isnan(values) | ((values < 0) & (not blocked))]
+            # a constant weight's negative scales are legitimate (onnxruntime's symmetric INT4 blocks, NNCF's
+            # symmetric int8 per channel: amax / −128): onnxruntime runs them, and the lift turns their sign
+            weight = data is not None and data.data_type != onnx.TensorProto.INT32
+            broken = values[np.isnan(values) | ((values < 0) & (not weight))]
             if values.size == 1:
-                broken = values[np.isnan(values) | ~(values > 0) | ~(values >= smallest) & ~np.isinf(values)]
+                size = np.abs(values) if weight else values
+                broken = values[np.isnan(values) | ~(size > 0) | ~(size >= smallest) & ~np.isinf(values)]
             if broken.size:
                 raise UnsupportedPatternError(
                     f"{where}: {node.op_type} '{node.name}' has scale '{name}' = {broken[0]:g}"
                     f"{f' (and {broken.size - 1} more)' if broken.size > 1 else ''}; a quantization scale must be "
                     "finite and positive. The quantizer wrote a broken model: re-quantize it (or convert its float "
                     "model with --calib-data).")
-            size = np.abs(values) if blocked else values
+            size = np.abs(values) if weight else values
             odd = values[~(np.isfinite(size) & (size >= smallest) & (size > 0))]
             if odd.size:
                 log.warning("%s: %s '%s' has scale '%s' = %g%s; conversion refuses it if the output would keep it",

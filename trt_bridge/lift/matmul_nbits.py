@@ -13,7 +13,8 @@ TensorRT's form of it::
 bytes per block; scales ``[N · K/b]`` or ``[N, K/b]``; zero points packed the same way (``[N, ⌈(K/b)·bits/8⌉]``
 bytes) or floats ``[N, K/b]`` of the scales' type, 2^(bits − 1) when absent. Packed zero points in the op's first
 layout, one run over all ``N·K/b`` without padding at the end of a row (``⌈N·(K/b)·bits/8⌉`` bytes: Intel Neural
-Compressor 1.0 writes it; onnxruntime now refuses it where ``K/b`` is odd), are read in that layout. The codes are
+Compressor 1.0 writes it; onnxruntime now refuses it where ``K/b`` is odd), are read in that layout, and so are
+uint8 zero points one code a byte, ``[N, K/b]`` (NNCF 3.4 writes them; onnxruntime refuses them). The codes are
 kept exactly: where ``q − z``, its sign turned with a negative scale's, fits int4 as it is (onnxruntime's symmetric
 blocks with a positive scale; 2-bit codes always), else shifted into int4 by one integer per block, the shift added
 back by a float side path (:mod:`trt_bridge.lift.shifted_blocks`: onnxruntime's symmetric quantizer writes negative
@@ -114,6 +115,8 @@ class MatMulNBits:
                 zero_point = np.ascontiguousarray(unpack(zps.reshape(n, -1), bits, blocks).T)
             elif zps.dtype == np.uint8 and zps.size == -(-n * blocks * bits // 8):  # the op's first layout (see above)
                 zero_point = np.ascontiguousarray(unpack(zps.reshape(-1), bits, n * blocks).reshape(n, blocks).T)
+            elif zps.dtype == np.uint8 and zps.size == n * blocks and zps.max(initial=0) < 1 << bits:
+                zero_point = np.ascontiguousarray(zps.reshape(n, blocks).T)  # NNCF 3.4: one code a byte, unpacked
             elif zps.dtype == scales.dtype and zps.size == n * blocks:
                 zero_point = np.ascontiguousarray(zps.reshape(n, blocks).T)
             else:

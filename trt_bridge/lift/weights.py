@@ -137,7 +137,8 @@ def _weight_spec(name: str, values: np.ndarray, zero_point: np.ndarray, scale: n
     """Keep the source's integers wherever ``W_q − zero_point`` fits symmetric int8 (FP8 E4M3 codes: kept as they
     are where the zero point is 0).
 
-    Symmetric int8 sources are kept bit-exact. For uint8 (or zero-point) sources, each
+    Symmetric int8 sources are kept bit-exact (a negative scale's sign moved into the codes; its −128, +128 then,
+    is the one code that does not fit). For uint8 (or zero-point) sources, each
     output channel whose centred integers fit in [-127, 127] is kept exact with the
     source's scale; only the channels that do not fit are re-quantized (symmetric, per
     channel).
@@ -154,8 +155,11 @@ def _weight_spec(name: str, values: np.ndarray, zero_point: np.ndarray, scale: n
     # int16 holds any 8-bit difference (a quarter of int64's memory traffic on a 26 MB CRNN)
     wide = np.int16 if values.dtype in (np.int8, np.uint8) and zp.dtype in (np.int8, np.uint8) else np.int64
     centred = values.astype(wide) - zp.astype(wide)
-    if not np.all(scale > 0):
+    if not np.all(np.abs(scale) > 0):  # a zero or NaN scale: the weight re-quantized from its float values
         return WeightSpec(name, [], axis, origin)
+    if np.any(scale < 0):  # NNCF's symmetric int8 writes scale = amax / −128: the sign moves into the codes
+        negative = scale.reshape(shape) < 0 if scale.ndim else scale < 0
+        centred, scale = np.where(negative, -centred, centred), np.abs(scale)
     reduce_axes = tuple(i for i in range(centred.ndim) if i != axis)
     amax = np.abs(centred).max(axis=reduce_axes, initial=0)  # per channel
     if amax.max(initial=0) <= QMAX:
@@ -166,13 +170,22 @@ def _weight_spec(name: str, values: np.ndarray, zero_point: np.ndarray, scale: n
     # a channel's largest |c·s| (rounding keeps the order of the products, so it is the largest |c| times s)
     requant = amax * scale_vec / QMAX
     per_channel = np.where(fits, scale_vec, requant)
-    # only the channels that do not fit are re-quantized: rint(c·s / s'), on those channels alone
+    # only the channels that do not fit change, each the nearer of two ways to the source's c·s: re-quantized,
+    # rint(c·s / s') on the scale s' that fits its largest code (every value moves onto a new grid), or its codes
+    # clipped to ±127 on the source's scale (only the few beyond move: NNCF's symmetric +128, a zero point near 128)
     bad = np.flatnonzero(~fits)
     where = [slice(None)] * centred.ndim
     where[axis] = bad
+    where = tuple(where)
+    exact = centred[where] * scale_vec[bad].reshape(shape)
+    requantized = np.clip(np.rint(exact / per_channel[bad].reshape(shape)), -QMAX, QMAX)
+    clipped = np.clip(centred[where], -QMAX, QMAX)
+    moved = np.square(requantized * per_channel[bad].reshape(shape) - exact).sum(axis=reduce_axes)
+    clipping = np.square((clipped - centred[where]) * scale_vec[bad].reshape(shape)).sum(axis=reduce_axes)
+    clip = clipping <= moved
+    per_channel[bad[clip]] = scale_vec[bad[clip]]
     q = centred.copy()
-    q[tuple(where)] = np.clip(np.rint(centred[tuple(where)] * scale_vec[bad].reshape(shape)
-                                      / per_channel[bad].reshape(shape)), -QMAX, QMAX)
+    q[where] = np.where(clip.reshape(shape), clipped, requantized)
     return WeightSpec(name, [], axis, origin, codes=q.astype(np.int8),
                       scale=per_channel.astype(np.float32), source=ScaleSource.REQUANTIZED)
 

@@ -121,13 +121,13 @@ def requantization_table(model: onnx.ModelProto) -> list[Requantization]:
         if not _is_dq(x_dq) or not _is_dq(w_dq) or node.input[0] in constants:
             continue
         q = _next_quantize(node.output[0], producers, consumers, outputs, constants)
-        if q is None:
-            continue
-        formats = {qdq_scale_format(n, constants)[1].label for n in (x_dq, w_dq, q)} - {"INT8"}
+        formats = {qdq_scale_format(n, constants)[1].label for n in (x_dq, w_dq, q) if n is not None} - {"INT8"}
         if formats:  # FP8 layers compute in floating point: no integer multiplier and shift to export
             raise TrtBridgeError(f"{node.op_type} '{node.name}' is quantized in {', '.join(sorted(formats))}: "
                                  "fixed-point requantization is INT8's (integer multipliers and shifts); export "
                                  "its scales with --format trt-cache or json instead.")
+        if q is None:
+            continue
         s_in, s_w, s_out = (qdq_scale(n, constants).astype(np.float64) for n in (x_dq, w_dq, q))
         if s_in.ndim or s_out.ndim:
             raise TrtBridgeError(f"{node.op_type} '{node.name}': per-channel activation scales cannot be "
