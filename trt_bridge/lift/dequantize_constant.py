@@ -42,6 +42,8 @@ from trt_bridge.formats import broadcast_param as expand_param
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, dequantized, infinite_scale, quantizer_zero_point
 from trt_bridge.lift.shifted_blocks import lift_shifted_matmul, shifted_blocks
+from trt_bridge.lift.shifted_channels import OPS as SHIFTABLE
+from trt_bridge.lift.shifted_channels import lift_shifted_channels, shifted_channels
 from trt_bridge.lift.weights import (
     WEIGHT_INPUT,
     block_axis,
@@ -168,6 +170,12 @@ class DequantizeConstant:
                     consumer.inputs[index] = lift_block_weight(ctx, source, values, zp, scale, c_axis, block, site,
                                                                node.name)
                 elif not fp4 and not block and (scale.ndim == 0 or axis == c_axis):
+                    # 8-bit channels symmetric int8 cannot hold as they are (NNCF's zero points, its negative
+                    # scales) stay exact: int8 codes + each channel's shift in a float side path (lift/shifted_channels)
+                    shifted = shifted_channels(values, zp, scale, c_axis) if consumer.op in SHIFTABLE else None
+                    if shifted is not None and lift_shifted_channels(ctx, consumer, source, shifted, c_axis,
+                                                                     node.name):
+                        continue
                     consumer.inputs[index] = lift_integer_weight(ctx, source, values, zp, scale, c_axis, site,
                                                                  node.name)
                 else:  # per-channel on another axis, or blocks TensorRT has no form for: re-quantized per channel
