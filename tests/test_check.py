@@ -383,3 +383,153 @@ def test_check_names_fp8_and_int4_weight_only_models(tmp_path):
     assert "TensorRT-ready INT4 weight-only (" in int4.headline()
     assert int4.precisions["counts"] == {"int4-w": 1} and "INT4-W 1" in int4.summary()
     assert int4.costs is not None
+
+
+# ---------------------------------------------------------------- quantizer exports TensorRT rejects as they are
+
+def _save21(nodes, inits, path, x_shape=(4, 16), y_shape=(4, 16), opset=21, extra_opsets=()):
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, list(x_shape))],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, list(y_shape))], inits)
+    return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset), *extra_opsets]), path)
+
+
+def _fp8(values, name, shape=()):
+    return helper.make_tensor(name, TensorProto.FLOAT8E4M3FN, list(shape),
+                              np.asarray(values, np.float32).reshape(-1).tolist())
+
+
+#  x ─ Q/DQ(fp8) ─ MatMul(DQ(fp8 W)) ─ Mul ─ y   (AMD Quark's FP8 export: the attention's 1/sqrt(d) quantized,
+#                    cq: fp8 scalar ─ DQ 'dqc' ┘    a rank-0 constant)
+def test_scalar_quantized_constant_is_a_blocker_convert_fixes(tmp_path):
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "z"], ["xq"], "qx"),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "z"], ["xd"], "dqx"),
+             helper.make_node("DequantizeLinear", ["cq", "sc", "z"], ["cd"], "dqc"),
+             helper.make_node("DequantizeLinear", ["wq", "sc", "z"], ["wd"], "dqw"),
+             helper.make_node("MatMul", ["xd", "wd"], ["m"], "mm"),
+             helper.make_node("Mul", ["m", "cd"], ["y"], "mul")]
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "sx"), _fp8(0, "z"),
+             numpy_helper.from_array(np.array(0.125, np.float32), "sc"),
+             _fp8(np.round(rng.standard_normal((16, 16)) * 8), "wq", (16, 16)), _fp8(8.0, "cq")]
+    src = _save21(nodes, inits, tmp_path / "quark-fp8.onnx")
+    static = check_model(src, STATIC)
+    assert [(f.rule, f.node) for f in static.blockers] == [("quantized-constant", "dqc")]
+    finding = static.blockers[0]
+    assert finding.why == ("scalar quantized constant 'cq' (float8_e4m3fn code, rank 0): TensorRT's builder rejects it "
+                           "(\"Quantized constant (...) is only allowed before DQ\")")
+    assert finding.fixable and finding.fix == ("lifted by rule 'dequantize-constant': the scalar is dequantized to a "
+                                               "float constant, which TensorRT builds")
+    assert "every blocker is fixed by `trt-bridge convert`" in static.summary()
+    built = check_model(src)  # the parser takes it; the builder's error lands on the static finding
+    assert built.parser.ok and [f.rule for f in built.findings] == ["quantized-constant"]
+    assert "Quantized constant (cq) is only allowed before DQ" in built.findings[0].tensorrt
+    out = tmp_path / "quark-fp8.trt.onnx"
+    assert convert(src, out, ConvertOptions(progress=False)).check["ready"]
+    assert_tensorrt_ready(out)
+    assert check_model(out).ready
+
+    # a rank-1 constant of codes, or a QuantizeLinear of a float scalar, builds: no finding
+    inits[-1] = _fp8([8.0], "cq", (1,))
+    assert check_model(_save21(nodes, inits, tmp_path / "rank1.onnx"), STATIC).findings == []
+    nodes[2:3] = [helper.make_node("QuantizeLinear", ["c", "sc", "z"], ["cq"], "qc"),
+                  helper.make_node("DequantizeLinear", ["cq", "sc", "z"], ["cd"], "dqc")]
+    inits[-1] = numpy_helper.from_array(np.array(1.0, np.float32), "c")
+    assert check_model(_save21(nodes, inits, tmp_path / "q-of-constant.onnx"), STATIC).findings == []
+
+
+#  x ─ Q/DQ(int8) ─ MatMul ─ y
+#  c: int8 [16, 16] ─ Transpose 't' ─ DQ ┘      (the codes reach the DequantizeLinear through a Transpose)
+def test_quantized_constant_feeding_another_op_is_a_blocker_convert_fixes(tmp_path):
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("QuantizeLinear", ["x", "sx", "z"], ["xq"], "qx"),
+             helper.make_node("DequantizeLinear", ["xq", "sx", "z"], ["xd"], "dqx"),
+             helper.make_node("Transpose", ["c"], ["ct"], "t", perm=[1, 0]),
+             helper.make_node("DequantizeLinear", ["ct", "sw", "z"], ["w"], "dqw"),
+             helper.make_node("MatMul", ["xd", "w"], ["y"], "mm")]
+    inits = [numpy_helper.from_array(np.array(0.05, np.float32), "sx"),
+             numpy_helper.from_array(np.array(0, np.int8), "z"),
+             numpy_helper.from_array(np.array(0.01, np.float32), "sw"),
+             numpy_helper.from_array(rng.integers(-127, 128, (16, 16)).astype(np.int8), "c")]
+    src = _save21(nodes, inits, tmp_path / "transposed-codes.onnx")
+    static = check_model(src, STATIC)
+    assert [(f.rule, f.node) for f in static.blockers] == [("quantized-constant", "t")]
+    finding = static.blockers[0]
+    assert finding.why == ("constant 'c' holds int8 codes and feeds Transpose: TensorRT's builder takes a quantized "
+                           "constant only as a DequantizeLinear's input")
+    assert finding.fixable
+    built = check_model(src)
+    assert built.parser.ok and [f.rule for f in built.findings] == ["quantized-constant"]
+    assert "Quantized constant (c) is only allowed before DQ" in built.findings[0].tensorrt
+    out = tmp_path / "transposed-codes.trt.onnx"
+    assert convert(src, out, ConvertOptions(progress=False)).check["ready"]
+    assert_tensorrt_ready(out)
+
+
+def _conv_with_weight_scale(shape: tuple[int, ...]) -> onnx.ModelProto:
+    """x ─ Q/DQ ─ Conv ─ y, the weight an int8 DequantizeLinear 'w_dq' (axis 0) whose scale has ``shape``."""
+    rng = np.random.default_rng(0)
+    graph = helper.make_graph(
+        [helper.make_node("QuantizeLinear", ["x", "sx", "zx"], ["xq"], "qx"),
+         helper.make_node("DequantizeLinear", ["xq", "sx", "zx"], ["xd"], "dqx"),
+         helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], "w_dq", axis=0),
+         helper.make_node("Conv", ["xd", "w"], ["y"], "conv", kernel_shape=[3, 3], pads=[1, 1, 1, 1])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])],
+        [numpy_helper.from_array(rng.integers(-100, 100, (8, 4, 3, 3)).astype(np.int8), "wq"),
+         numpy_helper.from_array(np.full(shape, 0.01, np.float32), "ws"),
+         numpy_helper.from_array(np.zeros(shape, np.int8), "wz"),
+         numpy_helper.from_array(np.array(0.05, np.float32), "sx"),
+         numpy_helper.from_array(np.array(0, np.int8), "zx")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+
+
+def test_per_axis_scale_of_rank_3_is_predicted_and_fixable(tmp_path):
+    """NNCF's FP8 weight compression writes a Conv weight's per-axis scale as [C, 1, 1]: TensorRT's parser rejects
+    it ("Invalid rank for the scale tensor"); a static rule says so, and convert fixes it."""
+    src = save(_conv_with_weight_scale((8, 1, 1)), tmp_path / "rank3.onnx")
+    static = check_model(src, STATIC)
+    assert [(f.rule, f.node) for f in static.blockers] == [("qdq-scale", "w_dq")]
+    finding = static.blockers[0]
+    assert finding.why == ("scale 'ws' has shape [8, 1, 1] (rank 3) without block_size: TensorRT takes a scalar or "
+                           "1-D (per-axis) one only (\"Invalid rank for the scale tensor\")")
+    assert finding.fixable and finding.fix.startswith("lifted by rule 'dequantize-constant'")
+    parsed = check_model(src)
+    assert [f.rule for f in parsed.findings] == ["qdq-scale"] and not parsed.parser.ok
+    assert "Invalid rank for the scale tensor" in parsed.findings[0].tensorrt
+    assert "no static rule" not in parsed.summary()
+    out = tmp_path / "rank3.trt.onnx"
+    assert convert(src, out, ConvertOptions(progress=False)).check["ready"]
+    assert_tensorrt_ready(out)
+    assert check_model(save(_conv_with_weight_scale((8,)), tmp_path / "rank1.onnx"), STATIC).findings == []
+
+
+def test_blocked_weight_quantize_dequantize_pair_is_a_weight(tmp_path):
+    """AIMET's block-wise weights: float W ─ QuantizeLinear ─ DequantizeLinear (int4, block_size 32) ─ MatMul. The
+    DequantizeLinear of a QuantizeLinear of a constant quantizes a weight, not an activation."""
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("QuantizeLinear", ["w", "ws", "wz"], ["wq"], "w_q", axis=0, block_size=32),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["wd"], "w_dq", axis=0, block_size=32),
+             helper.make_node("MatMul", ["x", "wd"], ["y"], "mm")]
+    inits = [numpy_helper.from_array(rng.standard_normal((64, 32)).astype(np.float32), "w"),
+             numpy_helper.from_array(np.full((2, 32), 0.3, np.float32), "ws"),
+             helper.make_tensor("wz", TensorProto.INT4, [2, 32], [0] * 64)]
+    src = _save21(nodes, inits, tmp_path / "aimet-bq.onnx", x_shape=(4, 64), y_shape=(4, 32))
+    assert check_model(src, STATIC).findings == []  # was: "block quantization of an activation" on 'w_dq'
+    built = check_model(src)  # TensorRT-RTX parses and builds it for SM 8.9 as it is
+    assert built.ready and built.parser.ok and built.costs is not None
+
+
+#  x ─ com.amd.quark.MXQuantizeDequantize ─ MatMul(W) ─ y     (an activation in block floating point: no scale)
+def test_block_floating_point_activation_needs_calibration_data(tmp_path):
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("MXQuantizeDequantize", ["x"], ["xq"], "x_mx", domain="com.amd.quark",
+                              element_dtype="fp8_e4m3", axis=1, block_size=32, rounding_mode=2),
+             helper.make_node("MatMul", ["xq", "w"], ["y"], "mm")]
+    inits = [numpy_helper.from_array(rng.standard_normal((64, 16)).astype(np.float32), "w")]
+    src = _save21(nodes, inits, tmp_path / "mx.onnx", x_shape=(4, 64), opset=17,
+                  extra_opsets=[helper.make_opsetid("com.amd.quark", 1)])
+    report = check_model(src, STATIC)
+    mx = next(f for f in report.findings if f.node == "x_mx")
+    assert mx.fixable and mx.fix.endswith("; needs --calib-data (the source holds no activation scale TensorRT "
+                                          "can use)")
+    assert _lines(report)[-2] == "  every blocker is fixed by `trt-bridge convert` with --calib-data"

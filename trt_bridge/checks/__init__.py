@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trt_bridge.calibrate import model_inputs, open_feeds
-from trt_bridge.checks.findings import CheckReport, Finding, ParserRun, Severity, TensorInfo
+from trt_bridge.checks.findings import NEEDS_DATA, CheckReport, Finding, ParserRun, Severity, TensorInfo
 from trt_bridge.checks.rules import CHECK_RULES, is_int8, tensor_info
 from trt_bridge.checks.targets import model_formats, target_findings
 from trt_bridge.errors import CalibrationDataError, MissingDependencyError, UnsupportedPatternError
@@ -228,6 +228,10 @@ def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: di
         elif finding.node in approximated:
             finding.fix, finding.fixable = (f"lifted by rule '{fired[finding.node]}' to the nearest thing TensorRT "
                                             f"builds: {approximated[finding.node]}"), True
+        elif finding.node in fired and finding.rule == "quantized-constant" \
+                and fired[finding.node] == "dequantize-constant":
+            finding.fix, finding.fixable = ("lifted by rule 'dequantize-constant': the scalar is dequantized to a "
+                                            "float constant, which TensorRT builds"), True
         elif finding.node in fired:
             finding.fix, finding.fixable = LIFT_OUTCOMES.get(fired[finding.node], f"lifted by {fired[finding.node]}"), \
                 True
@@ -241,6 +245,16 @@ def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: di
             finding.fix, finding.fixable = ABSORBED, True
         else:
             finding.fix = declined.get(finding.node, "no rule rewrites it")
+    # an activation the source quantizes with no scale TensorRT can use (AMD Quark's MX/BFP): calibration gives it
+    unscaled = [spec for spec in lifting.ctx.annotations.activations.values() if spec.scale is None
+                and not spec.dynamic]
+    origins, tensors = {spec.origin for spec in unscaled}, {spec.tensor for spec in unscaled}
+    for finding in findings:  # (a tensor two nodes quantize keeps the first one's origin: the input tells)
+        node = ops.get(finding.node)
+        uncalibrated = finding.node in origins or (node is not None and node.inputs[:1]
+                                                   and node.inputs[0].name in tensors)
+        if finding.fixable and uncalibrated and NEEDS_DATA not in finding.fix:
+            finding.fix += f"; {NEEDS_DATA} (the source holds no activation scale TensorRT can use)"
     return findings
 
 
@@ -316,11 +330,31 @@ def measure_costs(path: Path, compute_capability: str, report: CheckReport,
     except MissingDependencyError:
         return None
     except EngineBuildError as exc:  # ModelRejectedError too: the parser refused what it took in the probe
+        message = str(exc).splitlines()[0]
+        named = _finding_named_in(message, report.findings)
+        if named is not None:  # a static rule predicted it (quantized-constant): the builder's words go there
+            text = message.split(" failed: ", 1)[-1]
+            named.tensorrt = text if not named.tensorrt else f"{named.tensorrt}; {text}"
+            return None
         report.findings.append(Finding(
             "tensorrt-build", Severity.WARNING, "", "", [], f"TensorRT's parser takes the model, but its builder "
             f"fails for compute capability {compute_capability}: {str(exc).splitlines()[0]}",
             "please report it with `trt-bridge build -v`", False))
         return None
+
+
+def _finding_named_in(message: str, findings: list[Finding]) -> Finding | None:
+    """The static finding whose node or one of whose tensors the builder's ``message`` names, in parentheses
+    ("Quantized constant (NAME) is only allowed before DQ"), quotes, or as its constant layer's output ("Tensor
+    NAME_output has datatype FP8 but is not consumed by ... IDequantizeLayer")."""
+    for finding in findings:
+        if not finding.node:
+            continue
+        names = [finding.node, *(t.name for t in finding.tensors)]
+        if any(f"({name})" in message or f"'{name}'" in message or f"Tensor {name}_output " in message
+               for name in names if name):
+            return finding
+    return None
 
 
 def _lifted_model_parses(path: Path) -> bool:

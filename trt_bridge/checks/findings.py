@@ -14,6 +14,9 @@ from trt_bridge.tensorrt.parse import ParserError
 PARSER_FIXES = {"no-importer": "lifted by `trt-bridge convert` (`trt-bridge check` says how)",
                 "tensorrt-parser": "`trt-bridge check` says whether convert fixes it"}
 
+#: in a fix that only works with calibration data (an activation whose source carries no scale TensorRT can use)
+NEEDS_DATA = "needs --calib-data"
+
 
 class Severity(str, enum.Enum):
     BLOCKER = "blocker"  # TensorRT does not build the model as INT8 while this stays
@@ -122,7 +125,8 @@ class CheckReport:
             lines.extend("  " + line for line in finding.lines())
         unfixable = [f for f in self.blockers if not f.fixable]
         if self.blockers and not unfixable:
-            lines.append("  every blocker is fixed by `trt-bridge convert`")
+            data = any(NEEDS_DATA in f.fix for f in self.blockers)
+            lines.append("  every blocker is fixed by `trt-bridge convert`" + (" with --calib-data" if data else ""))
         elif unfixable:
             lines.append(f"  {len(unfixable)} blocker(s) `trt-bridge convert` cannot fix (see above)")
         if self.precisions is not None:

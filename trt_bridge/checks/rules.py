@@ -12,6 +12,7 @@ from typing import Protocol
 
 import numpy as np
 import onnx_graphsurgeon as gs
+from onnx import TensorProto
 
 from trt_bridge.checks.findings import Finding, Severity, TensorInfo
 from trt_bridge.errors import MissingDependencyError
@@ -24,6 +25,9 @@ from trt_bridge.prepare.types import type_name
 from trt_bridge.tensorrt import import_tensorrt
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
+#: ONNX code types of a byte or less (fp8, 4-bit), as gs reports them where numpy has no such type
+_NARROW_CODES = frozenset({TensorProto.FLOAT8E4M3FN, TensorProto.FLOAT8E4M3FNUZ, TensorProto.FLOAT8E5M2,
+                           TensorProto.FLOAT8E5M2FNUZ, TensorProto.INT4, TensorProto.UINT4, TensorProto.FLOAT4E2M1})
 #: integer code types TensorRT's Q/DQ take (besides the fp8/fp4 float formats)
 TRT_CODE_TYPES = frozenset({np.dtype(np.int8)})
 
@@ -154,13 +158,62 @@ class QDQScales:
             bad = scale.reshape(-1)[~(np.isfinite(scale.reshape(-1)) & (scale.reshape(-1) > 0))]
             return _finding(self.name, node, f"scale {float(bad[0]):g} is not positive and finite: TensorRT rejects "
                                              "it (\"Scale coefficients must all be positive\")")
-        activation = constant_values(node.inputs[0]) is None
-        if node.attrs.get("block_size", 0) and activation:
+        blocked = bool(node.attrs.get("block_size", 0))
+        if not blocked:
+            for what, tensor in (("scale", node.inputs[1]), ("zero point", _input(node, 2))):
+                values = None if tensor is None else constant_values(tensor)
+                if values is not None and values.ndim > 1:
+                    return _finding(self.name, node, f"{what} '{tensor.name}' has shape {list(values.shape)} (rank "
+                                                     f"{values.ndim}) without block_size: TensorRT takes a scalar or "
+                                                     "1-D (per-axis) one only (\"Invalid rank for the scale tensor\")")
+        activation = not _is_weight(node)
+        if blocked and activation:
             return _finding(self.name, node, "block quantization of an activation: TensorRT blocks weights only")
         if activation and node.op == "QuantizeLinear" and scale.size > 1:
             return _finding(self.name, node, f"per-axis scales ({scale.size}) on an activation: TensorRT quantizes "
                                              "activations per tensor only")
         return None
+
+
+class QuantizedConstant:
+    """TensorRT's builder takes a constant of int8/fp8/4-bit codes only as a DequantizeLinear's input ("Quantized
+    constant (...) is only allowed before DQ"; the parser takes the model): such a constant feeding anything else
+    (Cast, Transpose, Reshape, Gather), or a DequantizeLinear of a scalar (rank-0) one (AMD Quark's FP8 exports
+    quantize the attention's 1/sqrt(d) so; a rank-1 constant builds, and so does a QuantizeLinear of a float
+    constant). Ops without an importer are no-importer's."""
+
+    name = "quantized-constant"
+
+    def find(self, node, graph, opset):
+        if node.op == "QuantizeLinear" or node.op in NO_IMPORTER or is_plugin_node(node) \
+                or (node.domain or "") not in ("", "ai.onnx"):
+            return None
+        if node.op != "DequantizeLinear":
+            for tensor in node.inputs:
+                code_type = _constant_codes(tensor)
+                if code_type is not None:
+                    tensors = [TensorInfo(tensor.name, code_type, None if tensor.shape is None else list(
+                        tensor.shape)), *(t for t in _io(node) if t.name != tensor.name)]
+                    return _finding(self.name, node, f"constant '{tensor.name}' holds {code_type} codes and feeds "
+                                                     f"{node.op}: TensorRT's builder takes a quantized constant only "
+                                                     "as a DequantizeLinear's input", tensors=tensors)
+            return None
+        codes = node.inputs[0]
+        values = constant_values(codes)
+        if values is None or values.ndim != 0:
+            return None
+        if isinstance(codes.dtype, int):  # gs keeps types numpy lacks as the ONNX enum (its values cast)
+            code_type = type_name(codes.dtype)
+            if codes.dtype not in _NARROW_CODES:
+                return None
+        elif values.dtype.itemsize > 1:  # (an int32 bias: qdq-int32)
+            return None
+        else:
+            code_type = values.dtype.name
+        tensors = [TensorInfo(codes.name, code_type, []), *(t for t in _io(node) if t.name != codes.name)]
+        return _finding(self.name, node, f"scalar quantized constant '{codes.name}' ({code_type} code, rank "
+                                         "0): TensorRT's builder rejects it (\"Quantized constant (...) is only "
+                                         "allowed before DQ\")", tensors=tensors)
 
 
 class TrainingDropout:
@@ -208,6 +261,37 @@ def _walk(graph: gs.Graph):
                     yield from _walk(sub)
 
 
+def _constant_codes(tensor: gs.Tensor) -> str | None:
+    """The code type of a constant holding quantized codes (int8, fp8, int4, fp4), else None; read from its type,
+    not its values."""
+    if not isinstance(tensor, gs.Constant) and not (len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant"):
+        return None
+    dtype = tensor.dtype
+    if dtype is None:
+        return None
+    if isinstance(dtype, int):
+        return type_name(dtype) if dtype in _NARROW_CODES or dtype == TensorProto.INT8 else None
+    dtype = np.dtype(dtype)
+    if dtype == np.int8 or dtype.name.startswith(("float8", "float4", "int4", "uint4")):
+        return dtype.name
+    return None
+
+
+def _input(node: gs.Node, index: int) -> gs.Tensor | None:
+    return node.inputs[index] if len(node.inputs) > index and node.inputs[index].name else None
+
+
+def _is_weight(node: gs.Node) -> bool:
+    """The Q/DQ quantizes a constant: its input is one, or (a DequantizeLinear) the output of a QuantizeLinear of
+    one (AIMET's weight Q → DQ pairs)."""
+    x = node.inputs[0]
+    if constant_values(x) is not None:
+        return True
+    producer = x.inputs[0] if len(x.inputs) == 1 else None
+    return node.op == "DequantizeLinear" and producer is not None and producer.op == "QuantizeLinear" \
+        and bool(producer.inputs) and constant_values(producer.inputs[0]) is not None
+
+
 def _code_type(node: gs.Node, zp: np.ndarray | None) -> np.dtype | None:
     if zp is not None:
         return zp.dtype
@@ -231,7 +315,7 @@ _QDQ_RULES = (QDQZeroPoint(), QDQInt32(), QDQScales())
 
 #: every static rule, in the order findings are listed for one node
 CHECK_RULES: tuple[CheckRule, ...] = (PluginNode(), NoImporter(), QDQZeroPoint(), QDQInt32(), QDQScales(),
-                                      TrainingDropout(), ControlFlow())
+                                      QuantizedConstant(), TrainingDropout(), ControlFlow())
 
 
 def is_int8(graph: gs.Graph) -> bool:
