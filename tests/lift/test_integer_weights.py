@@ -78,7 +78,7 @@ def test_the_values_of_the_float64_formulas(seed):
     assert requantized > 10  # the re-quantizing path was exercised
 
 
-@pytest.mark.parametrize("op", ["MatMul", "Gemm"])
+@pytest.mark.parametrize("op", ["MatMul", "Gemm", "Conv", "Conv1x1"])
 @pytest.mark.parametrize("kind", ["asymmetric", "negative-scales"])
 def test_nncf_weights_stay_exact_through_a_channel_shift(tmp_path, op, kind):
     """NNCF's weight compression: uint8 with a zero point per channel (INT8_ASYM, its default; a channel's centred
@@ -99,35 +99,51 @@ def test_nncf_weights_stay_exact_through_a_channel_shift(tmp_path, op, kind):
 
     rng = np.random.default_rng(5)
     k, n = 64, 32
-    w = (rng.normal(size=(k, n)) + rng.uniform(-1, 1, n)).astype(np.float32)  # channels off-centre
+    conv = op.startswith("Conv")
+    taps = 1 if op == "Conv1x1" else 9
+    shape = (n, k // 8, taps) if conv else (k, n)  # channels on axis 0 for a Conv, 1 for a MatMul
+    axis = 0 if conv else 1
+    other = tuple(i for i in range(len(shape)) if i != axis)
+    spread = [1] * len(shape)
+    spread[axis] = -1
+    w = (rng.normal(size=shape) + rng.uniform(-1, 1, n).reshape(spread)).astype(np.float32)  # channels off-centre
     if kind == "asymmetric":
-        lo, hi = np.minimum(w.min(axis=0), 0), np.maximum(w.max(axis=0), 0)
+        lo, hi = np.minimum(w.min(axis=other), 0), np.maximum(w.max(axis=other), 0)
         scale = ((hi - lo) / 255).astype(np.float32)
         zp = np.clip(np.rint(-lo / scale), 0, 255).astype(np.uint8)
-        codes = np.clip(np.rint(w / scale) + zp, 0, 255).astype(np.uint8)
+        codes = np.clip(np.rint(w / scale.reshape(spread)) + zp.reshape(spread), 0, 255).astype(np.uint8)
     else:
-        scale = (np.abs(w).max(axis=0) / -128).astype(np.float32)
+        scale = (np.abs(w).max(axis=other) / -128).astype(np.float32)
         zp = np.zeros(n, np.int8)
-        codes = np.clip(np.rint(w / scale), -128, 127).astype(np.int8)
+        codes = np.clip(np.rint(w / scale.reshape(spread)), -128, 127).astype(np.int8)
     gemm = op == "Gemm"  # torch's Linear: W [N, K], transB, a bias, and an alpha to carry into the side path
-    inits = [numpy_helper.from_array(codes.T.copy() if gemm else codes, "w_q"), numpy_helper.from_array(scale, "w_s"),
+    if conv:  # [N, C, kh, kw]: a 3×3 convolution with stride 2 and padding, or a 1×1 one
+        codes = codes.reshape(n, k // 8, *((3, 3) if taps == 9 else (1, 1)))
+    elif gemm:
+        codes, axis = codes.T.copy(), 0
+    inits = [numpy_helper.from_array(codes, "w_q"), numpy_helper.from_array(scale, "w_s"),
              numpy_helper.from_array(zp, "w_z"), numpy_helper.from_array(rng.normal(size=n).astype(np.float32), "b")]
-    nodes = [helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"], "dq", axis=0 if gemm else 1),
-             helper.make_node("Gemm", ["x", "w", "b"], ["y"], "fc", transB=1, alpha=0.5) if gemm else
-             helper.make_node("MatMul", ["x", "w"], ["y"], "fc")]
-    graph = helper.make_graph(nodes, "nncf", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, k])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [4, n])], inits)
+    layer = {"Gemm": helper.make_node("Gemm", ["x", "w", "b"], ["y"], "fc", transB=1, alpha=0.5),
+             "MatMul": helper.make_node("MatMul", ["x", "w"], ["y"], "fc"),
+             "Conv": helper.make_node("Conv", ["x", "w", "b"], ["y"], "fc", pads=[1, 1, 1, 1], strides=[2, 2]),
+             "Conv1x1": helper.make_node("Conv", ["x", "w", "b"], ["y"], "fc")}[op]
+    nodes = [helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["w"], "dq", axis=axis), layer]
+    x_shape, y_shape = ([2, k // 8, 10, 10], [2, n, 5 if taps == 9 else 10, 5 if taps == 9 else 10]) if conv else \
+        ([4, k], [4, n])
+    graph = helper.make_graph(nodes, "nncf", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, y_shape)], inits)
     source = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "nncf.onnx")
     out = tmp_path / "out.onnx"
     report = convert(source, out, ConvertOptions(progress=False))
     assert {q["source"] for q in report.quantized} == {"exact-weights"} and not report.approximated
     model = assert_qdq_contract(out)
-    assert op_types(model) == {"DequantizeLinear", op, "ReduceSum", "Mul", "Add"}
+    pooled = {"AveragePool"} if op == "Conv" else set()  # a 3×3 window's sum; a 1×1 one is the channel sum itself
+    assert op_types(model) == {"DequantizeLinear", op.removesuffix("1x1"), "ReduceSum", "Mul", "Add"} | pooled
     inits = {i.name: numpy_helper.to_array(i) for i in model.graph.initializer}
     (dq,) = [n for n in model.graph.node if n.op_type == "DequantizeLinear"]
     assert np.all(inits[dq.input[1]] > 0) and inits[dq.input[0]].dtype == np.int8
-    feeds = [{"x": rng.normal(size=(4, k)).astype(np.float32)} for _ in range(4)]
-    # measured 130–136 dB: float32 sums in another order (re-quantizing the channels gave 43–48 dB)
+    feeds = [{"x": rng.normal(size=x_shape).astype(np.float32)} for _ in range(4)]
+    # measured 133–143 dB: float32 sums in another order
     assert snr_db(run_ort(source, feeds), run_ort(out, feeds)) > 110
     assert_tensorrt_ready(out)
 
