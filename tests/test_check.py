@@ -533,3 +533,5 @@ def test_block_floating_point_activation_needs_calibration_data(tmp_path):
     assert mx.fixable and mx.fix.endswith("; needs --calib-data (the source holds no activation scale TensorRT "
                                           "can use)")
     assert _lines(report)[-2] == "  every blocker is fixed by `trt-bridge convert` with --calib-data"
+    assert "not-int8" not in {f.rule for f in report.findings}  # a block format is a quantized model ("nothing is
+    # quantized" it said)

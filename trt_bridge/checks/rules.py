@@ -322,5 +322,5 @@ def is_int8(graph: gs.Graph) -> bool:
     """The model carries integer quantization of some kind (what convert turns into TensorRT's int8 Q/DQ)."""
     return any(is_plugin_node(n) or n.op in QDQ or n.op in NO_IMPORTER or n.op.startswith("QLinear") or n.op in (
         "QGemm", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QAttention", "QEmbedLayerNormalization",
-        "MatMulNBits", "MatMulBnb4")
+        "MatMulNBits", "MatMulBnb4", "BFPQuantizeDequantize", "MXQuantizeDequantize")  # and Quark's block formats
         for n in _walk(graph))
