@@ -296,3 +296,39 @@ def test_zero_points_in_the_layouts_other_quantizers_write(tmp_path, layout):
     got = [session(out, simulate_qdq=True).run(None, f)[0] for f in feeds]
     assert snr_db(run_ort(reference, feeds), got) > EXACT_DB
     assert_tensorrt_ready(out)
+
+
+@pytest.mark.parametrize("kind", ["zero-points", "negative-scales"])
+def test_a_gemms_blocks_stay_exact_through_the_side_path(tmp_path, kind):
+    # NNCF's int4 weight compression of a torch Linear: Gemm(transB=1) reading blocked uint4 codes with zero points
+    # (INT4_ASYM), or int4 with negative scales (INT4_SYM): the codes kept as int4 blocks in the Gemm's own [N, K]
+    # layout, the blocks' shifts (× alpha) through the side path; they were clipped or re-quantized block by block
+    k, n, block = 128, 48, 32
+    unsigned = kind == "zero-points"
+    q = RNG.integers(0, 16, (n, k)) if unsigned else RNG.integers(-8, 8, (n, k))
+    scale = RNG.uniform(0.01, 0.03, (n, k // block)) * (1 if unsigned else RNG.choice([-1, 1], (n, k // block)))
+    code_type = TensorProto.UINT4 if unsigned else TensorProto.INT4
+    inits = [helper.make_tensor("w_q", code_type, [n, k], q.reshape(-1).tolist()),
+             numpy_helper.from_array(scale.astype(np.float32), "w_s"),
+             numpy_helper.from_array(RNG.normal(size=n).astype(np.float32), "bias")]
+    dq_inputs = ["w_q", "w_s"]
+    if unsigned:
+        inits.append(helper.make_tensor("w_z", code_type, [n, k // block], RNG.integers(2, 14, n * k // block)))
+        dq_inputs.append("w_z")
+    nodes = [helper.make_node("DequantizeLinear", dq_inputs, ["w"], "dq", axis=1, block_size=block),
+             helper.make_node("Gemm", ["x", "w", "bias"], ["y"], "fc", transB=1, alpha=0.5)]
+    graph = helper.make_graph(nodes, "nncf_int4", [tensor_info("x", [4, k])], [tensor_info("y", [4, n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    onnx.checker.check_model(model, full_check=True)
+    source, out = save(model, tmp_path / "source.onnx"), tmp_path / "converted.onnx"
+    report = convert(source, out, ConvertOptions(progress=False))
+    assert not report.approximated and {q["source"] for q in report.quantized} == {"exact-weights"}
+    converted = assert_qdq_contract(out)
+    # the side path: two MatMuls, their [1, M, N] reshaped to the Gemm's [M, N]
+    assert op_types(converted) == {"DequantizeLinear", "Gemm", "MatMul", "Add", "Shape", "Reshape"}
+    (dq,) = [d for d in converted.graph.node if d.op_type == "DequantizeLinear"]
+    codes = next(i for i in converted.graph.initializer if i.name == dq.input[0])
+    assert codes.data_type == TensorProto.INT4 and list(codes.dims) == [n, k]
+    feeds = [{"x": RNG.normal(size=(4, k)).astype(np.float32)} for _ in range(4)]
+    assert snr_db(run_ort(source, feeds), [session(out, simulate_qdq=True).run(None, f)[0] for f in feeds]) > EXACT_DB
+    assert_tensorrt_ready(out)

@@ -14,9 +14,9 @@ QAT-style Q/DQ exports quantize their float weights at run time).
 Block-wise weights (opset 21 ``block_size``: onnxruntime's and ModelOpt's INT4 weight-only export, AIMET's int4
 block-wise and LPBQ weights, whose per-block scale is itself a DequantizeLinear of integers, lifted first) of a
 2-D MatMul/Gemm weight, blocked along its reduction axis, keep their codes: TensorRT runs them as INT4 weight-only
-(uint4 codes re-centred on their zero point; a MatMul's blocks that int4 cannot hold as they are, a zero point other
-than 8 or onnxruntime's negative symmetric scales, shifted into int4 with the shift added back by a float side path,
-:mod:`trt_bridge.lift.shifted_blocks`; a Gemm's clipped or re-quantized block by block, reported)::
+(uint4 codes re-centred on their zero point; the blocks that int4 cannot hold as they are, a zero point other than
+8 or onnxruntime's negative symmetric scales, shifted into int4 with the shift added back by a float side path,
+:mod:`trt_bridge.lift.shifted_blocks`; a Gemm with ``transA``'s clipped or re-quantized block by block, reported)::
 
     Before:  W_q:int4 ─ DQ(s[K/32, N], block_size 32, axis 0) ─ MatMul
     After:   W = (W_q − z)·s, each block with its scale ─ MatMul   annotation: W → INT4, blocks of 32, the codes kept
@@ -163,9 +163,10 @@ class DequantizeConstant:
                 elif blocked:
                     # a MatMul's blocks that int4 cannot hold as they are (negative scales, zero points other than
                     # 8) stay exact: int4 codes + each block's shift in a float side path (lift/shifted_blocks)
-                    shifted = shifted_blocks(values, zp, scale, block) if consumer.op == "MatMul" else None
-                    if shifted is not None:
-                        lift_shifted_matmul(ctx, consumer, source, shifted, block, node.name)
+                    turned = consumer.op == "Gemm" and bool(int(consumer.attrs.get("transB", 0)))  # [N, K]
+                    shifted = shifted_blocks(values.T, zp.T, scale.T, block) if turned else shifted_blocks(
+                        values, zp, scale, block)
+                    if shifted is not None and lift_shifted_matmul(ctx, consumer, source, shifted, block, node.name):
                         continue
                     consumer.inputs[index] = lift_block_weight(ctx, source, values, zp, scale, c_axis, block, site,
                                                                node.name)

@@ -9,7 +9,9 @@ path that adds each block's shift (the zero point other than 8, the sign of a ne
 
 with ``(q − z)·s = k·|s| + t·|s|`` (:func:`trt_bridge.lift.int4_blocks.int4_offset_blocks`). The side path costs K/b
 of the MatMul's N columns; it stays in the high precision. Used by the rules that lift MatMulNBits and blocked
-DequantizeLinear weights of a MatMul.
+DequantizeLinear weights of a MatMul or a Gemm (``transA`` 0; its weight kept as it reads it, ``[N, K]`` with
+``transB``, and its ``alpha`` scaling the side path: NNCF's int4 Gemm weights were clipped or re-quantized block by
+block, 0.75 dB on a MiniLM).
 """
 
 from __future__ import annotations
@@ -38,17 +40,25 @@ def shifted_blocks(values: np.ndarray, zero_point: np.ndarray, scale: np.ndarray
 
 
 def lift_shifted_matmul(ctx: LiftContext, matmul: gs.Node, source: gs.Tensor, shifted: OffsetBlocks, block: int,
-                        origin: str, ftype=np.float32) -> None:
-    """Make ``matmul``'s weight (input 1, from ``source``) the exact codes of ``shifted`` and add its side path."""
+                        origin: str, ftype=np.float32) -> bool:
+    """Make ``matmul``'s weight (input 1, from ``source``) the exact codes of ``shifted`` (blocks along K of the
+    [K, N] weight) and add its side path; a Gemm's weight is written as it reads it ([N, K] with ``transB``), its
+    ``alpha`` scaling the side path too. False (nothing changed) for a Gemm with ``transA``."""
+    gemm = matmul.op == "Gemm"
+    if gemm and int(matmul.attrs.get("transA", 0)):
+        return False
+    transposed = gemm and bool(int(matmul.attrs.get("transB", 0)))
+    alpha = float(matmul.attrs.get("alpha", 1.0)) if gemm else 1.0
     key = ("shifted-block-weight", source.name, shifted.scale.tobytes(), shifted.offset.tobytes(),
-           np.dtype(ftype).name)
+           np.dtype(ftype).name, transposed)
     base = source.name.removesuffix("_quantized") or origin
-    weight = ctx.constant(f"{base}_float", lambda: dequantize(shifted.codes, shifted.scale, 0, block).astype(ftype),
+    codes, scale = (shifted.codes.T, shifted.scale.T) if transposed else (shifted.codes, shifted.scale)
+    weight = ctx.constant(f"{base}_float", lambda: dequantize(codes, scale, int(transposed), block).astype(ftype),
                           key)
     site = Site(matmul.name, 1)
     spec = ctx.annotations.weights.get(weight.name)
     if spec is None:
-        spec = WeightSpec(weight.name, [], 1, origin, codes=shifted.codes, scale=shifted.scale,
+        spec = WeightSpec(weight.name, [], 0 if transposed else 1, origin, codes=codes, scale=scale,
                           source=ScaleSource.EXACT_WEIGHTS, format=INT4, block_size=block)
     spec.sites.append(site)
     ctx.annotations.add_weight(spec)
@@ -69,7 +79,8 @@ def lift_shifted_matmul(ctx: LiftContext, matmul: gs.Node, source: gs.Tensor, sh
         a, ctx.constant(f"{name}/block_sum_ones", ones[None], ("block-sum-ones", rows, block, np.dtype(ftype).name))],
         [summed]))
     ctx.graph.nodes.append(gs.Node("MatMul", ctx.names(f"{name}/block_shift"), {}, [
-        summed, ctx.constant(f"{base}_block_shifts", shifted.offset.astype(ftype)[None], ("block-shifts",) + key)],
+        summed, ctx.constant(f"{base}_block_shifts", (alpha * shifted.offset).astype(ftype)[None],
+                             ("block-shifts",) + key + (alpha,))],
         [shift]))
     if a.shape is None or len(a.shape) < 3:
         shape = gs.Variable(ctx.names(f"{name}/int4_out_shape"), dtype=np.int64)
@@ -79,3 +90,4 @@ def lift_shifted_matmul(ctx: LiftContext, matmul: gs.Node, source: gs.Tensor, sh
                                        [reshaped]))
         shift = reshaped
     ctx.graph.nodes.append(gs.Node("Add", ctx.names(f"{name}/shifted"), {}, [product, shift], [y]))
+    return True
