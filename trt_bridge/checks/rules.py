@@ -189,6 +189,8 @@ class QuantizedConstant:
                 or (node.domain or "") not in ("", "ai.onnx"):
             return None
         if node.op != "DequantizeLinear":
+            if any(_integer_flow(t) for t in node.inputs):  # an op on codes (a QOperator model's uint8 Pad): the
+                return None  # Q/DQ rules name what is wrong there, and its constant is a value of the codes' type
             for tensor in node.inputs:
                 code_type = _constant_codes(tensor)
                 if code_type is not None:
@@ -259,6 +261,13 @@ def _walk(graph: gs.Graph):
             for sub in value if isinstance(value, list) else [value]:
                 if isinstance(sub, gs.Graph):
                     yield from _walk(sub)
+
+
+def _integer_flow(tensor: gs.Tensor) -> bool:
+    """A computed tensor of 8-bit integer codes (what a QuantizeLinear or a QOperator op outputs)."""
+    if isinstance(tensor, gs.Constant) or not tensor.inputs or tensor.dtype is None or isinstance(tensor.dtype, int):
+        return False
+    return np.dtype(tensor.dtype) in (np.dtype(np.int8), np.dtype(np.uint8))
 
 
 def _constant_codes(tensor: gs.Tensor) -> str | None:

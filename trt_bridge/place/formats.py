@@ -179,8 +179,11 @@ def _fp8_conv_kernels(nodes: dict, annotations: Annotations, act: QuantFormat | 
     """Convolutions TensorRT has no FP8 kernel worth running for stay in the high precision, a source's own FP8
     ones too (TensorRT's placement drops them: they cost accuracy and win no speed; 22.8 → 24.5 dB on Quark's FP8
     YOLOv8n, 25.1 → 29.9 dB on NNCF's), unless ``preserve`` (--placement preserve) keeps what the source quantized
-    and --fp8 does not ask for FP8 everywhere."""
+    and --fp8 does not ask for FP8 everywhere, or they are all the FP8 layers the source has."""
     problems = {name: why for name, node in nodes.items() if (why := _fp8_conv_problem(node))}
+    fp8_sites = [s.node for spec in annotations.activations.values() if spec.format is FP8 for s in spec.sites]
+    # a source whose FP8 layers are all such convolutions keeps them (it would be left with nothing quantized)
+    preserve = preserve or (act is not FP8 and all(node in problems for node in fp8_sites))
     changes, dropped = [], set()
     for name in list(annotations.activations):
         spec = annotations.activations[name]
