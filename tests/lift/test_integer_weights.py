@@ -1,9 +1,8 @@
 """lift/weights.py: a source's 8-bit weights become float weights and int8 specs with the very values of the float64
 formulas (``(W_q − zero_point) · scale``, rounded to float32 once; a negative scale's sign moved into the codes, as
-NNCF's symmetric int8 writes them; channels whose centred integers do not fit [−127, 127] either re-quantized on
-``max |c·s| / 127`` or clipped to ±127 on their own scale, whichever is nearer the source), computed in float32 and
-int16 and on the channels that need it only. Random int8 and uint8 sources, per tensor and per channel, scales from
-1e-6 to 10, some negative."""
+NNCF's symmetric int8 writes them; channels whose centred integers do not fit [−127, 127] re-quantized on
+``max |c·s| / 127``), computed in float32 and int16 and on the channels that need it only. Random int8 and uint8
+sources, per tensor and per channel, scales from 1e-6 to 10, some negative."""
 
 from __future__ import annotations
 
@@ -30,14 +29,9 @@ def _reference_spec(values, zero_point, scale, axis):
     fits = np.abs(centred).max(axis=axes) <= QMAX
     scale_vec = np.broadcast_to(scale, fits.shape).astype(np.float64)
     floats = centred * scale_vec.reshape(shape)
-    requant_scale = np.abs(floats).max(axis=axes) / QMAX
-    requant = np.clip(np.rint(floats / requant_scale.reshape(shape)), -QMAX, QMAX)
-    clipped = np.clip(centred, -QMAX, QMAX)
-    clip = (np.square((clipped - centred) * scale_vec.reshape(shape)).sum(axis=axes)
-            <= np.square(requant * requant_scale.reshape(shape) - floats).sum(axis=axes))
-    per_channel = np.where(fits | clip, scale_vec, requant_scale)
-    q = np.where((fits | clip).reshape(shape), clipped, requant)
-    return q.astype(np.int8), per_channel.astype(np.float32), ScaleSource.REQUANTIZED
+    per_channel = np.where(fits, scale_vec, np.abs(floats).max(axis=axes) / QMAX)
+    q = np.where(fits.reshape(shape), centred, np.rint(floats / per_channel.reshape(shape)))
+    return np.clip(q, -QMAX, QMAX).astype(np.int8), per_channel.astype(np.float32), ScaleSource.REQUANTIZED
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -150,7 +144,7 @@ def test_nncf_weights_stay_exact_through_a_channel_shift(tmp_path, op, kind):
 
 def test_a_layer_whose_input_the_source_quantizes_keeps_no_side_path(tmp_path):
     """onnxruntime's QDQ with uint8 weights (activations quantized too): the channels that do not fit ±127 are
-    re-quantized or clipped as before, no side path (the layer runs in int8; a float sum of its input beside it would
+    re-quantized as before, no side path (the layer runs in int8; a float sum of its input beside it would
     cost more than those channels' rounding)."""
     import sys
     from pathlib import Path

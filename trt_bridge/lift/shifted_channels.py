@@ -18,9 +18,8 @@ YOLOv8n; exact now). A Gemm (``transA`` 0) adds ``alpha·c``; a Conv sums each f
 average pool of the zero-padded channel sum, times the taps). Only weight-only layers (the source quantizes the
 weight, not the input: what weight compression writes) get the side path; a layer whose input the source quantizes
 too, other ops, and weights whose channels all fit ±127, are left to
-:func:`trt_bridge.lift.weights.lift_integer_weight` (the channels that do not fit re-quantized or clipped, in int8
-next to the activation's own quantization error). The side path costs a sum over K per row; it stays in the high
-precision.
+:func:`trt_bridge.lift.weights.lift_integer_weight` (the channels that do not fit re-quantized, in int8 next to
+the activation's own quantization error). The side path costs a sum over K per row; it stays in the high precision.
 """
 
 from __future__ import annotations

@@ -170,22 +170,15 @@ def _weight_spec(name: str, values: np.ndarray, zero_point: np.ndarray, scale: n
     # a channel's largest |c·s| (rounding keeps the order of the products, so it is the largest |c| times s)
     requant = amax * scale_vec / QMAX
     per_channel = np.where(fits, scale_vec, requant)
-    # only the channels that do not fit change, each the nearer of two ways to the source's c·s: re-quantized,
-    # rint(c·s / s') on the scale s' that fits its largest code (every value moves onto a new grid), or its codes
-    # clipped to ±127 on the source's scale (only the few beyond move: NNCF's symmetric +128, a zero point near 128)
+    # only the channels that do not fit are re-quantized: rint(c·s / s'), on those channels alone (clipping their few
+    # codes beyond ±127 instead, though nearer in squared error, cost 0.3 dB on ddddocr's real CRNN: it shrinks
+    # exactly the largest weights)
     bad = np.flatnonzero(~fits)
     where = [slice(None)] * centred.ndim
     where[axis] = bad
-    where = tuple(where)
-    exact = centred[where] * scale_vec[bad].reshape(shape)
-    requantized = np.clip(np.rint(exact / per_channel[bad].reshape(shape)), -QMAX, QMAX)
-    clipped = np.clip(centred[where], -QMAX, QMAX)
-    moved = np.square(requantized * per_channel[bad].reshape(shape) - exact).sum(axis=reduce_axes)
-    clipping = np.square((clipped - centred[where]) * scale_vec[bad].reshape(shape)).sum(axis=reduce_axes)
-    clip = clipping <= moved
-    per_channel[bad[clip]] = scale_vec[bad[clip]]
     q = centred.copy()
-    q[where] = np.where(clip.reshape(shape), clipped, requantized)
+    q[tuple(where)] = np.clip(np.rint(centred[tuple(where)] * scale_vec[bad].reshape(shape)
+                                      / per_channel[bad].reshape(shape)), -QMAX, QMAX)
     return WeightSpec(name, [], axis, origin, codes=q.astype(np.int8),
                       scale=per_channel.astype(np.float32), source=ScaleSource.REQUANTIZED)
 
