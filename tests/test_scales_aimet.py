@@ -311,3 +311,20 @@ def test_fp8_encodings_are_kept_fp8(setup, tmp_path):
     reference = [session(setup["path"]).run(None, {"x": f})[0] for f in held_out]
     converted = [session(out, simulate_qdq=True).run(None, {"x": f})[0] for f in held_out]
     assert snr_db(reference, converted) > 25.0
+
+
+def test_fp8_encodings_e5m2_is_noted_and_a_zero_point_refused(setup, tmp_path):
+    """E5M2 encodings become E4M3 over the same range (noted); an FP8 encoding with a non-zero zero point is an
+    error naming the file and tensor (FP8 encodings are symmetric)."""
+    doc = {"version": "2.0.0", "encodings": [{"name": "x", "output_dtype": "float8e5m2", "y_scale": 0.001}]}
+    path = tmp_path / "e5m2.encodings"
+    path.write_text(json.dumps(doc))
+    table = read_scales(path, setup["model"])
+    assert table["x"].format == "fp8" and math.isclose(table["x"].amax, 0.001 * 57344, rel_tol=1e-12)
+    assert len(table.notes) == 1 and "float8e5m2 encodings imported as FP8 E4M3" in table.notes[0]
+    doc["encodings"][0].update(output_dtype="float8e4m3fn", y_zero_point=1.0)
+    path.write_text(json.dumps(doc))
+    with pytest.raises(TrtBridgeError, match=r"e5m2\.encodings: AIMET encoding of tensor 'x': float8e4m3fn with a "
+                                             r"non-zero zero point") as err:
+        read_scales(path, setup["model"])
+    assert "\n" not in str(err.value)
