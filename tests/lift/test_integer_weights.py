@@ -178,3 +178,80 @@ def test_a_layer_whose_input_the_source_quantizes_keeps_no_side_path(tmp_path):
     assert op_types(assert_qdq_contract(out)) == {"QuantizeLinear", "DequantizeLinear", "MatMul"}
     feeds = [{"x": rng.normal(size=(4, 64)).astype(np.float32)} for _ in range(4)]
     assert snr_db(run_ort(source, feeds), run_ort(out, feeds)) > 30
+
+
+@pytest.mark.parametrize("ftype", [np.float32, np.float16])
+def test_two_zero_points_on_one_constant_get_their_own_codes(tmp_path, ftype):
+    """Two DequantizeLinear of one uint8 constant with zero points that give the same channel shifts (channel 0 fits
+    ±127 under both; the others shift alike): each MatMul keeps its own codes (a shared constant key gave the second
+    the first's: 34 dB), also in a float16 model (the side path's constants were float32 there: an invalid model)."""
+    import sys
+    from pathlib import Path
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from helpers import assert_qdq_contract, assert_tensorrt_ready, save, snr_db
+
+    from trt_bridge.conversion import convert
+    from trt_bridge.conversion.options import ConvertOptions
+
+    rng = np.random.default_rng(7)
+    k, n = 16, 8
+    codes = rng.integers(0, 256, size=(k, n)).astype(np.uint8)
+    codes[:, 0] = rng.integers(0, 100, k)
+    elem = TensorProto.FLOAT16 if ftype == np.float16 else TensorProto.FLOAT
+    nodes = [helper.make_node("DequantizeLinear", ["wq", "ws", "z1"], ["w1"], "dq1", axis=1),
+             helper.make_node("DequantizeLinear", ["wq", "ws", "z2"], ["w2"], "dq2", axis=1),
+             helper.make_node("MatMul", ["x", "w1"], ["y1"], "mm1"),
+             helper.make_node("MatMul", ["x", "w2"], ["y2"], "mm2")]
+    inits = [numpy_helper.from_array(codes, "wq"), numpy_helper.from_array(np.full(n, 0.01, ftype), "ws"),
+             numpy_helper.from_array(np.zeros(n, np.uint8), "z1"),
+             numpy_helper.from_array(np.array([9] + [0] * (n - 1), np.uint8), "z2")]
+    graph = helper.make_graph(nodes, "two_dq", [helper.make_tensor_value_info("x", elem, [4, k])],
+                              [helper.make_tensor_value_info(y, elem, [4, n]) for y in ("y1", "y2")], inits)
+    source = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)]), tmp_path / "two_dq.onnx")
+    out = tmp_path / "out.onnx"
+    convert(source, out, ConvertOptions(progress=False))
+    assert_qdq_contract(out)
+    feeds = [{"x": rng.normal(size=(4, k)).astype(ftype)} for _ in range(4)]
+    from trt_bridge.runtime.session import session
+
+    theirs, ours = session(source), session(out)
+    for output in (0, 1):  # measured 139 dB (float32), 67 dB (float16 arithmetic)
+        want = [theirs.run(None, f)[output].astype(np.float32) for f in feeds]
+        got = [ours.run(None, f)[output].astype(np.float32) for f in feeds]
+        assert snr_db(want, got) > 45, output
+    assert_tensorrt_ready(out)
+
+
+def test_a_conv_padded_as_wide_as_its_window_takes_no_side_path(tmp_path):
+    """A 1×1 Conv with pads 1 (ONNX allows it; an AveragePool does not): the channel shift would need such a pool,
+    so its weight is re-quantized as before (the side path wrote a model onnxruntime refused)."""
+    import sys
+    from pathlib import Path
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from helpers import assert_qdq_contract, assert_tensorrt_ready, op_types, run_ort, save, snr_db
+
+    from trt_bridge.conversion import convert
+    from trt_bridge.conversion.options import ConvertOptions
+
+    rng = np.random.default_rng(8)
+    codes = rng.integers(0, 256, size=(16, 8, 1, 1)).astype(np.uint8)
+    inits = [numpy_helper.from_array(codes, "wq"), numpy_helper.from_array(np.full(16, 0.01, np.float32), "ws"),
+             numpy_helper.from_array(np.full(16, 20, np.uint8), "wz")]
+    nodes = [helper.make_node("DequantizeLinear", ["wq", "ws", "wz"], ["w"], "dq", axis=0),
+             helper.make_node("Conv", ["x", "w"], ["y"], "conv", pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "pad", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 6, 6])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 16, 8, 8])], inits)
+    source = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "pad.onnx")
+    out = tmp_path / "out.onnx"
+    report = convert(source, out, ConvertOptions(progress=False))
+    assert {q["source"] for q in report.quantized} == {"requantized-weights"}
+    assert op_types(assert_qdq_contract(out)) == {"DequantizeLinear", "Conv"}
+    feeds = [{"x": rng.normal(size=(1, 8, 6, 6)).astype(np.float32)} for _ in range(2)]
+    assert snr_db(run_ort(source, feeds), run_ort(out, feeds)) > 44  # measured 49.4 dB: re-quantized channels
+    assert_tensorrt_ready(out)

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
@@ -72,6 +73,14 @@ class LiftContext:
             const = gs.Constant(self.names(base), np.ascontiguousarray(values).reshape(np.shape(values)))
             self.constants[key] = const
         return const
+
+
+def digest(values: np.ndarray) -> str:
+    """A short fingerprint of an array's values (its bytes, without a copy), for :meth:`LiftContext.constant`'s keys
+    where the scales alone do not tell two weights apart."""
+    array = np.ascontiguousarray(values)
+    return f"{array.dtype.str}{array.shape}" + hashlib.blake2b(array.view(np.uint8).reshape(-1), digest_size=16
+                                                                ).hexdigest()
 
 
 @dataclass(frozen=True)

@@ -54,6 +54,8 @@ from trt_bridge.lift.base import LiftContext
 from trt_bridge.lift.scale_algebra import constant_values
 from trt_bridge.lift.weights import WEIGHT_INPUT, block_axis, lift_fp4_block_weight, weight_axis
 
+#: the largest block taken (Quark's are 8 to 32 values): a corrupt huge one would have its padding allocated
+MAX_BLOCK = 1 << 16
 #: the domains AMD's quantizers write their custom ops in (Quark; Vitis AI's quantizer before it)
 QUARK_DOMAINS = ("com.amd.quark", "com.vai.quantize")
 
@@ -150,8 +152,8 @@ class BlockQuantizeDequantize:
         element = node.attrs.get("element_dtype", b"") if node.op == "MXQuantizeDequantize" else b""
         element = element.decode() if isinstance(element, bytes) else str(element)
         block = int(node.attrs.get("block_size", 32 if node.op == "MXQuantizeDequantize" else 8))
-        if block <= 0:
-            return f"block_size {block} is not positive"
+        if block <= 0 or block > MAX_BLOCK:
+            return f"block_size {block} is not a block format's (1 to {MAX_BLOCK}; Quark writes 32 for MX, 8 for BFP)"
         return BlockFormatMatch(node, constant_values(x), element, int(node.attrs.get("axis", 1)), block)
 
     def rewrite(self, ctx: LiftContext, match: BlockFormatMatch) -> None:

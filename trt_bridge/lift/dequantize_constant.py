@@ -166,7 +166,8 @@ class DequantizeConstant:
                     turned = consumer.op == "Gemm" and bool(int(consumer.attrs.get("transB", 0)))  # [N, K]
                     shifted = shifted_blocks(values.T, zp.T, scale.T, block) if turned else shifted_blocks(
                         values, zp, scale, block)
-                    if shifted is not None and lift_shifted_matmul(ctx, consumer, source, shifted, block, node.name):
+                    if shifted is not None and lift_shifted_matmul(ctx, consumer, source, shifted, block, node.name,
+                                                                   _float_type(out)):
                         continue
                     consumer.inputs[index] = lift_block_weight(ctx, source, values, zp, scale, c_axis, block, site,
                                                                node.name)
@@ -175,7 +176,7 @@ class DequantizeConstant:
                     # scales) stay exact: int8 codes + each channel's shift in a float side path (lift/shifted_channels)
                     shifted = shifted_channels(values, zp, scale, c_axis) if consumer.op in SHIFTABLE else None
                     if shifted is not None and lift_shifted_channels(ctx, consumer, source, shifted, c_axis,
-                                                                     node.name):
+                                                                     node.name, _float_type(out)):
                         continue
                     consumer.inputs[index] = lift_integer_weight(ctx, source, values, zp, scale, c_axis, site,
                                                                  node.name)
@@ -192,6 +193,13 @@ class DequantizeConstant:
                     ctx.annotations.add_weight(WeightSpec(const.name, [site], c_axis, node.name,
                                                           source=ScaleSource.REQUANTIZED))
                     consumer.inputs[index] = const
+
+
+def _float_type(tensor: gs.Tensor):
+    """The float type a dequantized weight computes in (the DequantizeLinear's output: float16 in a float16 model)."""
+    dtype = tensor.dtype
+    return np.float16 if dtype is not None and not isinstance(dtype, int) and np.dtype(dtype) == np.float16 \
+        else np.float32
 
 
 def _lift_transposed_fp4(ctx: LiftContext, transpose: gs.Node, source: gs.Tensor,

@@ -21,7 +21,7 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site, WeightSpec
 from trt_bridge.formats import INT4, broadcast_param
-from trt_bridge.lift.base import LiftContext
+from trt_bridge.lift.base import LiftContext, digest
 from trt_bridge.lift.int4_blocks import OffsetBlocks, int4_offset_blocks
 from trt_bridge.lift.weights import dequantize
 
@@ -49,8 +49,8 @@ def lift_shifted_matmul(ctx: LiftContext, matmul: gs.Node, source: gs.Tensor, sh
         return False
     transposed = gemm and bool(int(matmul.attrs.get("transB", 0)))
     alpha = float(matmul.attrs.get("alpha", 1.0)) if gemm else 1.0
-    key = ("shifted-block-weight", source.name, shifted.scale.tobytes(), shifted.offset.tobytes(),
-           np.dtype(ftype).name, transposed)
+    key = ("shifted-block-weight", source.name, digest(shifted.codes), shifted.scale.tobytes(),
+           shifted.offset.tobytes(), np.dtype(ftype).name, transposed)
     base = source.name.removesuffix("_quantized") or origin
     codes, scale = (shifted.codes.T, shifted.scale.T) if transposed else (shifted.codes, shifted.scale)
     weight = ctx.constant(f"{base}_float", lambda: dequantize(codes, scale, int(transposed), block).astype(ftype),

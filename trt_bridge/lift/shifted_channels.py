@@ -31,7 +31,7 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site, WeightSpec
 from trt_bridge.formats import INT8
-from trt_bridge.lift.base import LiftContext
+from trt_bridge.lift.base import LiftContext, digest
 
 #: the ops whose weight (input 1) this side path serves
 OPS = ("MatMul", "Gemm", "Conv")
@@ -73,10 +73,14 @@ def lift_shifted_channels(ctx: LiftContext, node: gs.Node, source: gs.Tensor, sh
                           origin: str, ftype=np.float32) -> bool:
     """Make ``node``'s weight (input 1, from ``source``; output channels on ``axis``) the exact codes of ``shifted``
     and add its side path; False (nothing changed) where ``node`` is no MatMul, Gemm with ``transA`` 0, or Conv of
-    one group and no dilation."""
+    one group, no dilation and padding narrower than its window."""
     if node.op not in OPS or (node.op == "Gemm" and int(node.attrs.get("transA", 0))) or (node.op == "Conv" and (
             int(node.attrs.get("group", 1)) != 1 or any(d != 1 for d in node.attrs.get("dilations", [])))):
         return False
+    window = [int(k) for k in node.attrs.get("kernel_shape", shifted.codes.shape[2:])]
+    pads = list(node.attrs.get("pads", []))
+    if node.op == "Conv" and any(p >= window[i % len(window)] for i, p in enumerate(pads)):
+        return False  # a pool takes no padding as wide as its window (a Conv does)
     a, y = node.inputs[0], node.outputs[0]
     if a.inputs and a.inputs[0].op == "DequantizeLinear" or any(
             s.node == node.name and s.index == 0 for spec in ctx.annotations.activations.values()
@@ -84,8 +88,10 @@ def lift_shifted_channels(ctx: LiftContext, node: gs.Node, source: gs.Tensor, sh
         return False  # the source quantizes the layer's input too: its int8 kernel would lose the side path's sum
     shape = [1] * shifted.codes.ndim
     shape[axis] = -1
-    key = ("shifted-channel-weight", source.name, shifted.scale.tobytes(), shifted.offset.tobytes(),
-           np.dtype(ftype).name)
+    # the codes themselves in the key: two DequantizeLinear of one constant with other zero points (or one weight
+    # read along another axis) may share scales and shifts
+    key = ("shifted-channel-weight", source.name, digest(shifted.codes), axis, shifted.scale.tobytes(),
+           shifted.offset.tobytes(), np.dtype(ftype).name)
     base = source.name.removesuffix("_quantized") or origin
     weight = ctx.constant(f"{base}_float", lambda: (shifted.codes.astype(np.float32)
                                                     * shifted.scale.reshape(shape)).astype(ftype), key)
@@ -112,7 +118,6 @@ def lift_shifted_channels(ctx: LiftContext, node: gs.Node, source: gs.Tensor, sh
                          [summed])]
     offset = alpha * shifted.offset
     if node.op == "Conv":  # the channel sum over each filter window: an average pool of the zero-padded sum, × taps
-        window = [int(k) for k in node.attrs.get("kernel_shape", shifted.codes.shape[2:])]
         offset = (offset * np.prod(window)).reshape(1, -1, *([1] * len(window)))
         attrs = {"kernel_shape": window, "count_include_pad": 1,
                  **{k: node.attrs[k] for k in ("strides", "pads", "auto_pad") if k in node.attrs}}
