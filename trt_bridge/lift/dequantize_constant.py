@@ -42,11 +42,11 @@ from trt_bridge.formats import broadcast_param as expand_param
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, dequantized, infinite_scale, quantizer_zero_point
 from trt_bridge.lift.shifted_blocks import lift_shifted_matmul, shifted_blocks
-from trt_bridge.lift.shifted_channels import OPS as SHIFTABLE
-from trt_bridge.lift.shifted_channels import lift_shifted_channels, shifted_channels
+from trt_bridge.lift.shifted_channels import lift_shifted_channels, shifted_channels, takes_side_path
 from trt_bridge.lift.weights import (
     WEIGHT_INPUT,
     block_axis,
+    float_type,
     lift_block_weight,
     lift_fp4_block_weight,
     lift_integer_weight,
@@ -167,16 +167,18 @@ class DequantizeConstant:
                     shifted = shifted_blocks(values.T, zp.T, scale.T, block) if turned else shifted_blocks(
                         values, zp, scale, block)
                     if shifted is not None and lift_shifted_matmul(ctx, consumer, source, shifted, block, node.name,
-                                                                   _float_type(out)):
+                                                                   float_type(out, "weight")):
                         continue
                     consumer.inputs[index] = lift_block_weight(ctx, source, values, zp, scale, c_axis, block, site,
                                                                node.name)
                 elif not fp4 and not block and (scale.ndim == 0 or axis == c_axis):
                     # 8-bit channels symmetric int8 cannot hold as they are (NNCF's zero points, its negative
                     # scales) stay exact: int8 codes + each channel's shift in a float side path (lift/shifted_channels)
-                    shifted = shifted_channels(values, zp, scale, c_axis) if consumer.op in SHIFTABLE else None
-                    if shifted is not None and lift_shifted_channels(ctx, consumer, source, shifted, c_axis,
-                                                                     node.name, _float_type(out)):
+                    shifted = shifted_channels(values, zp, scale, c_axis) if takes_side_path(
+                        ctx, consumer, values.shape) else None
+                    if shifted is not None:
+                        lift_shifted_channels(ctx, consumer, source, shifted, c_axis, node.name,
+                                              float_type(out, "weight"))
                         continue
                     consumer.inputs[index] = lift_integer_weight(ctx, source, values, zp, scale, c_axis, site,
                                                                  node.name)
@@ -193,13 +195,6 @@ class DequantizeConstant:
                     ctx.annotations.add_weight(WeightSpec(const.name, [site], c_axis, node.name,
                                                           source=ScaleSource.REQUANTIZED))
                     consumer.inputs[index] = const
-
-
-def _float_type(tensor: gs.Tensor):
-    """The float type a dequantized weight computes in (the DequantizeLinear's output: float16 in a float16 model)."""
-    dtype = tensor.dtype
-    return np.float16 if dtype is not None and not isinstance(dtype, int) and np.dtype(dtype) == np.float16 \
-        else np.float32
 
 
 def _lift_transposed_fp4(ctx: LiftContext, transpose: gs.Node, source: gs.Tensor,

@@ -55,37 +55,43 @@ def shifted_channels(values: np.ndarray, zero_point: np.ndarray, scale: np.ndarr
     scale = np.broadcast_to(np.asarray(scale, np.float64).reshape(-1), (values.shape[axis],))
     if not np.all(np.isfinite(scale) & (scale != 0)):
         return None
-    zp = np.broadcast_to(np.asarray(zero_point, np.int64).reshape(-1), (values.shape[axis],))
+    zp = np.broadcast_to(np.asarray(zero_point, np.int16).reshape(-1), (values.shape[axis],))
     shape = [1] * values.ndim
     shape[axis] = -1
-    centred = (values.astype(np.int64) - zp.reshape(shape)) * np.where(scale < 0, -1, 1).reshape(shape)
+    # int16 holds any 8-bit difference, its sign turned (as lift/weights' _weight_spec computes it)
+    centred = (values.astype(np.int16) - zp.reshape(shape)) * np.where(scale < 0, -1, 1).astype(np.int16).reshape(shape)
     other = tuple(i for i in range(values.ndim) if i != axis)
-    lo, hi = centred.min(axis=other), centred.max(axis=other)
+    lo, hi = centred.min(axis=other).astype(np.int64), centred.max(axis=other).astype(np.int64)
     if np.all((lo >= -127) & (hi <= 127)):
         return None
     shift = np.where(hi > HIGH, hi - HIGH, np.where(lo < LOW, lo - LOW, 0))
-    codes = (centred - shift.reshape(shape)).astype(np.int8)
+    codes = (centred - shift.astype(np.int16).reshape(shape)).astype(np.int8)
     magnitude = np.abs(scale)
     return ShiftedChannels(codes, magnitude.astype(np.float32), shift * magnitude.astype(np.float32).astype(np.float64))
 
 
-def lift_shifted_channels(ctx: LiftContext, node: gs.Node, source: gs.Tensor, shifted: ShiftedChannels, axis: int,
-                          origin: str, ftype=np.float32) -> bool:
-    """Make ``node``'s weight (input 1, from ``source``; output channels on ``axis``) the exact codes of ``shifted``
-    and add its side path; False (nothing changed) where ``node`` is no MatMul, Gemm with ``transA`` 0, or Conv of
-    one group, no dilation and padding narrower than its window."""
+def takes_side_path(ctx: LiftContext, node: gs.Node, weight_shape: tuple[int, ...]) -> bool:
+    """Whether ``node`` (reading a weight of ``weight_shape`` at input 1) can take the channel-shift side path: a
+    MatMul, a Gemm with ``transA`` 0, or a Conv of one group, no dilation and padding narrower than its window, whose
+    input the source does not quantize (weight-only: its int8 kernel would lose the side path's sum). Asked before
+    :func:`shifted_channels` computes anything."""
     if node.op not in OPS or (node.op == "Gemm" and int(node.attrs.get("transA", 0))) or (node.op == "Conv" and (
             int(node.attrs.get("group", 1)) != 1 or any(d != 1 for d in node.attrs.get("dilations", [])))):
         return False
-    window = [int(k) for k in node.attrs.get("kernel_shape", shifted.codes.shape[2:])]
-    pads = list(node.attrs.get("pads", []))
-    if node.op == "Conv" and any(p >= window[i % len(window)] for i, p in enumerate(pads)):
-        return False  # a pool takes no padding as wide as its window (a Conv does)
+    if node.op == "Conv":
+        window = [int(k) for k in node.attrs.get("kernel_shape", weight_shape[2:])]
+        if any(p >= window[i % len(window)] for i, p in enumerate(node.attrs.get("pads", []))):
+            return False  # a pool takes no padding as wide as its window (a Conv does)
+    a = node.inputs[0]
+    return not (a.inputs and a.inputs[0].op == "DequantizeLinear" or any(
+        s.node == node.name and s.index == 0 for spec in ctx.annotations.activations.values() for s in spec.sites))
+
+
+def lift_shifted_channels(ctx: LiftContext, node: gs.Node, source: gs.Tensor, shifted: ShiftedChannels, axis: int,
+                          origin: str, ftype=np.float32) -> None:
+    """Make ``node``'s weight (input 1, from ``source``; output channels on ``axis``) the exact codes of ``shifted``
+    and add its side path; ``node`` is one :func:`takes_side_path` accepts."""
     a, y = node.inputs[0], node.outputs[0]
-    if a.inputs and a.inputs[0].op == "DequantizeLinear" or any(
-            s.node == node.name and s.index == 0 for spec in ctx.annotations.activations.values()
-            for s in spec.sites):
-        return False  # the source quantizes the layer's input too: its int8 kernel would lose the side path's sum
     shape = [1] * shifted.codes.ndim
     shape[axis] = -1
     # the codes themselves in the key: two DequantizeLinear of one constant with other zero points (or one weight
@@ -118,6 +124,7 @@ def lift_shifted_channels(ctx: LiftContext, node: gs.Node, source: gs.Tensor, sh
                          [summed])]
     offset = alpha * shifted.offset
     if node.op == "Conv":  # the channel sum over each filter window: an average pool of the zero-padded sum, × taps
+        window = [int(k) for k in node.attrs.get("kernel_shape", shifted.codes.shape[2:])]
         offset = (offset * np.prod(window)).reshape(1, -1, *([1] * len(window)))
         attrs = {"kernel_shape": window, "count_include_pad": 1,
                  **{k: node.attrs[k] for k in ("strides", "pads", "auto_pad") if k in node.attrs}}
@@ -129,4 +136,3 @@ def lift_shifted_channels(ctx: LiftContext, node: gs.Node, source: gs.Tensor, sh
     offsets = ctx.constant(f"{base}_channel_shifts", offset.astype(ftype), ("channel-shifts",) + key + (alpha,))
     ctx.graph.nodes.extend([*nodes, gs.Node("Mul", ctx.names(f"{name}/channel_shift"), {}, [summed, offsets], [shift]),
                             gs.Node("Add", ctx.names(f"{name}/shifted"), {}, [product, shift], [y])])
-    return True
