@@ -267,12 +267,9 @@ class _Reader:
                 raise self.error(name, f"cannot read {exc} from it (2.x layout: output_dtype intN/uintN, y_scale, "
                                  "y_zero_point)") from None
             qmin, qmax = (-(2 ** (bits - 1)), 2 ** (bits - 1) - 1) if signed else (0, 2 ** bits - 1)
-            kind = "weight" if name in params or (self.model is None and scale.size > 1) else "activation"
-            axis = entry.get("axis")
-            if isinstance(axis, int) and name in self._shapes and axis < 0:
-                axis += len(self._shapes[name])
+            kind, axis = self._kind_axis(name, entry, scale, params)
             self.add(name, kind, scale, (qmin - zp) * scale, (qmax - zp) * scale,
-                     signed and bool(np.all(zp == 0)), bits, axis if isinstance(axis, int) else None)
+                     signed and bool(np.all(zp == 0)), bits, axis)
 
     def float8(self, name: str, entry: dict, dtype: str, params: set[str]) -> None:
         """A 2.x FP8 entry (``output_dtype: float8e4m3fn``, ``y_scale``, zero point 0): the range ``y_scale``
@@ -287,13 +284,18 @@ class _Reader:
         if dtype != "float8e4m3fn":
             self.note(f"{dtype} encodings imported as FP8 E4M3 over the same range (TensorRT quantizes FP8 as E4M3)",
                       name)
+        kind, axis = self._kind_axis(name, entry, scale, params)
+        # in INT8 units (amax = 127 of them), as every entry: y_scale · largest FP8 value is the range
+        self.add(name, kind, scale * (FLOAT8[dtype] / 127), None, None, True, 8, axis, "fp8")
+
+    def _kind_axis(self, name: str, entry: dict, scale: np.ndarray, params: set[str]) -> tuple[str, int | None]:
+        """A 2.x entry's kind (a weight where the model holds it as a constant, or, without the model, where it
+        has several scales) and its axis (negative ones counted from the weight's rank; None when not given)."""
         kind = "weight" if name in params or (self.model is None and scale.size > 1) else "activation"
         axis = entry.get("axis")
         if isinstance(axis, int) and name in self._shapes and axis < 0:
             axis += len(self._shapes[name])
-        # in INT8 units (amax = 127 of them), as every entry: y_scale · largest FP8 value is the range
-        self.add(name, kind, scale * (FLOAT8[dtype] / 127), None, None, True, 8,
-                 axis if isinstance(axis, int) else None, "fp8")
+        return kind, axis if isinstance(axis, int) else None
 
     @staticmethod
     def _signed_grid(offset: np.ndarray, bits: int) -> bool:
