@@ -79,6 +79,26 @@ def assert_tensorrt_ready(path: Path) -> None:
     assert len(engine) > 0
 
 
+def assert_builds_at(path: Path, profiles: dict[str, dict[str, tuple]], compute_capability: str = "8.9") -> None:
+    """TensorRT-RTX parses ``path`` and builds it ahead of time at each named profile (input → (min, opt, max)
+    shapes), one engine per profile, so a failure names the profile (a decoder's prefill and decode)."""
+    import tempfile
+
+    from trt_bridge.tensorrt.build import build
+    from trt_bridge.tensorrt.options import BuildOptions
+    from trt_bridge.tensorrt.profiles import Profile
+
+    for name, shapes in profiles.items():
+        options = BuildOptions(profiles=(Profile({k: tuple(tuple(s) for s in v) for k, v in shapes.items()}),),
+                               compute_capabilities=(compute_capability,), progress=False)
+        with tempfile.TemporaryDirectory() as tmp:
+            try:
+                result = build(path, Path(tmp) / "model.engine", options)
+            except Exception as error:  # noqa: BLE001 - the profile goes into the failure
+                raise AssertionError(f"{path}: TensorRT-RTX does not build profile '{name}': {error}") from error
+            assert result.info["engine"]["size"] > 0
+
+
 def assert_qdq_contract(path: Path) -> onnx.ModelProto:
     """The output contract: symmetric Q/DQ in a format TensorRT builds (int8; float8 E4M3 from opset 19; int4 blocks
     of a weight from opset 21), float32 scales, opset >= 13, checker clean."""

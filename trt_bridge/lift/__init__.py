@@ -24,6 +24,7 @@ from trt_bridge.lift.dynamic_passthrough import DynamicPassThrough
 from trt_bridge.lift.embed_layer_norm import OrtEmbedLayerNorm
 from trt_bridge.lift.fused_dynamic_matmul import FusedDynamicMatMul
 from trt_bridge.lift.fused_matmul import FusedMatMul
+from trt_bridge.lift.group_query_attention import GroupQueryAttention
 from trt_bridge.lift.integer_passthrough import IntegerPassThrough
 from trt_bridge.lift.matmul_bnb4 import MatMulBnb4
 from trt_bridge.lift.matmul_nbits import MatMulNBits
@@ -37,7 +38,7 @@ from trt_bridge.lift.scale_through_movement import ScaleThroughMovement
 
 #: In order: dynamic patterns (they consume their own QuantizeLinear), onnxruntime's 4-bit MatMulNBits and
 #: MatMulBnb4 (NF4/FP4, re-quantized INT4), then QOperator ops are written as float ops between DQ and Q,
-#: onnxruntime's fused attention and embedding ops
+#: onnxruntime's fused attention and embedding ops (and the decoder attention of onnxruntime-genai)
 #: (the attention first: it reads the embedding's mask index), integer pass-through ops likewise, then the
 #: dynamically quantized codes that are only moved and dequantized again, quantized tables read
 #: through Gather (embeddings), every DQ of a constant and every activation Q→DQ pair is lifted,
@@ -46,7 +47,8 @@ from trt_bridge.lift.scale_through_movement import ScaleThroughMovement
 #: Add left after a lifted Conv is folded into it.
 LIFT_RULES: tuple[LiftRule, ...] = (
     DynamicIntegerOp(), DynamicQuantizeLSTM(), FusedDynamicMatMul(), FusedMatMul(), MatMulNBits(), MatMulBnb4(),
-    QOperatorOps(), QAttention(), OrtAttention(), OrtMultiHeadAttention(), QEmbedLayerNorm(), OrtEmbedLayerNorm(),
+    QOperatorOps(), QAttention(), OrtAttention(), OrtMultiHeadAttention(), GroupQueryAttention(), QEmbedLayerNorm(),
+    OrtEmbedLayerNorm(),
     IntegerPassThrough(), DynamicPassThrough(), DequantizeGathered(), DequantizeConstant(), QDQPair(),
     BlockQuantizeDequantize(), ScaleThroughMovement(), FoldConvBias(),
 )

@@ -29,7 +29,7 @@ from trt_bridge.lift.ort_attention import MS, AttentionSpec, mask_form, through_
 from trt_bridge.lift.scale_algebra import constant_values
 
 
-def _hidden(t: gs.Tensor) -> int | None:
+def hidden_size(t: gs.Tensor) -> int | None:
     """The last dimension of ``t``: from its shape, or from the constant weight of the MatMul (and bias
     Add) that produced it."""
     if t.shape is not None and len(t.shape) and isinstance(t.shape[-1], int):
@@ -81,7 +81,7 @@ class OrtMultiHeadAttention:
                 return f"output {index} ({what}) is read"
         heads = int(node.attrs.get("num_heads", 0))
         bias, mask = present(node, 3), present(node, 4)
-        sizes = [_hidden(t) for t in (query, key, value)]
+        sizes = [hidden_size(t) for t in (query, key, value)]
         bias_values = None if bias is None else bias.shape
         if any(s is None for s in sizes) and bias_values is not None and isinstance(bias_values[0], int) \
                 and bias_values[0] % 3 == 0:
