@@ -365,3 +365,35 @@ def test_bf16_inside_if_branches_is_rewritten(tmp_path):
         got = session(out).run(None, {"c": np.array(c), "x": x})[0]
         assert got.dtype == np.float32 and snr_db([want], [got]) > 12  # INT8 after 4 random calibration feeds
     assert_tensorrt_ready(out)
+
+
+def test_strict_inference_holds_if_branches_that_share_names():
+    """Optimum's merged decoders: both ``If`` branches are the same exported graph, so their tensors share names.
+    onnx's data propagation fails on that ("Data for input 0 already exists") though the model is valid; the strict
+    check of such a model runs without it.
+
+        x [B, 4], c ─ If(then: Shape(x) ─ Gather(1) ─ Cast ─ Mul(x); else: the same names) ─ y
+    """
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trt_bridge.ir.finalize import finalize
+
+    def branch(tag):
+        nodes = [helper.make_node("Shape", ["x"], ["s"], "/model/Shape"),
+                 helper.make_node("Gather", ["s", "idx"], ["g"], "/model/Gather", axis=0),
+                 helper.make_node("Cast", ["g"], ["gf"], "/model/Cast", to=TensorProto.FLOAT),
+                 helper.make_node("Mul", ["x", "gf"], [f"y_{tag}"], "/model/Mul")]
+        return helper.make_graph(nodes, tag, [], [helper.make_tensor_value_info(f"y_{tag}", TensorProto.FLOAT, None)])
+
+    node = helper.make_node("If", ["c"], ["y"], "if", then_branch=branch("then"), else_branch=branch("else"))
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["B", 4]),
+                                            helper.make_tensor_value_info("c", TensorProto.BOOL, [1])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["B", 4])],
+                              [numpy_helper.from_array(np.array(1, np.int64), "idx")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(Exception, match="already exists"):  # onnx's own limit, which the check must not trip on
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True, data_prop=True)
+    checked = finalize(model, 17, check=True)
+    assert [o.name for o in checked.graph.output] == ["y"]

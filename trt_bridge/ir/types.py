@@ -16,9 +16,14 @@ def infer_shapes(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelProt
     such as Reshape targets, which data propagation reads): it runs on a skeleton
     whose large initializers are graph inputs of the same type and shape, and the
     inferred value_info is copied back.
+
+    Strict inference of a model with control flow runs without data propagation: onnx's propagation keys what it
+    learns by tensor name across subgraphs, and fails ("Data for input 0 already exists") on a real model whose
+    ``If`` branches share names (Optimum's merged decoders: both branches are the same exported graph).
     """
-    inferred = onnx.shape_inference.infer_shapes(skeleton(model), check_type=strict, strict_mode=strict,
-                                                 data_prop=True)
+    bare = skeleton(model)
+    inferred = onnx.shape_inference.infer_shapes(bare, check_type=strict, strict_mode=strict,
+                                                 data_prop=not (strict and has_subgraphs(model)))
     del model.graph.value_info[:]
     model.graph.value_info.extend(inferred.graph.value_info)
     for target, source in ((model.graph.output, inferred.graph.output),):
@@ -26,6 +31,12 @@ def infer_shapes(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelProt
             if not mine.type.tensor_type.HasField("shape") and theirs.type.tensor_type.HasField("shape"):
                 mine.CopyFrom(theirs)
     return model
+
+
+def has_subgraphs(model: onnx.ModelProto) -> bool:
+    """Whether a node of ``model``'s main graph holds a subgraph (If, Loop, Scan)."""
+    return any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in model.graph.node
+               for a in n.attribute)
 
 
 def value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
