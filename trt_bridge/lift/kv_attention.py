@@ -54,15 +54,16 @@ def scalar_i64(b: GraphBuilder, t: gs.Tensor) -> gs.Tensor:
 
 
 def rotary(b: GraphBuilder, x: gs.Tensor, positions: gs.Tensor, cos: gs.Tensor, sin: gs.Tensor, rotary_dim: int,
-           head_size: int, interleaved: bool) -> gs.Tensor:
-    """Rotary embedding of ``x`` [B, heads, S, head_size] at ``positions`` [B, S] (int64) with the caches
-    ``cos``/``sin`` [max positions, ≥ rotary_dim/2]: the first ``rotary_dim`` channels rotate, the rest pass."""
+           head_size: int, interleaved: bool, heads_axis: int = 1, out: gs.Tensor | None = None) -> gs.Tensor:
+    """Rotary embedding of ``x`` [B, heads, S, head_size] (``heads_axis`` 2: [B, S, heads, head_size]) at
+    ``positions`` [B, S] (int64) with the caches ``cos``/``sin`` [max positions, ≥ rotary_dim/2]: the first
+    ``rotary_dim`` channels rotate, the rest pass (into ``out`` where given)."""
     half = rotary_dim // 2
 
-    def table(cache: gs.Tensor) -> gs.Tensor:  # [B, 1, S, half]
+    def table(cache: gs.Tensor) -> gs.Tensor:  # [B, 1, S, half] (or [B, S, 1, half])
         rows = b.op("Gather", [cache, positions], {"axis": 0})
         rows = b.op("Slice", [rows, b.ints([0]), b.ints([half]), b.ints([-1])])
-        return b.unsqueeze(rows, [1], b.dtype)
+        return b.unsqueeze(rows, [heads_axis], b.dtype)
 
     c, s = table(cos), table(sin)
     rotated = x if rotary_dim == head_size else b.op("Slice", [x, b.ints([0]), b.ints([rotary_dim]), b.ints([-1])])
@@ -73,15 +74,16 @@ def rotary(b: GraphBuilder, x: gs.Tensor, positions: gs.Tensor, cos: gs.Tensor, 
         x1, x2 = b.split(rotated, [half, half], axis=-1)
     y1 = b.op("Sub", [b.op("Mul", [x1, c]), b.op("Mul", [x2, s])])
     y2 = b.op("Add", [b.op("Mul", [x2, c]), b.op("Mul", [x1, s])])
+    whole = rotary_dim == head_size
     if interleaved:
         y = b.op("Reshape", [b.op("Concat", [b.unsqueeze(y1, [4], b.dtype), b.unsqueeze(y2, [4], b.dtype)],
-                                  {"axis": -1}), b.ints([0, 0, 0, rotary_dim])])
+                                  {"axis": -1}), b.ints([0, 0, 0, rotary_dim])], out=out if whole else None)
     else:
-        y = b.op("Concat", [y1, y2], {"axis": -1})
-    if rotary_dim == head_size:
+        y = b.op("Concat", [y1, y2], {"axis": -1}, out=out if whole else None)
+    if whole:
         return y
     rest = b.op("Slice", [x, b.ints([rotary_dim]), b.ints([head_size]), b.ints([-1])])
-    return b.op("Concat", [y, rest], {"axis": -1})
+    return b.op("Concat", [y, rest], {"axis": -1}, out=out)
 
 
 def update_cache(b: GraphBuilder, past: gs.Tensor | None, new: gs.Tensor, past_len: gs.Tensor, new_len: gs.Tensor,
