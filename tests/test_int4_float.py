@@ -55,7 +55,7 @@ def test_awq_beats_plain_rounding_and_writes_int4_blocks_only(encoder):
     assert "AWQ: the INT4 weights of 12 layer(s)" in awq.summary()
     rtn_db = snr_db(reference, run_ort(folder / "rtn.onnx", held))
     awq_db = snr_db(reference, run_ort(folder / "awq.onnx", held))
-    assert awq_db > rtn_db + 1.0, (rtn_db, awq_db)  # measured 17.9 → 19.7 dB
+    assert awq_db > rtn_db + 0.4, (rtn_db, awq_db)  # measured 19.2 → 19.7 dB (rounding at amax / 7: 17.9 → 19.7)
     for path in (folder / "rtn.onnx", folder / "awq.onnx"):
         model = assert_qdq_contract(path)
         assert "QuantizeLinear" not in op_types(model)  # weight-only: no activation is quantized
@@ -138,3 +138,23 @@ def test_factors_and_clip_search():
     gram = np.diag([0.0] + [1.0] * 7).astype(np.float32)
     assert search_clip(gram, w, 8, np.float32)[0, 0] == 0.7
     assert search_clip(np.eye(8, dtype=np.float32), np.full((8, 1), 0.1, np.float32), 8, np.float32)[0, 0] == 1.0
+
+
+def test_int4_blocks_spend_all_sixteen_levels_where_that_is_nearer():
+    """Plain rounding of INT4 blocks searches each block's scale (amax / 7 … amax / 9, codes over [-8, 7]): nearer
+    the weights than amax / 7 alone by over 0.8 dB on Gaussian blocks of 32 and 128 (measured +1.0 / +1.3), never
+    farther on any block; the extreme of a block whose largest magnitude is negative is exact."""
+    from trt_bridge.formats import INT4
+    from trt_bridge.lift.weights import dequantize, quantize_blocks
+
+    rng = np.random.default_rng(0)
+    for block in (32, 128):
+        w = rng.standard_normal((4 * block, 256)).astype(np.float32)
+        searched = quantize_blocks(w, 0, block, np.float32, INT4)
+        plain = quantize_blocks(w, 0, block, np.float32, INT4, search=False)
+        assert searched[0].astype(np.int8).min() == -8 and plain[0].astype(np.int8).min() == -7
+        errors = [np.square(dequantize(*q, axis=0, block_size=block) - w) for q in (searched, plain)]
+        by_block = [e.reshape(4, block, 256).sum(axis=1) for e in errors]
+        assert np.all(by_block[0] <= by_block[1] + 1e-6)
+        gain = 10 * np.log10(errors[1].sum() / errors[0].sum())
+        assert gain > 0.8, gain

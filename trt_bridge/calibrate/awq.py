@@ -304,8 +304,9 @@ def _variants(layers: list[_Layer], obs: GramObserver, variants: tuple[str, ...]
             chosen = search_clip(gram, scaled, block, layer.ftype) if clipped_too else np.ones((1, 1))
             limit = np.repeat(chosen * np.abs(_blocks(scaled, block)).max(axis=1), block, axis=0)[:scaled.shape[0]]
             clipped = np.clip(scaled, -limit, limit)
-            codes, scale = quantize_blocks(clipped.T if layer.transposed else clipped,
-                                           block_axis(layer.spec.axis, 2), block, layer.ftype, INT4)
+            codes, scale = quantize_blocks(clipped.T if layer.transposed else clipped,  # clipped: ranged already
+                                           block_axis(layer.spec.axis, 2), block, layer.ftype, INT4,
+                                           search=not clipped_too)
             deq = dequantize(codes, scale, block_axis(layer.spec.axis, 2), block)
             error += _error(gram, scaled - (deq.T if layer.transposed else deq))
             quantized.append((codes, scale))

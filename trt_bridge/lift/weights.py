@@ -229,20 +229,59 @@ def block_axis(channel_axis: int, rank: int) -> int:
 
 
 def quantize_blocks(values: np.ndarray, axis: int, block_size: int, ftype=np.float32,
-                    fmt: QuantFormat = INT8) -> tuple[np.ndarray, np.ndarray]:
+                    fmt: QuantFormat = INT8, search: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric ``fmt`` codes per block of ``block_size`` values along ``axis`` (the last block may be short):
-    (codes, scales shaped as ``values`` with ``axis`` divided in blocks), as a blocked DequantizeLinear takes them."""
+    (codes, scales shaped as ``values`` with ``axis`` divided in blocks), as a blocked DequantizeLinear takes them.
+
+    INT4 blocks (unless not ``search``: a caller that chose each block's range itself, AWQ's clip search) take the
+    scale of :func:`_int4_scale` and codes over [-8, 7]; other formats, amax / qmax."""
     values = np.asarray(values)
     length = values.shape[axis]
     blocks = -(-length // block_size)
     padded = np.moveaxis(values.astype(np.float64), axis, 0)
     if blocks * block_size != length:
         padded = np.concatenate([padded, np.zeros((blocks * block_size - length, *padded.shape[1:]))])
-    amax = np.abs(padded.reshape(blocks, block_size, *padded.shape[1:])).max(axis=1)
+    grouped = padded.reshape(blocks, block_size, *padded.shape[1:])
+    amax = np.abs(grouped).max(axis=1)
+    if fmt is INT4 and search:
+        scale = _int4_scale(grouped, amax, ftype)
+        moved = np.moveaxis(values, axis, 0)
+        codes = np.clip(np.rint(np.asarray(moved, np.float64) / broadcast_param(
+            scale.astype(np.float64), moved.shape, 0, block_size)), INT4_LOWEST, INT4.qmax).astype(INT4.dtype)
+        return np.moveaxis(codes, 0, axis), np.moveaxis(scale, 0, axis)
     scale = _scale(amax, ftype, fmt)
     moved = np.moveaxis(values, axis, 0)
     codes = fmt.codes(moved, broadcast_param(scale.astype(np.float64), moved.shape, 0, block_size))
     return np.moveaxis(codes, 0, axis), np.moveaxis(scale, 0, axis)
+
+
+#: the lowest int4 code: a weight block may use it (a DequantizeLinear reads every int4 code; only activations
+#: stay symmetric), so a block's codes run over [-8, 7], 16 levels, as onnxruntime's MatMulNBits writes them
+INT4_LOWEST = -8
+#: the divisors of a block's amax tried for its int4 scale: amax / 7 keeps the block symmetric, amax / 8 spends the
+#: 16th level (the largest positive value may then clip to 7), those between trade the two and those beyond clip
+#: the tails. On Gaussian blocks of 32 (128) this is 21.27 dB (19.89) against amax / 7's 20.26 (18.61) and
+#: onnxruntime's MatMulNBits rounding's 21.32 (19.73), whose negative scales TensorRT refuses
+_INT4_DIVISORS = (7.0, 7.25, 7.5, 7.75, 8.0, 8.25, 8.5, 8.75, 9.0)
+
+
+def _int4_scale(grouped: np.ndarray, amax: np.ndarray, ftype) -> np.ndarray:
+    """Each block's int4 scale (``grouped``: [blocks, block_size, ...]): of ``amax`` / 7 … amax / 9, the one whose
+    codes over [-8, 7] (round to nearest even) are nearest the block in squared error; ties go to the first."""
+    values = grouped.astype(np.float32)
+    best = _scale(amax, ftype, INT4)
+    best_error = None
+    for divisor in _INT4_DIVISORS:
+        scale = _scale(amax * (INT4.qmax / divisor), ftype, INT4)
+        step = scale.astype(np.float32)[:, None]
+        error = np.square(np.clip(np.rint(values / step), INT4_LOWEST, INT4.qmax) * step - values).sum(axis=1)
+        if best_error is None:
+            best_error = error
+            continue
+        better = error < best_error
+        best = np.where(better, scale, best)
+        best_error = np.where(better, error, best_error)
+    return best
 
 
 def dequantize(codes: np.ndarray, scale: np.ndarray, axis: int, block_size: int = 0) -> np.ndarray:
