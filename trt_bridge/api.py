@@ -109,7 +109,8 @@ def check(model: Model, **options: Any) -> CheckReport:
         model: a path or an ``onnx.ModelProto``.
         **options: the flags of ``trt-bridge check``: ``data=`` (feeds to check against the model), ``trt="off"``,
             ``plugins=``, ``costs=``, ``compute_capability=`` (the target GPU: FP8 below 8.9, FP4 below 10.0
-            are blockers), ``json=FILE``.
+            are blockers), ``shapes=``, ``min_shapes=``/``opt_shapes=``/``max_shapes=`` (the costs build's, as
+            ``build`` takes them), ``json=FILE``.
 
     Returns:
         The findings: ``ready`` (the CLI's exit status 0), ``findings``, ``blockers``, ``to_dict()``.

@@ -11,7 +11,9 @@ Findings come from three sources, merged by node:
 3. TensorRT's ONNX parser (``tensorrt`` or ``tensorrt_rtx``) when installed and ``--trt auto``:
    its message is attached to the finding for the same node, and a node only the parser
    rejects becomes a ``tensorrt-parser`` finding. The parser stops at the first node whose
-   importer fails, so it names a subset of what the static rules find.
+   importer fails, so it names a subset of what the static rules find. It runs in a child
+   process (:func:`trt_bridge.tensorrt.parse.parse_isolated`, about 0.2-0.4 s more): a parser
+   that kills its process becomes a ``tensorrt-crash`` finding on the node it died on.
 """
 
 from __future__ import annotations
@@ -22,26 +24,27 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from trt_bridge.calibrate import model_inputs, open_feeds
-from trt_bridge.checks.findings import NEEDS_DATA, CheckReport, Finding, ParserRun, Severity, TensorInfo
+from trt_bridge.checks.findings import NEEDS_DATA, CheckReport, Finding, Severity, TensorInfo
 from trt_bridge.checks.rules import CHECK_RULES, is_int8, tensor_info
 from trt_bridge.checks.targets import model_formats, target_findings
-from trt_bridge.errors import CalibrationDataError, MissingDependencyError, UnsupportedPatternError
+from trt_bridge.checks.tensorrt_run import measure_costs, probe
+from trt_bridge.errors import CalibrationDataError, UnsupportedPatternError
+from trt_bridge.formats import INT8
 from trt_bridge.ir.model import default_opset, load_model
 from trt_bridge.ir.names import name_nodes
-from trt_bridge.ir.save import save_model
 from trt_bridge.ir.shapes import BroadcastChecker
 from trt_bridge.ir.size import RELEASE_BYTES, is_large, payload_bytes, release_memory
 from trt_bridge.ir.values import check_source_scales, check_source_weights
 from trt_bridge.lift import LIFT_RULES
-from trt_bridge.lift.pipeline import lift_graph, lift_model
+from trt_bridge.lift.pipeline import lift_graph
 from trt_bridge.lower.layer_precisions import layer_precisions
-from trt_bridge.plugins.registry import PluginFileError
 from trt_bridge.prepare.model import prepare
 from trt_bridge.prepare.types import Bf16Policy, feed_types
-from trt_bridge.tensorrt.build import EngineBuildError, engine_costs
-from trt_bridge.tensorrt.costs import COST_TARGET, EngineCosts
-from trt_bridge.tensorrt.parse import parse
+from trt_bridge.tensorrt.costs import COST_TARGET
+from trt_bridge.tensorrt.profiles import Profile
 
 log = logging.getLogger("trt_bridge.checks")
 
@@ -66,6 +69,9 @@ class CheckOptions:
     #: the GPU the model must run on (--compute-capability): a precision it cannot run (FP8 below 8.9, FP4 below
     #: 10.0) is a blocker naming it; None: the ``costs`` target (checks/targets.py)
     compute_capability: str | None = None
+    #: the shapes of the ``costs`` build (--shapes, --min/--opt/--max-shapes); (): a decoder's prefill and decode
+    #: profiles, else 1 for each dynamic dimension (tensorrt/decoder_profiles.py)
+    profiles: tuple[Profile, ...] = ()
 
     @classmethod
     def for_target(cls, target: str | None) -> CheckOptions:
@@ -124,9 +130,9 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
         del model, ops, broadcasts
         if large:
             release_memory()
-        report.parser = _probe(path, report, node_names, nodes, options.plugins)
+        report.parser = probe(path, report, node_names, nodes, options.plugins)
         if options.costs and report.parser is not None and report.parser.ok and not beyond:
-            report.costs = measure_costs(path, options.costs, report, options.plugins)
+            report.costs = measure_costs(path, options.costs, report, options.plugins, options.profiles)
     report.seconds = time.perf_counter() - start
     return report
 
@@ -212,6 +218,9 @@ def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: di
     approximated = {a.node: a.what for a in lifting.ctx.approximated if a.node in fired}
     left = {n.name: where for n, where in lifting.blockers}
     remaining = {n.name for n in lifting.graph.nodes}
+    # weights lifting keeps in blocks or a format other than int8 (a rule's outcome line speaks of int8 per channel)
+    narrow = {spec.origin: spec for spec in lifting.ctx.annotations.weights.values()
+              if spec.block_size or spec.format is not INT8}
     for finding in findings:
         if finding.fix or not finding.node:
             continue
@@ -221,6 +230,9 @@ def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: di
             finding.fixable = True
         elif sanitized and finding.rule != "type-mismatch" and finding.node not in left:
             finding.fix, finding.fixable = sanitized, True
+        elif finding.node in left and finding.rule == "contrib-op":
+            finding.fix = (f"{declined.get(finding.node, f'no rule lifts {finding.op}')}: convert refuses a model "
+                           "that holds it (TensorRT-RTX builds the model as it is: `trt-bridge build`)")
         elif finding.node in left:
             finding.fix = declined.get(finding.node, f"no rule lifts {finding.op}"
                                        + (f" in a control-flow body ({left[finding.node]})" if left[finding.node]
@@ -232,6 +244,9 @@ def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: di
                 and fired[finding.node] == "dequantize-constant":
             finding.fix, finding.fixable = ("lifted by rule 'dequantize-constant': the scalar is dequantized to a "
                                             "float constant, which TensorRT builds"), True
+        elif finding.node in fired and finding.node in narrow:
+            finding.fix, finding.fixable = (f"lifted by rule '{fired[finding.node]}': "
+                                            f"{_weight_outcome(narrow[finding.node], remaining)}"), True
         elif finding.node in fired:
             finding.fix, finding.fixable = LIFT_OUTCOMES.get(fired[finding.node], f"lifted by {fired[finding.node]}"), \
                 True
@@ -258,6 +273,19 @@ def _dry_run(model, path: Path, findings: list[Finding], ops: dict, declared: di
     return findings
 
 
+def _weight_outcome(spec, remaining: set[str]) -> str:
+    """What convert makes of a weight it keeps in ``spec``'s format (INT4 blocks, FP8, ...): the annotation lifting
+    left, and the float side path of :mod:`trt_bridge.lift.shifted_blocks` where it added one (its
+    ``<MatMul>/block_shift`` node)."""
+    how = f"in blocks of {spec.block_size}" if spec.block_size else (
+        "per output channel" if spec.scale is None or np.ndim(spec.scale) else "per tensor")
+    text = f"the weight stays {spec.format.label} {how} (symmetric codes, zero point 0, positive scales)"
+    if any(f"{site.node}/block_shift" in remaining for site in spec.sites):
+        text += ("; the sign of a negative scale, and any zero point, become each block's shift, which a float side "
+                 "path of the MatMul adds (exact)")
+    return text
+
+
 def _source_scales(model, path: Path, ops: dict) -> list[Finding]:
     """A quantization scale that is 0, negative, subnormal or not finite, or a weight holding NaN or Inf:
     convert refuses the model."""
@@ -281,94 +309,4 @@ def _node_named_in(message: str, ops: dict):
     return None
 
 
-def _probe(path: Path, report: CheckReport, node_names: list[str], nodes: dict, plugins: tuple[str, ...] = ()
-           ) -> ParserRun | None:
-    """Run TensorRT's parser, attach its messages to the findings; None when no TensorRT is installed. ``nodes``:
-    each node's op type and inputs, by name."""
-    try:
-        result = parse(path, plugins=plugins)
-    except MissingDependencyError:
-        log.info("no TensorRT parser installed: static rules only")
-        return None
-    except PluginFileError:  # the user's --plugins file: an error, not a reason to fall back to the static rules
-        raise
-    except Exception as exc:  # noqa: BLE001 - e.g. datacenter TensorRT on a machine without a GPU
-        log.warning("TensorRT's parser could not run (%s: %s); the findings come from the static rules alone",
-                    type(exc).__name__, str(exc).strip().splitlines()[0] if str(exc).strip() else "")
-        return None
-    by_node = {f.node: f for f in report.findings if f.node}
-    for error in result.details:
-        name = error.node or (node_names[error.index] if 0 <= error.index < len(node_names) else "")
-        message = error.text
-        finding = by_node.get(name) if name else next((f for f in report.findings if f.rule == "invalid-onnx"), None)
-        if finding is not None:
-            finding.tensorrt = message if not finding.tensorrt else f"{finding.tensorrt}; {message}"
-            continue
-        op, inputs = nodes.get(name, ("", []))
-        finding = Finding("tensorrt-parser", Severity.BLOCKER, name, error.op or op, inputs,
-                          "TensorRT's parser rejects it (no static rule of trt-bridge predicted this)",
-                          "no trt-bridge rule covers this; please report it with `trt-bridge check --json`", False,
-                          message)
-        report.findings.append(finding)
-        by_node[name] = finding
-    unexplained = [f for f in report.findings if f.rule == "tensorrt-parser"]
-    if unexplained and _lifted_model_parses(path):
-        for finding in unexplained:
-            finding.fixable = True
-            finding.fix = ("no static rule names it, but convert's lifted model parses past it (checked with "
-                           "TensorRT's parser)")
-    return ParserRun(result.module, result.version, result.ok, len(result.details), result.layers)
-
-
-def measure_costs(path: Path, compute_capability: str, report: CheckReport,
-                  plugins: tuple[str, ...] = ()) -> EngineCosts | None:
-    """The engine's costs on the target; a builder failure becomes a ``tensorrt-build`` finding of ``report``
-    (TensorRT's parser took the model, its builder did not), None when no builder can run here. (Reports that
-    only show costs beside what they measure use :func:`~trt_bridge.tensorrt.build.costs_or_none`.)"""
-    try:
-        return engine_costs(path, compute_capability, plugins=plugins)
-    except MissingDependencyError:
-        return None
-    except EngineBuildError as exc:  # ModelRejectedError too: the parser refused what it took in the probe
-        message = str(exc).splitlines()[0]
-        named = _finding_named_in(message, report.findings)
-        if named is not None:  # a static rule predicted it (quantized-constant): the builder's words go there
-            text = message.split(" failed: ", 1)[-1]
-            named.tensorrt = text if not named.tensorrt else f"{named.tensorrt}; {text}"
-            return None
-        report.findings.append(Finding(
-            "tensorrt-build", Severity.WARNING, "", "", [], f"TensorRT's parser takes the model, but its builder "
-            f"fails for compute capability {compute_capability}: {str(exc).splitlines()[0]}",
-            "please report it with `trt-bridge build -v`", False))
-        return None
-
-
-def _finding_named_in(message: str, findings: list[Finding]) -> Finding | None:
-    """The static finding whose node or one of whose tensors the builder's ``message`` names, in parentheses
-    ("Quantized constant (NAME) is only allowed before DQ"), quotes, or as its constant layer's output ("Tensor
-    NAME_output has datatype FP8 but is not consumed by ... IDequantizeLayer")."""
-    for finding in findings:
-        if not finding.node:
-            continue
-        names = [finding.node, *(t.name for t in finding.tensors)]
-        if any(f"({name})" in message or f"'{name}'" in message or f"Tensor {name}_output " in message
-               for name in names if name):
-            return finding
-    return None
-
-
-def _lifted_model_parses(path: Path) -> bool:
-    """Whether TensorRT's parser takes the float model convert lifts ``path`` to (its Q/DQ come after)."""
-    import tempfile
-
-
-    try:
-        declared: dict[str, int] = {}
-        lifted, _ = lift_model(load_model(path, declared), path, declared=declared)
-        with tempfile.TemporaryDirectory(prefix="trt-bridge-check-") as tmp:
-            return parse(save_model(lifted, Path(tmp) / "lifted.onnx")).ok
-    except Exception:  # noqa: BLE001 - convert cannot lift it: the finding stays "cannot fix"
-        return False
-
-
-__all__ = ["CheckOptions", "CheckReport", "Finding", "Severity", "TrtProbe", "check_model"]
+__all__ = ["CheckOptions", "measure_costs", "CheckReport", "Finding", "Severity", "TrtProbe", "check_model"]

@@ -12,7 +12,8 @@ from trt_bridge.tensorrt.parse import ParserError
 
 #: what convert does about the parser's errors on a model ``trt-bridge build`` is given (by their rule)
 PARSER_FIXES = {"no-importer": "lifted by `trt-bridge convert` (`trt-bridge check` says how)",
-                "tensorrt-parser": "`trt-bridge check` says whether convert fixes it"}
+                "tensorrt-parser": "`trt-bridge check` says whether convert fixes it",
+                "tensorrt-crash": "`trt-bridge check` says whether convert fixes it"}
 
 #: in a fix that only works with calibration data (an activation whose source carries no scale TensorRT can use)
 NEEDS_DATA = "needs --calib-data"
@@ -72,6 +73,7 @@ class ParserRun:
     ok: bool
     errors: int
     layers: int
+    crash: str | None = None  # the parser killed its process: "SIGFPE on RotaryEmbedding 'rope_q'" (None: it did not)
 
 
 @dataclass
@@ -115,8 +117,10 @@ class CheckReport:
             state = "not INT8"
         else:
             state = "not TensorRT-ready"
-        parser = "static rules only" if self.parser is None else (
-            f"{self.parser.module} {self.parser.version} parser: {'ok' if self.parser.ok else 'rejects it'}")
+        parser = "static rules only"
+        if self.parser is not None:
+            said = "ok" if self.parser.ok else f"crashed ({self.parser.crash})" if self.parser.crash else "rejects it"
+            parser = f"{self.parser.module} {self.parser.version} parser: {said}"
         return f"{self.model}: {state} ({counts}; {parser})"
 
     def summary(self) -> str:

@@ -17,7 +17,12 @@ from onnx import TensorProto
 from trt_bridge.checks.findings import Finding, Severity, TensorInfo
 from trt_bridge.errors import MissingDependencyError
 from trt_bridge.ir.dynamic_gemm import InvalidGemmNode, is_plugin_node, node_arrays
-from trt_bridge.ir.tensorrt_ops import NO_IMPORTER
+from trt_bridge.ir.tensorrt_ops import (
+    MHA_SINGLE_OUTPUT,
+    NO_IMPORTER,
+    rotary_crashes_parser,
+    rtx_imports_contrib,
+)
 from trt_bridge.lift import leftover_blockers
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
 from trt_bridge.plugins.registry import plugin_problem
@@ -92,9 +97,48 @@ def _installed_tensorrt():
         return None
 
 
+def _outputs(node: gs.Node) -> int:
+    return sum(1 for t in node.outputs if t.name)
+
+
+def _rotary_crash(node: gs.Node) -> bool:
+    x = node.inputs[0] if node.inputs else None
+    rank = None if x is None or x.shape is None else len(x.shape)
+    return rotary_crashes_parser(node.op, node.domain or "", int(node.attrs.get("num_heads", 0)), rank)
+
+
+class ParserCrash:
+    """A node TensorRT-RTX 1.7.1's parser dies on (the process, by a signal): a com.microsoft RotaryEmbedding with
+    num_heads 0 on a 3-D input (SIGFPE). ``check`` runs its parser in a child process and confirms it."""
+
+    name = "tensorrt-crash"
+
+    def find(self, node, graph, opset):
+        if not _rotary_crash(node):
+            return None
+        return _finding(self.name, node, "TensorRT-RTX 1.7.1's parser crashes on a com.microsoft RotaryEmbedding with "
+                                         "num_heads 0 on a 3-D input (SIGFPE: the process dies); set its num_heads "
+                                         "attribute, or give it a 4-D input [batch, heads, sequence, head size]: both "
+                                         "parse")
+
+
+class ContribOp:
+    """An onnxruntime (com.microsoft) op that TensorRT-RTX 1.7.1's parser imports (ir/tensorrt_ops.py): not a
+    blocker; other TensorRT versions may send it to the plugin registry instead."""
+
+    name = "contrib-op"
+
+    def find(self, node, graph, opset):
+        if node.domain != "com.microsoft" or not rtx_imports_contrib(node.op, _outputs(node)) or _rotary_crash(node):
+            return None
+        return _finding(self.name, node, f"com.microsoft.{node.op} is onnxruntime's op, not ONNX's: TensorRT-RTX "
+                                         "1.7.1's parser imports it; other TensorRT versions may look for a plugin "
+                                         "of that name", Severity.WARNING)
+
+
 class NoImporter:
     """Integer ops and other domains' ops: the parser has no importer (custom domains go to the plugin
-    registry: "Plugin not found")."""
+    registry: "Plugin not found"), except the com.microsoft ops TensorRT-RTX imports (:class:`ContribOp`)."""
 
     name = "no-importer"
 
@@ -102,6 +146,13 @@ class NoImporter:
         if node.op in NO_IMPORTER:
             return _finding(self.name, node, f"TensorRT's ONNX parser has no importer for {node.op}")
         if (node.domain or "") not in ("", "ai.onnx") and not is_plugin_node(node):
+            if node.domain == "com.microsoft" and (rtx_imports_contrib(node.op, _outputs(node))
+                                                   or _rotary_crash(node)):
+                return None  # contrib-op's or tensorrt-crash's
+            if node.domain == "com.microsoft" and node.op == "MultiHeadAttention":
+                return _finding(self.name, node, f"com.microsoft.MultiHeadAttention with {_outputs(node)} outputs "
+                                                 f"(past/present): TensorRT's parser rejects it (\"{MHA_SINGLE_OUTPUT}"
+                                                 "\")")
             return _finding(self.name, node, f"{node.domain}.{node.op} is not an ONNX op: TensorRT looks for a "
                                              "plugin of that name and finds none")
         return None
@@ -323,8 +374,8 @@ def _values_text(values: np.ndarray) -> str:
 _QDQ_RULES = (QDQZeroPoint(), QDQInt32(), QDQScales())
 
 #: every static rule, in the order findings are listed for one node
-CHECK_RULES: tuple[CheckRule, ...] = (PluginNode(), NoImporter(), QDQZeroPoint(), QDQInt32(), QDQScales(),
-                                      QuantizedConstant(), TrainingDropout(), ControlFlow())
+CHECK_RULES: tuple[CheckRule, ...] = (PluginNode(), ParserCrash(), ContribOp(), NoImporter(), QDQZeroPoint(),
+                                      QDQInt32(), QDQScales(), QuantizedConstant(), TrainingDropout(), ControlFlow())
 
 
 def is_int8(graph: gs.Graph) -> bool:

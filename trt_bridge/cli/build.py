@@ -8,37 +8,11 @@ import sys
 
 from trt_bridge.checks.findings import findings_json, parser_findings
 from trt_bridge.cli.build_args import add_parser  # noqa: F401 - the command's parser, as trt_bridge.api builds it
-from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, check_output_path, emit_report
-from trt_bridge.errors import TrtBridgeError
+from trt_bridge.cli.common import EXIT_FAIL, EXIT_OK, check_output_path, emit_report, profiles_from_args
 from trt_bridge.ir.files import check_regular_input
 from trt_bridge.tensorrt.build import BuildResult, EngineBuildError, ModelRejectedError, build
 from trt_bridge.tensorrt.options import BuildOptions
-from trt_bridge.tensorrt.profiles import Profile, parse_shapes
 from trt_bridge.tensorrt.sidecar import sidecar_path
-
-
-def profiles_from_args(shapes, mins, opts, maxs) -> tuple:
-    """The profiles of ``--shapes`` and the ``--min/--opt/--max-shapes`` trios (each a list of argument lists)."""
-    fixed = parse_shapes([s for group in shapes or [] for s in group])
-    counts = {"--min-shapes": len(mins or []), "--opt-shapes": len(opts or []), "--max-shapes": len(maxs or [])}
-    if len(set(counts.values())) > 1:
-        given = ", ".join(f"{flag} {n} time(s)" for flag, n in counts.items())
-        raise TrtBridgeError(f"{given}: each profile needs all three (the i-th of each form profile i).")
-    profiles = []
-    for number, trio in enumerate(zip(mins or [], opts or [], maxs or []), 1):
-        mn, opt, mx = (parse_shapes(group) for group in trio)
-        if not set(mn) == set(opt) == set(mx):
-            raise TrtBridgeError(f"profile {number}: --min-shapes names {sorted(mn)}, --opt-shapes {sorted(opt)}, "
-                                 f"--max-shapes {sorted(mx)}; name the same inputs in all three.")
-        both = sorted(set(mn) & set(fixed))
-        if both:
-            raise TrtBridgeError(f"profile {number}: {', '.join(both)} given by --shapes and by --min/--opt/"
-                                 "--max-shapes; give each input once.")
-        ranges = {name: (mn[name], opt[name], mx[name]) for name in mn}
-        profiles.append(Profile({**Profile.fixed(fixed).shapes, **ranges}))
-    if not profiles and fixed:
-        profiles.append(Profile.fixed(fixed))
-    return tuple(profiles)
 
 
 def execute(args: argparse.Namespace) -> BuildResult:

@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 
 from trt_bridge.cli.commands import help_of
-from trt_bridge.cli.common import add_output_flags, add_plugins_flag
+from trt_bridge.cli.common import SHAPES_HELP, add_output_flags, add_plugins_flag, add_shapes_flags
 
-DESCRIPTION = """\
+DESCRIPTION = f"""\
 Build a TensorRT engine from MODEL (e.g. the output of `trt-bridge convert`) with TensorRT's Python API:
 datacenter TensorRT 10.x/11.x (`tensorrt`) builds for the GPU of this machine; TensorRT-RTX (`tensorrt_rtx`)
 also builds ahead of time, without a GPU, for the compute capabilities given with --compute-capability.
@@ -22,12 +22,9 @@ or this machine's GPU), profiles, inputs and outputs, the model's SHA-256, flags
 version, and `created` (UTC time of the build, so two builds' sidecars differ in that field). Check it
 before running the engine elsewhere: an engine runs only with the TensorRT it was built with, on its target.
 
-shapes (trtexec/Polygraphy syntax): NAME:DIMS, e.g. x:1x3x224x224 or x:[1,3,224,224]; several inputs as
-separate arguments or comma-separated. --shapes fixes shapes (min = opt = max). A range is
---min-shapes/--opt-shapes/--max-shapes; repeating the trio adds optimization profiles (the i-th
---min-shapes, --opt-shapes and --max-shapes form profile i); --shapes entries then join every profile for
-the inputs it does not name. Without any, dynamic dimensions become 1; with them, every dynamic input
-must be named.
+{SHAPES_HELP}
+When a build with several profiles fails, each is built alone: a profile that fails where others build
+is named, with its shapes.
 
 exit status: 0 engine written; 1 TensorRT rejects the model (its parser's findings, in `check`'s format,
 or its builder's errors are printed); 2 usage or environment error (a bad flag or shape, no TensorRT,
@@ -38,6 +35,7 @@ examples:
   trt-bridge build model.int8.onnx -o model.engine --min-shapes x:1x3x224x224 --opt-shapes x:8x3x224x224 \\
       --max-shapes x:32x3x224x224 --timing-cache ci/timing.cache
   trt-bridge build bert.int8.onnx -o bert.engine --shapes input_ids:1x128,attention_mask:1x128 --json
+  trt-bridge build decoder.onnx -o decoder.engine --compute-capability 8.9   # prefill and decode profiles
 """
 
 SIZE = re.compile(r"(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?", re.IGNORECASE)
@@ -49,12 +47,7 @@ def add_parser(sub) -> None:
     p.add_argument("model", type=Path, help="the ONNX model (TensorRT-ready: see `trt-bridge check`)")
     p.add_argument("-o", "--output", type=Path, metavar="ENGINE",
                    help="the engine file (default: MODEL with the suffix .engine, beside the model)")
-    shapes = p.add_argument_group("shapes")
-    shapes.add_argument("--shapes", nargs="+", action="append", metavar="NAME:DIMS",
-                        help="fixed input shapes (min = opt = max)")
-    for which in ("min", "opt", "max"):
-        shapes.add_argument(f"--{which}-shapes", nargs="+", action="append", metavar="NAME:DIMS",
-                            help=f"{which} shapes of a profile (repeat the trio for several profiles)")
+    add_shapes_flags(p, "the engine")
     target = p.add_argument_group("target and builder")
     target.add_argument("--compute-capability", action="append", metavar="X.Y",
                         help="TensorRT-RTX: build ahead of time for this compute capability (8.9, 12.0, ...; "

@@ -15,6 +15,7 @@ from trt_bridge.cli.common import (
     check_output_path,
     costs_target,
     emit_report,
+    profiles_from_args,
 )
 from trt_bridge.tensorrt.costs import COST_TARGET
 
@@ -28,7 +29,9 @@ def execute(args: argparse.Namespace) -> CheckReport:
         compute_capability(target)  # a bad value fails before any work
         if costs == COST_TARGET:  # --costs not given: the engine is built for the target
             costs = target
-    return check_model(args.model, CheckOptions(TrtProbe(args.trt), args.data, tuple(args.plugins), costs, target))
+    profiles = profiles_from_args(args.shapes, args.min_shapes, args.opt_shapes, args.max_shapes)
+    return check_model(args.model, CheckOptions(TrtProbe(args.trt), args.data, tuple(args.plugins), costs, target,
+                                                profiles))
 
 
 def run(args: argparse.Namespace) -> int:

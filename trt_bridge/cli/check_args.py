@@ -7,9 +7,9 @@ import argparse
 from pathlib import Path
 
 from trt_bridge.cli.commands import help_of
-from trt_bridge.cli.common import add_costs_flag, add_plugins_flag
+from trt_bridge.cli.common import SHAPES_HELP, add_costs_flag, add_plugins_flag, add_shapes_flags
 
-DESCRIPTION = """\
+DESCRIPTION = f"""\
 Report everything that stops TensorRT from building MODEL as an INT8 engine, one finding per
 node: the rule, the node and its tensors (types, shapes), why TensorRT rejects it (with its own
 parser's message when tensorrt or tensorrt_rtx is installed) and what `trt-bridge convert` does
@@ -21,6 +21,12 @@ examples:
   trt-bridge check model.onnx --trt off --json
   trt-bridge check unet.onnx --data calib.npz     # also: do these feeds fit the model?
   trt-bridge check model.fp8.onnx --compute-capability 8.6   # FP8 needs 8.9: a blocker
+  trt-bridge check decoder.int8.onnx --min-shapes input_ids:1x1 --opt-shapes input_ids:1x64 \
+      --max-shapes input_ids:1x256          # the --costs build's shapes, as `trt-bridge build` takes them
+
+The --costs build (where TensorRT's parser takes the model) uses the shapes given as `build` does; a
+profile that fails to build where others build is a blocker naming it and its shapes.
+{SHAPES_HELP}
 """
 
 
@@ -39,6 +45,7 @@ def add_parser(sub) -> None:
                    help="the GPU the model must run on (8.6, 8.9, 12.0, ...): a precision it cannot run (FP8 below "
                         "8.9, FP4 below 10.0) is a blocker; also the --costs build's target unless --costs names one "
                         "(default: the --costs target, 8.9)")
+    add_shapes_flags(p, "the --costs build")
     p.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
     p.add_argument("-q", "--quiet", action="store_true", help="print the one-line verdict only")
     p.add_argument("--json", nargs="?", const="-", metavar="FILE",

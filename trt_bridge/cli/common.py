@@ -15,6 +15,7 @@ from trt_bridge.ir.files import (
     write_text_atomic,
 )
 from trt_bridge.tensorrt.costs import COST_TARGET
+from trt_bridge.tensorrt.profiles import Profile, parse_shapes
 
 EXIT_OK, EXIT_FAIL, EXIT_ERROR = 0, 1, 2
 
@@ -32,6 +33,52 @@ def add_plugins_flag(parser) -> None:
     parser.add_argument("--plugins", nargs="+", action="extend", default=[], metavar="PATH",
                         help="TensorRT plugins to register first: plugin libraries (.so) or Python files that "
                              "register plugin creators (.py); trt-bridge's own plugins need no flag")
+
+
+SHAPES_HELP = """\
+shapes (trtexec/Polygraphy syntax): NAME:DIMS, e.g. x:1x3x224x224 or x:[1,3,224,224]; several inputs as
+separate arguments or comma-separated. --shapes fixes shapes (min = opt = max). A range is
+--min-shapes/--opt-shapes/--max-shapes; repeating the trio adds optimization profiles (the i-th
+--min-shapes, --opt-shapes and --max-shapes form profile i); --shapes entries then join every profile for
+the inputs it does not name. Without any, a decoder (input_ids or inputs_embeds, past_key_values.N.key/value,
+attention_mask, position_ids) gets two profiles, prefill (sequence 1..128, opt 16, past 0) and decode
+(sequence 1, past 1..512, opt 128), and any other model 1 for each dynamic dimension; with them, every
+dynamic input must be named."""
+
+
+def add_shapes_flags(parser, what: str) -> None:
+    """The ``shapes`` group: ``--shapes`` and the ``--min/--opt/--max-shapes`` trios of ``what`` (the engine ``build``
+    writes, the one ``check`` builds for its costs); :func:`profiles_from_args` reads them."""
+    shapes = parser.add_argument_group("shapes", f"input shapes of {what}: see 'shapes' above")
+    shapes.add_argument("--shapes", nargs="+", action="append", metavar="NAME:DIMS",
+                        help="fixed input shapes (min = opt = max)")
+    for which in ("min", "opt", "max"):
+        shapes.add_argument(f"--{which}-shapes", nargs="+", action="append", metavar="NAME:DIMS",
+                            help=f"{which} shapes of a profile (repeat the trio for several profiles)")
+
+
+def profiles_from_args(shapes, mins, opts, maxs) -> tuple[Profile, ...]:
+    """The profiles of ``--shapes`` and the ``--min/--opt/--max-shapes`` trios (each a list of argument lists)."""
+    fixed = parse_shapes([s for group in shapes or [] for s in group])
+    counts = {"--min-shapes": len(mins or []), "--opt-shapes": len(opts or []), "--max-shapes": len(maxs or [])}
+    if len(set(counts.values())) > 1:
+        given = ", ".join(f"{flag} {n} time(s)" for flag, n in counts.items())
+        raise TrtBridgeError(f"{given}: each profile needs all three (the i-th of each form profile i).")
+    profiles = []
+    for number, trio in enumerate(zip(mins or [], opts or [], maxs or []), 1):
+        mn, opt, mx = (parse_shapes(group) for group in trio)
+        if not set(mn) == set(opt) == set(mx):
+            raise TrtBridgeError(f"profile {number}: --min-shapes names {sorted(mn)}, --opt-shapes {sorted(opt)}, "
+                                 f"--max-shapes {sorted(mx)}; name the same inputs in all three.")
+        both = sorted(set(mn) & set(fixed))
+        if both:
+            raise TrtBridgeError(f"profile {number}: {', '.join(both)} given by --shapes and by --min/--opt/"
+                                 "--max-shapes; give each input once.")
+        ranges = {name: (mn[name], opt[name], mx[name]) for name in mn}
+        profiles.append(Profile({**Profile.fixed(fixed).shapes, **ranges}))
+    if not profiles and fixed:
+        profiles.append(Profile.fixed(fixed))
+    return tuple(profiles)
 
 
 def add_costs_flag(parser, what: str) -> None:

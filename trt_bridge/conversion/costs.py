@@ -1,8 +1,8 @@
 """The written model's engine costs against the float model's (the report's ``costs``).
 
 ``check`` builds the written model ahead of time for ``COST_TARGET`` and reports its engine size and activation
-memory (:func:`trt_bridge.checks.measure_costs`); the float model the source was lifted to, kept aside before
-lowering (:func:`keep_float`), is built the same way as the reference. The report adds what makes the difference:
+memory (:func:`trt_bridge.checks.tensorrt_run.measure_costs`); the float model the source was lifted to, kept aside
+before lowering (:func:`keep_float`), is built the same way as the reference. The report adds what makes the difference:
 activations whose range is computed in each inference, layers given back to float.
 """
 

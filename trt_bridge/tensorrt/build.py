@@ -32,10 +32,12 @@ from trt_bridge.plugins.registry import register_for_model
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
 from trt_bridge.tensorrt.config import check_typing, configure
 from trt_bridge.tensorrt.costs import COST_TARGET, EngineCosts
+from trt_bridge.tensorrt.decoder_profiles import decoder_profiles
 from trt_bridge.tensorrt.logger import BuildLogger
+from trt_bridge.tensorrt.network import create_network
 from trt_bridge.tensorrt.options import BuildOptions
-from trt_bridge.tensorrt.parse import ParserError, create_network, named_errors
-from trt_bridge.tensorrt.profiles import Profile, resolve_profiles
+from trt_bridge.tensorrt.parse import ParserError, named_errors, parse
+from trt_bridge.tensorrt.profiles import Profile, network_inputs, resolve_profiles
 from trt_bridge.tensorrt.progress import progress_monitor
 from trt_bridge.tensorrt.sidecar import file_digest, sidecar_path
 from trt_bridge.tensorrt.target import engine_target, parse_compute_capability, select_module
@@ -45,11 +47,13 @@ log = logging.getLogger("trt_bridge.tensorrt")
 
 
 def engine_costs(path: str | Path, compute_capability: str = COST_TARGET, module: str | None = None,
-                 shapes: dict[str, tuple[int, ...]] | None = None, plugins: tuple[str, ...] = ()) -> EngineCosts:
+                 shapes: dict[str, tuple[int, ...]] | None = None, plugins: tuple[str, ...] = (),
+                 profiles: tuple[Profile, ...] = ()) -> EngineCosts:
     """What an engine of ``path`` costs on the target: its size and the activation memory TensorRT's builder reports
     (an ahead-of-time build with TensorRT-RTX for ``compute_capability``; datacenter TensorRT builds for the GPU
-    here). Dynamic inputs get ``shapes[name]``, or 1 for every dynamic dimension."""
-    options = BuildOptions(profiles=(Profile.fixed(shapes),) if shapes else (),
+    here). Dynamic inputs get ``profiles`` (``--shapes``, ``--min/--opt/--max-shapes``), else ``shapes[name]``,
+    else a decoder's prefill and decode profiles (:mod:`.decoder_profiles`), else 1 for every dynamic dimension."""
+    options = BuildOptions(profiles=profiles or ((Profile.fixed(shapes),) if shapes else ()),
                            compute_capabilities=(compute_capability,), module=module, progress=False,
                            plugins=plugins)
     trt = select_module(options)
@@ -58,7 +62,8 @@ def engine_costs(path: str | Path, compute_capability: str = COST_TARGET, module
     compiled = _compile(trt, Path(path), options, fill_unnamed=True)
     target = f"SM {parse_compute_capability(trt, compute_capability)[1]}" if is_rtx(trt) else "this GPU"
     return EngineCosts(len(compiled.engine), compiled.memory.get("activation_bytes"),
-                       compiled.memory.get("weights_bytes"), f"{target}, {trt.__name__} {trt.__version__}")
+                       compiled.memory.get("weights_bytes"), f"{target}, {trt.__name__} {trt.__version__}",
+                       tuple(name for name in compiled.profile_names if name))
 
 
 def costs_or_none(path: str | Path, compute_capability: str, plugins: tuple[str, ...] = (),
@@ -115,6 +120,15 @@ class EngineBuildError(TrtBridgeError):
     """TensorRT rejects the model: its parser (:class:`ModelRejectedError`) or its builder."""
 
 
+class ProfileBuildError(EngineBuildError):
+    """TensorRT's builder fails for some optimization profiles and builds the others: ``failed`` (each one's name,
+    shapes and the builder's error) and ``built`` (the names of those that build)."""
+
+    def __init__(self, message: str, failed: list[dict], built: list[str]):
+        super().__init__(message)
+        self.failed, self.built = failed, built
+
+
 class ModelRejectedError(EngineBuildError):
     """TensorRT's ONNX parser rejects the model; ``errors``: what it says, node by node
     (:func:`trt_bridge.checks.findings.parser_findings` makes ``trt-bridge check``'s findings of them)."""
@@ -157,6 +171,7 @@ def build(model: str | Path, output: str | Path, options: BuildOptions = BuildOp
     target = engine_target(trt, options)
     model_info = {"path": str(model.resolve()), **file_digest(model),
                   "external_data": [{"path": str(p.resolve()), **file_digest(p)} for p in protected[1:]]}
+    _parse_apart(trt, model, options)
     compiled = _compile(trt, model, options)
     seconds = time.perf_counter() - start
     info = {
@@ -169,6 +184,7 @@ def build(model: str | Path, output: str | Path, options: BuildOptions = BuildOp
         "inputs": compiled.inputs,
         "outputs": compiled.outputs,
         "profiles": [Profile(p).to_dict() for p in compiled.profiles],
+        "profile_names": compiled.profile_names,  # '' each, but for the default profiles of a decoder
         "flags": compiled.flags,
         "plugins": compiled.plugins,  # what an engine user registers before deserializing it
         "timing_cache": compiled.timing_cache,
@@ -192,10 +208,13 @@ class _Compiled:
     timing_cache: dict | None
     plugins: list[dict]
     memory: dict[str, int]  # the builder's memory summary (BuildLogger.memory): activation, weights, persistent
+    profile_names: list[str]  # each profile's name ('' for one the user gave; prefill/decode: decoder_profiles)
 
 
 def _compile(trt, path: Path, options: BuildOptions, fill_unnamed: bool = False) -> _Compiled:
-    """Parse ``path`` and build it with ``options``; ``fill_unnamed``: dynamic inputs no profile names get 1s."""
+    """Parse ``path`` and build it with ``options``; ``fill_unnamed``: dynamic inputs no profile names get 1s.
+    Without profiles, a decoder gets the prefill and decode ones (:mod:`.decoder_profiles`); when a build with
+    several profiles fails, each is built alone to name the one(s) that fail (:class:`ProfileBuildError`)."""
     plugins = [record.to_dict() for record in register_for_model(trt, path, options.plugins)]
     logger = BuildLogger(trt)
     builder = trt.Builder(logger)
@@ -204,6 +223,22 @@ def _compile(trt, path: Path, options: BuildOptions, fill_unnamed: bool = False)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(path)):
         _raise_rejected(trt, path, [parser.get_error(i) for i in range(parser.num_errors)])
+    chosen = options.profiles or decoder_profiles(network_inputs(network))
+    if chosen and not options.profiles:
+        log.info("%s: a decoder: building the default profiles %s", path, ", ".join(p.name for p in chosen))
+    profiles = resolve_profiles(network, chosen, path, fill_unnamed or not options.profiles)
+    named = [Profile(shapes, p.name) for shapes, p in zip(profiles, chosen)] if len(profiles) == len(chosen) \
+        else [Profile(shapes) for shapes in profiles]
+    engine, flags, timing = _engine(trt, builder, network, logger, path, options, strongly_typed, named)
+    del parser
+    return _Compiled(bytes(engine), _tensors(trt, network, True), _tensors(trt, network, False), profiles, flags,
+                     timing, plugins, dict(logger.memory), [p.name for p in named])
+
+
+def _engine(trt, builder, network, logger, path: Path, options: BuildOptions, strongly_typed: bool,
+            profiles: list[Profile], alone: bool = False):
+    """(serialized engine, flags, timing cache record) of ``network`` with ``profiles``; raises EngineBuildError.
+    ``alone``: one of several profiles, built to see whether it fails (no progress bar, no timing cache)."""
     config = builder.create_builder_config()
     flags = configure(trt, config, options, strongly_typed)
     if is_rtx(trt) and options.compute_capabilities:
@@ -211,17 +246,18 @@ def _compile(trt, path: Path, options: BuildOptions, fill_unnamed: bool = False)
         config.num_compute_capabilities = len(ccs)
         for i, cc in enumerate(ccs):
             config.set_compute_capability(cc, i)
-    profiles = resolve_profiles(network, options.profiles, path, fill_unnamed)
-    for shapes in profiles:
+    for number, named in enumerate(profiles, 1):
         profile = builder.create_optimization_profile()
-        for name, (mn, opt, mx) in shapes.items():
+        for name, (mn, opt, mx) in named.shapes.items():
             profile.set_shape(name, mn, opt, mx)
         if config.add_optimization_profile(profile) < 0:
-            raise TrtBridgeError(f"{path}: TensorRT rejects the optimization profile {Profile(shapes).to_dict()}: "
+            label = f"'{named.name}'" if named.name else str(number)
+            raise TrtBridgeError(f"{path}: TensorRT rejects the optimization profile {label} ({named.text()}): "
                                  f"{'; '.join(logger.errors()[-3:]) or 'no reason given'}")
-    cache = load_timing_cache(trt, config, options.timing_cache, logger)
+    timing_file = None if alone else options.timing_cache
+    cache = load_timing_cache(trt, config, timing_file, logger)
     monitor = None
-    if options.progress and hasattr(trt, "IProgressMonitor"):
+    if options.progress and not alone and hasattr(trt, "IProgressMonitor"):
         monitor = progress_monitor(trt)
         config.progress_monitor = monitor
     mark = len(logger.messages)
@@ -234,11 +270,33 @@ def _compile(trt, path: Path, options: BuildOptions, fill_unnamed: bool = False)
         raise KeyboardInterrupt
     problems = take_build_problems()
     if engine is None or problems:
-        raise EngineBuildError(_build_failure(trt, path, options, problems or logger.errors(mark)))
-    timing = save_timing_cache(trt, config, options.timing_cache, cache) if options.timing_cache else None
-    del parser
-    return _Compiled(bytes(engine), _tensors(trt, network, True), _tensors(trt, network, False), profiles, flags,
-                     timing, plugins, dict(logger.memory))
+        said = problems or logger.errors(mark)
+        if len(profiles) > 1 and not alone:
+            _name_failing_profiles(trt, builder, network, logger, path, options, strongly_typed, profiles, said)
+        raise EngineBuildError(_build_failure(trt, path, options, said))
+    timing = save_timing_cache(trt, config, timing_file, cache) if timing_file else None
+    return engine, flags, timing
+
+
+def _name_failing_profiles(trt, builder, network, logger, path, options, strongly_typed, profiles, said) -> None:
+    """Build each of ``profiles`` alone; raise :class:`ProfileBuildError` when some build and others do not (return
+    when every one fails: the model, not a shape range, is what TensorRT refuses)."""
+    failing, building = [], []
+    for number, profile in enumerate(profiles, 1):
+        named = profile if profile.name else Profile(profile.shapes, f"profile {number}")
+        try:
+            _engine(trt, builder, network, logger, path, options, strongly_typed, [named], alone=True)
+            building.append(named)
+        except EngineBuildError as exc:
+            failing.append((named, str(exc).split(" failed: ", 1)[-1]))
+    if not failing or not building:
+        return
+    names = ", ".join(f"'{p.name}' ({p.text()})" for p, _ in failing)
+    raise ProfileBuildError(
+        f"{path}: TensorRT's builder ({trt.__name__} {trt.__version__}) fails for the profile {names} and builds "
+        f"{', '.join(repr(p.name) for p in building)}: {failing[0][1].rstrip('.')}. Give the shapes the engine must "
+        "take (--shapes, or --min-shapes/--opt-shapes/--max-shapes), or change the model for that range.",
+        [{"name": p.name, "shapes": p.to_dict(), "error": why} for p, why in failing], [p.name for p in building])
 
 
 def _tensors(trt, network, inputs: bool) -> list[dict]:
@@ -254,6 +312,19 @@ def _dtype(trt, dtype) -> str:
         return np.dtype(trt.nptype(dtype)).name
     except (TypeError, ValueError):
         return str(dtype).rsplit(".", 1)[-1].lower()
+
+
+def _parse_apart(trt, path: Path, options: BuildOptions) -> None:
+    """Parse ``path`` in a child process first (:func:`~trt_bridge.tensorrt.parse.parse_isolated`, about 0.2-0.4 s):
+    a parser that would kill this process (TensorRT-RTX's SIGFPE on a com.microsoft RotaryEmbedding with
+    num_heads 0) fails the build in one line naming the node; a model the parser rejects fails as it would in
+    :func:`_compile`. The in-process parse that follows cannot crash on what the child parsed."""
+    result = parse(path, trt.__name__, options.plugins, isolated=True)
+    if result.crash is not None:
+        raise ModelRejectedError(f"{path}: {result.errors[0]}; nothing was built (the parser ran in a child "
+                                 f"process). `trt-bridge check {path}` says what to change.", result.details)
+    if not result.ok:
+        _raise_rejected(trt, path, result.details)
 
 
 def _raise_rejected(trt, path: Path, errors) -> None:
@@ -276,5 +347,5 @@ def _build_failure(trt, path: Path, options: BuildOptions, errors: list[str]) ->
     return f"{path}: TensorRT's builder ({trt.__name__} {trt.__version__}) failed: {said}.{hint}"
 
 
-__all__ = ["BuildResult", "EngineBuildError", "ModelRejectedError", "build", "build_engine", "costs_or_none",
-           "engine_costs"]
+__all__ = ["BuildResult", "EngineBuildError", "ModelRejectedError", "ProfileBuildError", "build", "build_engine",
+           "costs_or_none", "engine_costs"]

@@ -20,12 +20,15 @@ class EngineCosts:
     activation_bytes: int | None  # TensorRT's "Total Activation Memory" (None: the builder did not say)
     weights_bytes: int | None  # TensorRT's "Total Weights Memory"
     target: str  # "SM 8.9, tensorrt_rtx 1.7.1.116"
+    #: the named profiles the engine was built with ('prefill', 'decode': a decoder's defaults); () for others
+    profiles: tuple[str, ...] = ()
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     def text(self) -> str:
-        return f"engine {mib(self.engine_bytes)}, activation memory {mib(self.activation_bytes)}"
+        built = f" (profiles {', '.join(self.profiles)})" if self.profiles else ""
+        return f"engine {mib(self.engine_bytes)}, activation memory {mib(self.activation_bytes)}{built}"
 
     def against(self, other: EngineCosts) -> str:
         """This engine's costs beside ``other``'s (the float model's): "engine 12.9 MiB (float 15.8 MiB, -18 %)"."""

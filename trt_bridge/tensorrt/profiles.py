@@ -17,6 +17,7 @@ class Profile:
     error (so a typo never builds a profile for shapes nobody asked for)."""
 
     shapes: dict[str, tuple[Shape, Shape, Shape]]
+    name: str = ""  # what messages call it ('prefill', 'decode': decoder_profiles); '' → "profile N"
 
     @classmethod
     def fixed(cls, shapes: dict[str, Shape]) -> Profile:
@@ -26,6 +27,14 @@ class Profile:
     def to_dict(self) -> dict:
         return {name: {"min": list(mn), "opt": list(opt), "max": list(mx)} for name, (mn, opt, mx) in
                 self.shapes.items()}
+
+    def text(self) -> str:
+        """``input_ids 1x1..1x128 (opt 1x16), past 1x2x0x8``: its shapes on one line (a fixed one as one shape)."""
+        def dims(shape):
+            return "x".join(str(d) for d in shape) or "scalar"
+
+        return ", ".join(f"{n} {dims(mn)}" if mn == opt == mx else f"{n} {dims(mn)}..{dims(mx)} (opt {dims(opt)})"
+                         for n, (mn, opt, mx) in self.shapes.items())
 
 
 def parse_shapes(text: list[str]) -> dict[str, Shape]:
@@ -76,6 +85,11 @@ def _text(shape) -> str:
     return "[" + ", ".join("?" if d < 0 else str(d) for d in shape) + "]"
 
 
+def network_inputs(network) -> dict[str, Shape]:
+    """The network's inputs: name → shape (-1 for a dynamic dimension)."""
+    return {t.name: tuple(t.shape) for t in map(network.get_input, range(network.num_inputs))}
+
+
 def resolve_profiles(network, profiles: tuple[Profile, ...], path: Path, fill_unnamed: bool) -> list[dict]:
     """The shapes each profile sets, checked against the network's inputs (only dynamic inputs are set)."""
     inputs = {}
@@ -92,7 +106,7 @@ def resolve_profiles(network, profiles: tuple[Profile, ...], path: Path, fill_un
         return [{n: (s, s, s) for n, s in default.items()}] if default else []
     resolved = []
     for number, profile in enumerate(profiles, 1):
-        label = f"profile {number}"
+        label = f"profile '{profile.name}'" if profile.name else f"profile {number}"
         out = {}
         for name in profile.shapes:
             if name not in inputs:
