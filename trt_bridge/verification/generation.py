@@ -19,6 +19,7 @@ what is fed here.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
@@ -38,6 +39,8 @@ from trt_bridge.verification.decoder import (
     empty_cache_shapes,
 )
 from trt_bridge.verification.metrics import Accumulator, OutputMetrics, SnrAccumulator, snr_text
+
+log = logging.getLogger("trt_bridge.verification")
 
 DEFAULT_PROMPTS, DEFAULT_STEPS, DEFAULT_PROMPT_LENGTH = 4, 32, 16
 #: random prompts avoid the first ids, special tokens (bos, eos, pad, unk) in most vocabularies
@@ -99,9 +102,9 @@ class GenerationReport:
         verdict = "PASS" if self.passed else "FAIL (" + "; ".join(self.failures) + ")"
         return [f"greedy next-token agreement (teacher-forced): {100 * self.token_agreement:.1f}% "
                 f"({self.agreed}/{self.compared}); free-running prefix match: mean {np.mean(prefix):.1f}, "
-                f"min {min(prefix)} of {self.steps} steps",
+                f"min {min(prefix)} of {self.steps} steps: {verdict}",
                 f"logits SNR over all steps {snr_text(self.logits_snr_db)} dB; lowest per step "
-                f"{snr_text(self.min_step_snr_db)} dB (step {worst}): {verdict}"]
+                f"{snr_text(self.min_step_snr_db)} dB (step {worst})"]
 
 
 def prompts(options: GenerationOptions, vocab: int) -> list[np.ndarray]:
@@ -145,6 +148,22 @@ class Loop:
         self.session = session(path, simulate_qdq=True)
         self.cache: dict[str, np.ndarray] = {}
         self.length = 0
+        self.stripped = False  # the model runs without its declared intermediate shapes
+
+    def session_without_shapes(self) -> bool:
+        """Run the model again without its intermediate shapes (False), or say it already does (True).
+
+        Some exports declare an intermediate shape with the wrong symbolic names (onnxruntime-genai's float16 CPU
+        model names a [batch, total, 64] tensor [batch, sequence_length, 64]); onnxruntime's memory planner trusts
+        them and fails at the first decode step ("Shape mismatch attempting to re-use buffer")."""
+        if self.stripped:
+            return True
+        model = onnx.load(str(self.path))
+        del model.graph.value_info[:]
+        log.warning("%s declares intermediate shapes its decode steps do not have; running it without them",
+                    self.path)
+        self.session, self.stripped = session(model, simulate_qdq=True), True
+        return False
 
     def start(self, ids: np.ndarray) -> np.ndarray:
         """Prefill: the prompts ``ids`` [batch, length] on an empty cache; their logits."""
@@ -163,7 +182,12 @@ class Loop:
         if sig.use_cache_branch:
             feed[USE_CACHE_BRANCH] = np.array([self.length > 0])
         try:
-            logits, *presents = self.session.run(sig.outputs, feed)
+            try:
+                logits, *presents = self.session.run(sig.outputs, feed)
+            except Exception as exc:
+                if "re-use buffer" not in str(exc) or self.session_without_shapes():
+                    raise
+                logits, *presents = self.session.run(sig.outputs, feed)
         except Exception as exc:  # onnxruntime rejecting the feed, or failing in a kernel
             text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise TrtBridgeError(f"{self.path}: onnxruntime failed at past length {self.length} with {new} new "
