@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from decoder_models import DIM, VOCAB, decoder, full_sequence_logits, perturbed
+from generation_models import DIM, VOCAB, decoder, full_sequence_logits, perturbed
 from test_cli import cli
 
 from trt_bridge import samples
@@ -172,16 +172,15 @@ def test_html_report_of_a_decoder(models):
 
 
 REAL = {"fp32": DATA / "llama-optimum-fp32" / "model.onnx",
-        "merged-int4-qdq": DATA / "llama-optimum-merged-int4-b32-qdq" / "decoder_model_merged.onnx"}
+        "merged-int4": DATA / "llama-optimum-merged-int4-b32" / "decoder_model_merged.onnx"}
 
 
-@pytest.mark.skipif(not all(p.is_file() for p in REAL.values()), reason="tests/data/decoders is not present")
 def test_real_exports(tmp_path):
     """Optimum's tiny Llama: float against itself agrees on every token; its merged (If on use_cache_branch)
     int4 block QDQ export is measured (73.4 %, 15.5 dB at 4 x 32 on these prompts)."""
     same = _verify(REAL["fp32"], REAL["fp32"], steps=8)
     assert same.generation.token_agreement == 1.0 and same.generation.logits_snr_db == math.inf
-    int4 = _verify(REAL["fp32"], REAL["merged-int4-qdq"], steps=8).generation
+    int4 = _verify(REAL["fp32"], REAL["merged-int4"], steps=8).generation
     assert 0.5 < int4.token_agreement < 1 and 10 < int4.logits_snr_db < 25
     shutil.copy(REAL["fp32"], tmp_path / "m.onnx")  # no config beside it: the shapes are declared
-    assert _verify(tmp_path / "m.onnx", REAL["merged-int4-qdq"], steps=2).generation.steps == 2
+    assert _verify(tmp_path / "m.onnx", REAL["merged-int4"], steps=2).generation.steps == 2
