@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -152,8 +153,23 @@ def _check_example(workdir: Path, argv: list[str]) -> None:
         assert json.loads((workdir / target).read_text())["ready"] is ready
 
 
+DECODERS = ROOT / "tests" / "data" / "decoders"
+
+
+def _verify_decoder_example(workdir: Path, argv: list[str]) -> None:
+    """The generation loop on the real tiny decoders of tests/data/decoders: the page's gate passes."""
+    shutil.copytree(DECODERS, workdir, dirs_exist_ok=True)
+    result = subprocess.run([sys.executable, "-m", "trt_bridge", *argv[1:]], cwd=workdir, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "greedy next-token agreement (teacher-forced): " in result.stdout and "PASS" in result.stdout
+
+
 def _verify_example(workdir: Path, argv: list[str]) -> None:
     """The converted model against the float one: the README's gates pass (exit 0), the reports are written."""
+    if (DECODERS / argv[2]).is_file():
+        _verify_decoder_example(workdir, argv)
+        return
     subprocess.run([sys.executable, "-m", "trt_bridge", "convert", "float.onnx", "-o", argv[3], "--calib-data",
                     "calib.npz", "-q"], cwd=workdir, check=True, timeout=120)
     _assert_converted(workdir, "float.onnx", argv[3])

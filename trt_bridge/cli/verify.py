@@ -18,6 +18,7 @@ from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.files import write_text_atomic
 from trt_bridge.verification import VerifyOptions, VerifyReport, verify
 from trt_bridge.verification.gates import parse_gates
+from trt_bridge.verification.generation import GenerationOptions
 from trt_bridge.verification.html import render
 
 
@@ -27,6 +28,14 @@ def execute(args: argparse.Namespace) -> VerifyReport:
         if getattr(args, flag) < 1:
             raise TrtBridgeError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
     check_seed(args.seed)
+    for flag in ("prompts", "steps", "prompt_length"):
+        if getattr(args, flag) is not None and getattr(args, flag) < 1:
+            raise TrtBridgeError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
+    agreement = args.min_token_agreement
+    if agreement is not None and not 0 <= agreement <= 100:
+        raise TrtBridgeError(f"--min-token-agreement is a percentage from 0 to 100, got {agreement:g}")
+    given = {flag: getattr(args, flag) for flag in ("prompts", "steps", "prompt_length", "min_token_agreement")
+             if getattr(args, flag) is not None}
 
     targets = ((args.json, "report"), (args.html, "HTML report"), (args.save_outputs, "outputs file"),
                (args.save_inputs, "inputs file"))
@@ -41,7 +50,7 @@ def execute(args: argparse.Namespace) -> VerifyReport:
         per_layer=args.per_layer, layer_batch=args.layer_batch, layer_feeds=args.layer_feeds,
         save_outputs=args.save_outputs, load_outputs=args.load_outputs, save_inputs=args.save_inputs,
         load_inputs=args.load_inputs, progress=not args.quiet, plugins=tuple(args.plugins),
-        costs=costs_target(args),
+        costs=costs_target(args), generation=GenerationOptions(**given) if given else None,
     )
     report = verify(args.reference, args.candidate, options)
     if args.html:

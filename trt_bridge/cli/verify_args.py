@@ -17,12 +17,19 @@ top-1/top-k agreement for classifier-like outputs. Gates make it a CI step: exit
 gate passes, 1 when one fails, 2 on error. --per-layer ranks the quantized layers by the error
 they add and prints the `convert --exclude-nodes` that keeps the worst in higher precision.
 
+A decoder with a key/value cache (inputs input_ids, attention_mask, past_key_values.N.key/value)
+is compared in a greedy generation loop instead: --prompts N prompts (random ids, or --data with
+input_ids), --steps T tokens each, every model feeding back its own cache, the candidate
+teacher-forced on the reference's tokens; it reports next-token agreement, the free-running
+prefix match and the logits SNR over all steps and per step.
+
 examples:
   trt-bridge verify float.onnx model.int8.onnx --data eval.npz --min-snr 30
   trt-bridge verify float.onnx model.int8.onnx --random 16 --seed 1 --min-snr logits=25 --min-cosine 0.999
   trt-bridge verify float.onnx model.int8.onnx --data eval.npz --per-layer --html report.html --json report.json
   trt-bridge verify float.onnx model.int8.onnx --data eval.npz --save-outputs ref.json --save-inputs in.json
   trt-bridge verify float.onnx model.int8.onnx --engine model.engine --load-outputs ref.json --load-inputs in.json
+  trt-bridge verify decoder.onnx decoder.int4.onnx --prompts 8 --steps 64 --min-token-agreement 90
 """
 
 
@@ -47,6 +54,13 @@ def add_parser(sub) -> None:
     gates.add_argument("--max-abs", action="append", metavar="[OUTPUT=]ERR", help="maximum absolute error")
     gates.add_argument("--top-k", type=int, default=5, metavar="K", help="k of the top-k agreement (default 5)")
     add_costs_flag(p, "both ONNX models (shown beside the accuracy)")
+    gen = p.add_argument_group("decoders (a greedy generation loop; models with a key/value cache)")
+    gen.add_argument("--prompts", type=int, metavar="N",
+                     help="N seeded random prompts (default 4), or the first N of --data (default: all)")
+    gen.add_argument("--steps", type=int, metavar="T", help="tokens generated per prompt (default 32)")
+    gen.add_argument("--prompt-length", type=int, metavar="L", help="tokens per random prompt (default 16)")
+    gen.add_argument("--min-token-agreement", type=float, metavar="PCT",
+                     help="minimum greedy next-token agreement in percent (teacher-forced); exit 1 below it")
     layers = p.add_argument_group("per-layer localization")
     layers.add_argument("--per-layer", action="store_true",
                         help="rank the quantized layers by the error they add; name the nodes to keep in float")

@@ -7,6 +7,9 @@ the way TensorRT computes it: :mod:`trt_bridge.runtime.session`), ``TrtRunner`` 
 save and load outputs, so a CPU machine can produce the reference and a GPU runner compare its
 engine against it. The metrics and gates are ours (:mod:`.metrics`, :mod:`.gates`): element-wise
 tolerances do not fit INT8.
+
+A decoder with a key/value cache (:func:`.decoder.decoder_signature`) is compared in a greedy generation loop
+instead of on independent feeds (:mod:`.generation`).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import logging
 import os
 import shlex
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,7 +34,9 @@ from trt_bridge.runtime.session import session
 from trt_bridge.tensorrt import gpu_present, import_tensorrt, is_rtx
 from trt_bridge.tensorrt.build import costs_or_none
 from trt_bridge.tensorrt.costs import COST_TARGET, EngineCosts
+from trt_bridge.verification.decoder import decoder_pair
 from trt_bridge.verification.gates import Gate, apply_gates
+from trt_bridge.verification.generation import GenerationOptions, GenerationReport, compare_generation
 from trt_bridge.verification.layers import Localization, localize
 from trt_bridge.verification.metrics import Accumulator, OutputMetrics, json_safe, snr_text
 
@@ -62,6 +67,8 @@ class VerifyOptions:
     #: build both ONNX models ahead of time for this compute capability and report their engines' size and
     #: activation memory beside the accuracy (TensorRT-RTX; None: not measured)
     costs: str | None = COST_TARGET
+    #: the generation loop of a decoder (None: its defaults; given for a model that is no decoder: an error)
+    generation: GenerationOptions | None = None
 
 
 @dataclass
@@ -75,10 +82,12 @@ class VerifyReport:
     seconds: float = 0.0
     #: the engines' costs, "reference" / "candidate" → tensorrt.costs.EngineCosts (None: not measured)
     costs: dict[str, EngineCosts] | None = None
+    #: a decoder's generation loop (then ``feeds`` counts its prompts and ``outputs`` holds its logits)
+    generation: GenerationReport | None = None
 
     @property
     def passed(self) -> bool:
-        return all(m.passed for m in self.outputs)
+        return all(m.passed for m in self.outputs) and (self.generation is None or self.generation.passed)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -88,6 +97,8 @@ class VerifyReport:
         data["passed"] = self.passed
         if self.per_layer is not None:
             data["per_layer"]["exclude_nodes"] = self.per_layer.exclude_nodes()
+        if self.generation is not None:
+            data["generation"] = self.generation.to_dict()
         return data
 
     def to_json(self) -> str:
@@ -95,11 +106,15 @@ class VerifyReport:
         return json.dumps(json_safe(self.to_dict()), indent=2, default=str, allow_nan=False)
 
     def quiet(self) -> str:
-        return "\n".join(m.line() for m in self.outputs)
+        return "\n".join([m.line() for m in self.outputs] + (self.generation.lines() if self.generation else []))
 
     def summary(self) -> str:
+        gen = self.generation
         lines = [f"verify {self.candidate} against {self.reference}"
-                 + (f" and engine {self.engine}" if self.engine else "") + f" on {self.feeds} feed(s)"]
+                 + (f" and engine {self.engine}" if self.engine else "") + f" on {self.feeds} feed(s)" if gen is None
+                 else f"verify {self.candidate} against {self.reference}: greedy generation loop of a decoder, "
+                      f"{gen.prompts} prompt(s) x {gen.steps} step(s), prompts {gen.source}"]
+        lines += ["  " + line for line in (gen.lines() if gen else [])]
         lines += ["  " + m.line() for m in self.outputs]
         if self.per_layer is not None:
 
@@ -135,6 +150,9 @@ def verify(reference: str | Path, candidate: str | Path, options: VerifyOptions 
 
 def _verify(reference: Path, candidate: Path, options: VerifyOptions) -> VerifyReport:
     start = time.perf_counter()
+    decoders = _decoders(reference, candidate, options)
+    if decoders:
+        return _verify_decoder(reference, candidate, decoders, options, start)
     feeds = checked_feeds(reference, candidate, options)
     results = _run(reference, candidate, feeds, options)
     if options.save_outputs:
@@ -156,12 +174,47 @@ def _verify(reference: Path, candidate: Path, options: VerifyOptions) -> VerifyR
         except Exception as exc:  # onnxruntime on a model or feed it cannot run
             raise TrtBridgeError(f"--per-layer: onnxruntime failed while running {reference} and {candidate} with "
                                  f"their tensors exposed: {_first_line(exc)}") from exc
-    if options.costs:
-        measured = {"reference": costs_or_none(reference, options.costs),
-                    "candidate": costs_or_none(candidate, options.costs, options.plugins)}
-        report.costs = measured if all(measured.values()) else None
+    report.costs = _costs(reference, candidate, options)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _decoders(reference: Path, candidate: Path, options: VerifyOptions):
+    """(headers, signatures) of the two models when both are decoders with a key/value cache, else None."""
+    for path in (reference, candidate):
+        if not path.is_file():
+            raise TrtBridgeError(f"{path}: no such file. Check the path to the ONNX model.")
+    headers = (_header(reference), _header(candidate))
+    signatures = decoder_pair((reference, candidate), headers, options.generation is not None)
+    return (headers, signatures) if signatures else None
+
+
+def _verify_decoder(reference: Path, candidate: Path, decoders, options: VerifyOptions, start: float):
+    refused = [flag for flag, value in (("--engine", options.engine), ("--per-layer", options.per_layer),
+                                        ("--random", options.random is not None), ("--shapes", options.shapes),
+                                        ("--save-outputs", options.save_outputs),
+                                        ("--load-outputs", options.load_outputs),
+                                        ("--save-inputs", options.save_inputs), ("--load-inputs", options.load_inputs))
+               if value]
+    if refused:
+        raise TrtBridgeError(f"{candidate} is a decoder with a key/value cache, compared in a generation loop, where "
+                             f"{refused[0]} does not apply: drop it (the loop takes --data with input_ids prompts, "
+                             "--prompts, --steps, --prompt-length).")
+    generation = replace(options.generation or GenerationOptions(), data=options.data, seed=options.seed)
+    gen, logits = compare_generation(reference, candidate, *decoders, generation, options.top_k)
+    report = VerifyReport(str(reference), str(candidate), None, gen.prompts, [logits], generation=gen)
+    apply_gates(list(options.gates), report.outputs)
+    report.costs = _costs(reference, candidate, options)
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+def _costs(reference: Path, candidate: Path, options: VerifyOptions) -> dict[str, EngineCosts] | None:
+    if not options.costs:
+        return None
+    measured = {"reference": costs_or_none(reference, options.costs),
+                "candidate": costs_or_none(candidate, options.costs, options.plugins)}
+    return measured if all(measured.values()) else None
 
 
 def _first_line(exc: Exception) -> str:

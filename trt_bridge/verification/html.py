@@ -29,14 +29,62 @@ def _plotted(values: list) -> list[float]:
     return [EXACT_DB if v is None or v == math.inf else (v if math.isfinite(v) else floor) for v in values]
 
 
-def _plot_svg(report) -> str:
+def _figure():
     try:
-        import matplotlib
         from matplotlib.figure import Figure
     except ImportError as exc:
         raise MissingDependencyError("the HTML report draws its plot with matplotlib: pip install matplotlib "
                                      "(or 'trt-bridge[html]').") from exc
-    fig = Figure(figsize=(10, 4.2))  # no pyplot: no global figure manager, no backend switch
+    return Figure(figsize=(10, 4.2))  # no pyplot: no global figure manager, no backend switch
+
+
+def _svg(fig) -> str:
+    import matplotlib
+
+    fig.tight_layout()
+    buffer = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": "trt-bridge"}):  # stable element ids: same report, same page
+        fig.savefig(buffer, format="svg", metadata={"Date": None})
+    svg = buffer.getvalue()
+    return svg[svg.index("<svg"):]
+
+
+def _generation_svg(gen) -> str:
+    """The logits SNR and the share of prompts whose next token agrees, per step of the generation loop."""
+    fig = _figure()
+    ax = fig.subplots()
+    steps = list(range(gen.steps))
+    ax.plot(steps, _plotted(list(gen.step_snr_db)), "o-", color="#4a78b5", markersize=3, label="logits SNR")
+    ax.set_xlabel("generation step (0: prefill)")
+    ax.set_ylabel("logits SNR vs reference (dB)")
+    ax.grid(True, alpha=0.3)
+    share = ax.twinx()
+    share.step(steps, [100 * a for a in gen.step_agreement], where="mid", color="#e07b00",
+               label="next-token agreement")
+    share.set_ylim(-5, 105)
+    share.set_ylabel("next-token agreement, teacher-forced (%)")
+    ax.set_title("Generation loop, per step")
+    fig.legend(loc="lower left", fontsize=8)
+    return _svg(fig)
+
+
+def _generation_html(gen) -> list[str]:
+    verdict = '<span class="pass">PASS</span>' if gen.passed else \
+        f'<span class="fail">FAIL</span> {html.escape("; ".join(gen.failures))}'
+    rows = [("prompts x steps", f"{gen.prompts} x {gen.steps} ({html.escape(gen.source)})"),
+            ("next-token agreement (teacher-forced)", f"{100 * gen.token_agreement:.1f}% ({gen.agreed}/"
+                                                      f"{gen.compared})"),
+            ("free-running prefix match (mean, min)", f"{sum(gen.prefix_match) / len(gen.prefix_match):.1f}, "
+                                                      f"{min(gen.prefix_match)} of {gen.steps}"),
+            ("logits SNR over all steps (dB)", snr_text(gen.logits_snr_db)),
+            ("lowest logits SNR of a step (dB)", snr_text(gen.min_step_snr_db)), ("gate", verdict)]
+    return ["<h2>Generation loop (decoder)</h2><table id=generation>",
+            *(f"<tr><td class=name>{name}</td><td>{value}</td></tr>" for name, value in rows), "</table>",
+            f"<figure id=generation-plot>{_generation_svg(gen)}</figure>"]
+
+
+def _plot_svg(report) -> str:
+    fig = _figure()
     ax = fig.subplots()
     loc = report.per_layer
     if loc is not None and loc.tensors:
@@ -63,12 +111,7 @@ def _plot_svg(report) -> str:
         ax.set_ylabel("SNR vs reference (dB)")
         ax.set_title("SNR per output")
     ax.grid(True, alpha=0.3)
-    fig.tight_layout()
-    buffer = io.StringIO()
-    with matplotlib.rc_context({"svg.hashsalt": "trt-bridge"}):  # stable element ids: same report, same page
-        fig.savefig(buffer, format="svg", metadata={"Date": None})
-    svg = buffer.getvalue()
-    return svg[svg.index("<svg"):]
+    return _svg(fig)
 
 
 def render(report) -> str:
@@ -96,6 +139,8 @@ def render(report) -> str:
         "<h2>SNR along the graph</h2>" if report.per_layer is not None else "<h2>SNR per output</h2>",
         f'<figure id=plot>{_plot_svg(report)}</figure>',
     ]
+    if report.generation is not None:
+        parts += _generation_html(report.generation)
     loc = report.per_layer
     if loc is not None:
         parts.append("<h2>Quantized layers by the error they make (on their own, then added)</h2><table id=layers>"
