@@ -121,7 +121,9 @@ class DequantizeConstant:
             offset = values.astype(np.int64) - broadcast_param(zp.astype(np.int64), values, axis, block)
         else:  # float8 (and int4, whose ml_dtypes type numpy counts as no integer): exact in float64
             offset = values.astype(np.float64) - broadcast_param(zp, values, axis, block)
-        floats = dequantized(offset, broadcast_param(scale, values, axis, block)).astype(np.float32)
+        # the DequantizeLinear's own output type: its scale's (a float16 layer of ModelOpt's stays float16)
+        floats = dequantized(offset, broadcast_param(scale, values, axis, block)).astype(
+            np.float16 if scale.dtype == np.float16 else np.float32)
         if block:  # blocked: the scale keeps the weight's rank
             scale = scale.astype(np.float64)
         else:
@@ -170,7 +172,7 @@ class DequantizeConstant:
                                                                    float_type(out, "weight")):
                         continue
                     consumer.inputs[index] = lift_block_weight(ctx, source, values, zp, scale, c_axis, block, site,
-                                                               node.name)
+                                                               node.name, ftype=float_type(out, "weight"))
                 elif not fp4 and not block and (scale.ndim == 0 or axis == c_axis):
                     # 8-bit channels symmetric int8 cannot hold as they are (NNCF's zero points, its negative
                     # scales) stay exact: int8 codes + each channel's shift in a float side path (lift/shifted_channels)
@@ -181,7 +183,7 @@ class DequantizeConstant:
                                               float_type(out, "weight"))
                         continue
                     consumer.inputs[index] = lift_integer_weight(ctx, source, values, zp, scale, c_axis, site,
-                                                                 node.name)
+                                                                 node.name, float_type(out, "weight"))
                 else:  # per-channel on another axis, or blocks TensorRT has no form for: re-quantized per channel
                     if fp4:
                         ctx.approximate(self.name, node.name, f"FP4 weights of {consumer.op} '{consumer.name}' "

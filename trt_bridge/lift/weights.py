@@ -29,8 +29,8 @@ def weight_axis(node: gs.Node, rank: int) -> int:
 
 
 def lift_integer_weight(ctx: LiftContext, tensor: gs.Tensor, values: np.ndarray, zero_point: np.ndarray,
-                        scale: np.ndarray, axis: int, site: Site, origin: str) -> gs.Constant:
-    """The float weight ``(W_q − zero_point) · scale`` (``scale``/``zero_point`` 0-d or per ``axis``),
+                        scale: np.ndarray, axis: int, site: Site, origin: str, ftype=np.float32) -> gs.Constant:
+    """The float weight ``(W_q − zero_point) · scale`` (``scale``/``zero_point`` 0-d or per ``axis``) of type ``ftype``,
     shared by every site that lifts the same integers with the same scale, and annotated for lowering."""
     shape = [1] * values.ndim
     shape[axis] = -1
@@ -38,7 +38,7 @@ def lift_integer_weight(ctx: LiftContext, tensor: gs.Tensor, values: np.ndarray,
     sc = scale.reshape(shape) if scale.ndim else scale
     key = ("integer-weight", tensor.name, scale.tobytes(), zero_point.tobytes())
     base = tensor.name.removesuffix("_quantized") or origin
-    const = ctx.constant(f"{base}_float", lambda: _dequantized(values, zp, sc), key)
+    const = ctx.constant(f"{base}_float", lambda: _dequantized(values, zp, sc).astype(ftype, copy=False), key)
     spec = ctx.annotations.weights.get(const.name)
     if spec is None:
         spec = _weight_spec(const.name, values, zero_point, scale, axis, origin)

@@ -2,12 +2,17 @@
 written into the model.
 
 TensorRT 11 (and TensorRT-RTX) run every layer in the type the ONNX gives it, so a converted model whose
-non-quantized layers are float32 runs them in FP32. This pass writes them in float16 with onnxconverter-
-common's converter (casts at the boundaries, float16 constants clamped to its range), keeping in float32:
+non-quantized layers are float32 runs them in FP32. This pass writes them in float16
+(:mod:`trt_bridge.lower.float16_types`: one type per type parameter of each node, Casts where float16 meets
+float32, float16 constants clamped to its range), keeping in float32:
 
 - the numerically sensitive ops: normalization statistics, Softmax, Pow, Exp, Log, reductions, Sqrt and
   Reciprocal (the pieces of a decomposed LayerNorm);
 - float shape arithmetic (float16 would round a dimension);
+- float arithmetic on integers cast to float (:func:`integer_arithmetic`: Llama's rotary ``inv_freq @ positions``,
+  T5's relative position buckets, ``(1 - mask) · -1e9``): float16 holds integers exactly only up to 2048, so a
+  rotary angle at position 3000 would be off by up to a radian. Their result is clipped to float16's range where a
+  float16 layer reads it (a -1e9 mask bias would otherwise become -inf);
 - every node that reads or writes a tensor whose calibrated range exceeds float16's safe range (half of
   65504, so that one more Add does not overflow), found by one pass over the calibration feeds;
 - the graph's inputs and outputs (their types are the model's interface), unless ``--io-types``;
@@ -16,9 +21,9 @@ common's converter (casts at the boundaries, float16 constants clamped to its ra
   :func:`trt_bridge.calibrate.recenter.recenter` makes the shifted tensor's scale representable in the low-precision
   type and, for a non-negative tensor, the centre 128 steps, so a ReLU's zeros stay on the int8 grid.
 
-Q/DQ keep the converter from splitting them: where it would put a Cast between a DequantizeLinear and
-its float16 reader (or between a float16 producer and a QuantizeLinear), the Q/DQ instead take a float16
-scale and read or write float16 directly (opset 19), so TensorRT still fuses them into INT8 kernels.
+The Q/DQ follow the layers around them: a DequantizeLinear is float16 (a float16 scale, opset 19) when every
+reader is, a QuantizeLinear quantizes its input in the type it arrives in, so TensorRT still fuses them into INT8
+kernels. Graph inputs and outputs keep their types (the model stays a drop-in replacement) unless ``--io-types``.
 Every node kept in float32 is reported with its reason.
 
 bfloat16 is the same rewrite with the type changed afterwards: every float16 tensor, constant, scale and
@@ -26,8 +31,8 @@ Cast becomes bfloat16, each constant rounded from its original float32 value (ne
 range clamp bfloat16 does not need). bfloat16 has float32's range, so no layer is kept for its range.
 onnxruntime's CPU provider has no bfloat16 kernels: :func:`trt_bridge.runtime.bf16.emulate_bfloat16` gives the
 float32 model that rounds every bfloat16 result as TensorRT stores it, which is what ``verify`` and the accuracy
-target run. The Cast folding and the retyping live in :mod:`trt_bridge.lower.float16_fixups` and
-:mod:`trt_bridge.lower.bfloat16_retype`; the per-layer census in :mod:`trt_bridge.lower.layer_precisions`.
+target run. The retyping lives in :mod:`trt_bridge.lower.bfloat16_retype`; the per-layer census in
+:mod:`trt_bridge.lower.layer_precisions`.
 """
 
 from __future__ import annotations
@@ -35,16 +40,14 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import numpy as np
 import onnx
 
 from trt_bridge.choices import HighPrecision
-from trt_bridge.errors import MissingDependencyError, UnsupportedPatternError
-from trt_bridge.ir.dynamic_gemm import is_plugin_node
+from trt_bridge.errors import UnsupportedPatternError
 from trt_bridge.ir.model import default_opset
-from trt_bridge.ir.types import declared_types, value_types
+from trt_bridge.ir.types import declared_types, elem_types, infer_shapes, value_types
 from trt_bridge.lower.bfloat16_retype import float_constants, retype_float16
-from trt_bridge.lower.float16_fixups import qdq_in_float16, restore_names, restore_output_types
+from trt_bridge.lower.float16_types import assign_float16
 
 log = logging.getLogger("trt_bridge.lower.precision")
 
@@ -143,57 +146,117 @@ def to_float16(model: onnx.ModelProto, ranges: dict[str, float] | None = None, k
     """``model`` (a lowered INT8 Q/DQ model, opset ≥ 13) with its float part in float16 (see the module doc).
     ``ranges``: tensor → largest magnitude seen on the calibration feeds; ``extra``: more nodes to keep in
     float32, with their reasons."""
-    try:
-        from onnxconverter_common import float16
-    except ImportError as exc:
-        raise MissingDependencyError("--high-precision fp16/bf16 writes the model with onnxconverter-common: pip "
-                                     "install onnxconverter-common (or 'trt-bridge[fp16]').") from exc
     from onnx import version_converter
 
     ranges = ranges or {}
-    kept: list[KeptInFloat32] = list(extra)
-    block_nodes = [k.node for k in extra]
-    blocked = set(block_nodes)
-    shape_nodes = _shape_computation(model)
-    for node in model.graph.node:
-        if node.op_type in ("QuantizeLinear", "DequantizeLinear") or node.name in blocked:
-            continue
-        if node.name in shape_nodes:
-            kept.append(KeptInFloat32(node.name, node.op_type, "it computes a shape (float16 would round it)"))
-            block_nodes.append(node.name)
-            continue
-        if node.op_type in SENSITIVE:
-            kept.append(KeptInFloat32(node.name, node.op_type, f"{node.op_type} is numerically sensitive"))
-            block_nodes.append(node.name)
-            continue
-        big = [(t, ranges[t]) for t in (*node.input, *node.output) if ranges.get(t, 0.0) > FP16_SAFE]
-        if big:
-            tensor, value = max(big, key=lambda item: item[1])
-            kept.append(KeptInFloat32(node.name, node.op_type, f"'{tensor}' reaches {value:.4g} on the calibration "
-                                                                f"data, beyond float16's safe range ({FP16_SAFE:g})"))
-            block_nodes.append(node.name)
-    if default_opset(model) < 19:  # float16 Q/DQ scales need opset 19; upgrade while every Q/DQ is still float32
+    if default_opset(model) < 19:  # float16 Q/DQ scales need opset 19
         model = version_converter.convert_version(model, 19)
-    import warnings
+    _name_nodes(model)
+    model = infer_shapes(model)
+    kept: list[KeptInFloat32] = list(extra)
+    high = {k.node for k in extra}
+    shape_nodes = _shape_computation(model)
+    positions = integer_arithmetic(model)
+    floats = {name for name, t in elem_types(model).items() if t in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)}
+    for node in model.graph.node:
+        if node.name in high:
+            continue
+        if node.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            if node.name in positions:  # a Q/DQ of an integer-derived value: it stays float32 with its readers
+                high.add(node.name)
+            continue
+        reason = None
+        if node.name in shape_nodes:
+            reason = "it computes a shape (float16 would round it)"
+        elif node.name in positions:
+            if any(o in floats for o in node.output):
+                reason = (f"it takes part in float arithmetic on '{positions[node.name]}', integers (positions, "
+                          "counts) cast to float: float16 would round those beyond 2048")
+            high.add(node.name)
+        elif node.op_type in SENSITIVE:
+            reason = f"{node.op_type} is numerically sensitive"
+        else:
+            big = [(t, ranges[t]) for t in (*node.input, *node.output) if ranges.get(t, 0.0) > FP16_SAFE]
+            if big:
+                tensor, value = max(big, key=lambda item: item[1])
+                reason = f"'{tensor}' reaches {value:.4g} on the calibration data, beyond float16's safe range " \
+                         f"({FP16_SAFE:g})"
+        if reason is not None:
+            kept.append(KeptInFloat32(node.name, node.op_type, reason))
+            high.add(node.name)
+    # float16 only: bfloat16 holds float32's range
+    saturate = {n.name for n in model.graph.node if n.name in positions and n.op_type in INTEGER_ARITHMETIC} \
+        if scale_suffix == "fp16" else set()
+    # (a plugin node's attributes, its exact weights, scales and bias, are left as they are: its I/O is float16)
+    assign_float16(model, high, keep_io_types, scale_suffix, saturate)
+    return model, kept
 
-    named = {n.name: list(n.output) for n in model.graph.node if n.name}
-    plugin_attrs = {n.name: list(n.attribute) for n in model.graph.node if is_plugin_node(n)}
-    with warnings.catch_warnings():  # the converter warns for every constant it clamps into float16's range
-        warnings.simplefilter("ignore", UserWarning)
-        converted = float16.convert_float_to_float16(
-            model, keep_io_types=keep_io_types, op_block_list=[*float16.DEFAULT_OP_BLOCK_LIST, "QuantizeLinear",
-                                                               "DequantizeLinear"],
-            node_block_list=block_nodes, min_positive_val=float(np.finfo(np.float16).smallest_subnormal),
-            max_finite_val=65504.0, disable_shape_infer=False)
-    if keep_io_types:
-        restore_output_types(converted, {o.name: o.type.tensor_type.elem_type for o in model.graph.output})
-    restore_names(converted, named, scale_suffix)
-    for node in converted.graph.node:  # the plugin's weights, scales and bias stay exact (its I/O is float16)
-        if node.name in plugin_attrs:
-            del node.attribute[:]
-            node.attribute.extend(plugin_attrs[node.name])
-    qdq_in_float16(converted, scale_suffix)
-    return converted, kept
+
+def _name_nodes(model: onnx.ModelProto) -> None:
+    """Give every unnamed node a unique name (the float16 pass keeps nodes in float32 by name)."""
+    taken = {n.name for n in model.graph.node if n.name}
+    for k, node in enumerate(model.graph.node):
+        if not node.name:
+            name = f"{node.op_type}_{k}"
+            while name in taken:
+                name += "_"
+            node.name = name
+            taken.add(name)
+
+
+#: ops that carry a number computed from integers on as such a number: arithmetic and data movement (a Cos, a
+#: Softmax, a normalization or a comparison of it is no position any more, though it reads one)
+INTEGER_ARITHMETIC = frozenset({
+    "Add", "Sub", "Mul", "Div", "Neg", "Abs", "Floor", "Ceil", "Round", "Log", "Exp", "Pow", "Sqrt", "Reciprocal",
+    "Min", "Max", "Clip", "Mod", "Sum", "Mean", "MatMul", "Gemm", "Where", "ReduceMax", "ReduceMin", "ReduceSum",
+    "Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Concat", "Split", "Slice", "Gather",
+    "GatherElements", "Expand", "Tile", "Pad", "QuantizeLinear", "DequantizeLinear"})
+
+
+def integer_arithmetic(model: onnx.ModelProto) -> dict[str, str]:
+    """The nodes that compute on integers cast to float (node → the Cast's output): Llama's rotary angles
+    (``inv_freq @ Cast(position_ids)``), T5's relative position buckets (``Log(Cast(|i - j|) / 8)``), a mask's
+    ``(1 - Cast(mask)) · -1e9``. From each ``Cast(integer → float)`` of a computed integer, through arithmetic and data
+    movement whose other float inputs are constants or such values too; a node that reads one beside other values
+    (``q · cos``'s Cos, ``scores + mask``) reads it in float32 and ends the region. Values computed from constants and
+    shapes alone (``Expand(inv_freq, Shape(...))``, T5's bias table gathered at its buckets) count as constants."""
+    g = model.graph
+    types = elem_types(model)
+    literal = {i.name for i in g.initializer} | {n.output[0] for n in g.node if n.op_type == "Constant"}
+    static = set(literal)  # constants, shapes, and what is computed from them alone
+    integers = {onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
+                onnx.TensorProto.UINT8, onnx.TensorProto.UINT16, onnx.TensorProto.UINT32, onnx.TensorProto.UINT64}
+    float_types = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE)
+    derived: dict[str, str] = {}  # tensor → the Cast output it comes from
+    found: dict[str, str] = {}
+    for node in g.node:
+        if node.op_type == "Cast" and node.input and node.input[0] not in literal \
+                and types.get(node.input[0]) in integers and types.get(node.output[0]) in float_types:
+            derived[node.output[0]] = found[node.name] = node.output[0]
+            continue
+        read = [i for i in node.input if i and (types.get(i) in float_types or i in derived)]
+        seeds = [derived[i] for i in read if i in derived]
+        if seeds:
+            found[node.name] = seeds[0]
+            carried = node.op_type in INTEGER_ARITHMETIC or (node.op_type == "Cast" and types.get(node.output[0])
+                                                              in float_types)  # a float → float Cast carries it
+            if carried and all(i in derived or i in static for i in read):
+                derived.update({out: seeds[0] for out in node.output if out})
+        elif node.op_type in ("Shape", "Size") or (node.input and all(not i or i in static for i in node.input)):
+            static.update(out for out in node.output if out)
+    # the computed constants they read stay float32 too (Expand(inv_freq) rounded to float16 would be off by
+    # position · 2^-11 radians)
+    producer = {o: n for n in g.node for o in n.output if o}
+    todo = [(i, seed) for n in g.node if n.name in found for i in n.input if i in static and i in producer
+            for seed in (found[n.name],)]
+    while todo:
+        tensor, seed = todo.pop()
+        node = producer[tensor]
+        if node.name in found or node.op_type == "Constant" or types.get(tensor) not in float_types:
+            continue
+        found[node.name] = seed
+        todo.extend((i, seed) for i in node.input if i in static and i in producer)
+    return found
 
 
 #: op → the inputs that are shapes, sizes or indices rather than data

@@ -207,6 +207,21 @@ def _annotate_input(node: gs.Node, index: int, annotations: Annotations, result:
         spec.sites.append(site)
 
 
+def _cast_from_integers(t: gs.Tensor) -> bool:
+    """Whether ``t`` is a ``Cast`` of integers to float (through reshapes and transposes)."""
+    import numpy as np
+
+    while len(t.inputs) == 1:
+        node = t.inputs[0]
+        if node.op == "Cast":
+            source = node.inputs[0].dtype
+            return source is not None and not isinstance(source, int) and np.issubdtype(np.dtype(source), np.integer)
+        if node.op not in ("Unsqueeze", "Squeeze", "Reshape", "Transpose", "Expand", "Flatten", "Identity"):
+            return False
+        t = node.inputs[0]
+    return False
+
+
 def _too_small(node: gs.Node, weight: gs.Tensor) -> str | None:
     """Why ``node`` is too small for TensorRT's int8 kernels to be worth its Q/DQ, or None."""
     shape = weight.shape
@@ -239,6 +254,11 @@ def _annotate_weighted(node: gs.Node, annotations: Annotations, result: Placemen
         return
     weight = node.inputs[w_index]
     if not _is_constant(weight):
+        counted = next((t for t in node.inputs[:2] if _cast_from_integers(t)), None)
+        if counted is not None:  # Llama's rotary inv_freq @ Cast(position_ids): int8 would round the positions
+            result.left_in_float.append(LeftInFloat(counted.name, node.name, "it reads integers cast to float "
+                                                    "(positions, counts), which int8 cannot hold"))
+            return
         why = wanted(node, 0)
         if why is None:  # activation × activation, asked for with --include-ops
             for index in (0, 1):
