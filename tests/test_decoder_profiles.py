@@ -14,7 +14,8 @@ from test_cli import cli
 from trt_bridge.checks import CheckOptions, check_model
 from trt_bridge.cli.common import profiles_from_args
 from trt_bridge.errors import TrtBridgeError
-from trt_bridge.tensorrt.decoder_profiles import decoder_profiles, is_past
+from trt_bridge.ir.decoder import is_past
+from trt_bridge.tensorrt.decoder_profiles import decoder_profiles
 
 pytest.importorskip("tensorrt_rtx")
 

@@ -23,8 +23,7 @@ fails (:mod:`.build`).
 
 from __future__ import annotations
 
-import re
-
+from trt_bridge.ir.decoder import is_past
 from trt_bridge.tensorrt.profiles import Profile, Shape
 
 #: (min, opt, max) of the sequence and past lengths of each default profile
@@ -32,15 +31,9 @@ PREFILL_SEQUENCE = (1, 16, 128)
 PREFILL_PAST = 0  # TensorRT-RTX 1.7.1 accepts a 0-length dimension in a profile (verified: tests/test_check.py)
 DECODE_PAST = (1, 128, 512)
 
-_PAST = (re.compile(r"past_key_values\.\d+\.(key|value)"), re.compile(r"past_(key|value)_\w+"))
 #: input name → (rank, the axis of its dynamic length, which length: 'sequence' or 'total')
 _TOKENS = {"input_ids": (2, 1, "sequence"), "inputs_embeds": (3, 1, "sequence"), "position_ids": (2, 1, "sequence"),
            "attention_mask": (2, 1, "total")}
-
-
-def is_past(name: str) -> bool:
-    """A KV-cache input of onnxruntime-genai's or Optimum's naming."""
-    return any(pattern.fullmatch(name) for pattern in _PAST)
 
 
 def decoder_profiles(inputs: dict[str, Shape]) -> tuple[Profile, ...]:

@@ -13,13 +13,13 @@ and its outputs ``logits`` [batch, seq, vocab] and ``present.N.key`` / ``.value`
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.ir.decoder import config_dims
 
 INPUT_IDS, ATTENTION_MASK, POSITION_IDS, USE_CACHE_BRANCH = ("input_ids", "attention_mask", "position_ids",
                                                              "use_cache_branch")
@@ -120,27 +120,6 @@ def decoder_pair(paths: tuple[Path, Path], headers: tuple[onnx.ModelProto, onnx.
     return signatures
 
 
-def _config_dims(folder: Path) -> dict[str, int]:
-    """Cache dimensions an exporter's config beside the model states: onnxruntime-genai's genai_config.json
-    (``head_size``, ``num_key_value_heads``) or Hugging Face's config.json."""
-    found: dict[str, int] = {}
-    try:
-        genai = json.loads((folder / "genai_config.json").read_text())["model"]["decoder"]
-        found = {"heads": int(genai["num_key_value_heads"]), "head": int(genai["head_size"])}
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    if found:
-        return found
-    try:
-        hf = json.loads((folder / "config.json").read_text())
-        heads = int(hf["num_attention_heads"])
-        found = {"heads": int(hf.get("num_key_value_heads") or heads),
-                 "head": int(hf.get("head_dim") or int(hf["hidden_size"]) // heads)}
-    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
-        pass
-    return found
-
-
 def empty_cache_shapes(model: onnx.ModelProto, path: Path, signature: DecoderSignature,
                        fallback: dict[str, tuple[int, ...]] | None = None) -> dict[str, tuple[int, ...]]:
     """The shape of each past input at prefill (batch 1, past length 0), every other dimension resolved.
@@ -164,7 +143,7 @@ def empty_cache_shapes(model: onnx.ModelProto, path: Path, signature: DecoderSig
             if not isinstance(dim, int) and len(present) == len(c.shape) and isinstance(present[axis], int):
                 dim = present[axis]
             if not isinstance(dim, int):
-                config = _config_dims(path.parent) if config is None else config
+                config = config_dims(path.parent) if config is None else config
                 dim = config.get("heads" if axis == free[0] else "head" if axis == free[-1] else "", dim)
             if not isinstance(dim, int) and fallback and c.past in fallback:
                 dim = fallback[c.past][axis]
