@@ -40,6 +40,7 @@ CASES = {
     "llama-genai-cpu-fp16": ({"int4": True, "block_size": 32}, 0.4, 14.0),  # MultiHeadAttention + RotaryEmbedding
     "llama-genai-cpu-fp32": ({"int4": True, "block_size": 32}, 0.4, 14.0),
     "llama-optimum-int4-b32-qdq": ({}, 1.0, 100.0),
+    "llama-optimum-merged-int4-b32": ({}, 1.0, 100.0),  # an If on use_cache_branch, MatMulNBits in both branches
 }
 
 
@@ -84,6 +85,8 @@ def _profiles(model: onnx.ModelProto, source: Path) -> dict[str, dict[str, tuple
             prefill[value.name], decode[value.name] = ((1, 1), (1, 16), (1, 64)), ((1, 1),) * 3
         elif value.name == "attention_mask":
             prefill[value.name], decode[value.name] = ((1, 1), (1, 16), (1, 64)), ((1, 2), (1, 33), (1, 64))
+        elif value.name == "use_cache_branch":
+            prefill[value.name] = decode[value.name] = ((1,),) * 3
     return {"prefill": prefill, "decode": decode}
 
 

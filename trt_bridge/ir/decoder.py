@@ -7,7 +7,7 @@ cache inputs, and the cache dimensions an exporter's config beside the model sta
   Hugging Face's ``config.json`` (``num_key_value_heads``, ``head_dim`` or ``hidden_size / num_attention_heads``).
 
 onnxruntime-genai declares the head size of its caches symbolic (``kv_cache_dim``); TensorRT needs it fixed, and
-the config says what it is (:mod:`trt_bridge.prepare.cache_dims` writes it into a converted model,
+the config says what it is (:mod:`trt_bridge.prepare.decoder_dims` writes it into a converted model,
 :mod:`trt_bridge.tensorrt.decoder_profiles` and :mod:`trt_bridge.verification.decoder` read it).
 """
 
