@@ -420,3 +420,26 @@ def test_npz_scalar_input(tmp_path):
     np.savez(tmp_path / "c.npz", s=np.float32(3.0))
     feeds = list(open_feeds(str(tmp_path / "c.npz"), None, [InputSpec("s", np.dtype(np.float32), ())]))
     assert len(feeds) == 1 and float(feeds[0]["s"]) == 3.0
+
+
+def test_a_decoder_feed_is_one_step_of_its_loop():
+    """A decoder's feed: the mask covers the past and the new tokens (prefill: past 0); one batch for all; a window
+    cache (a past length named '*sliding*', onnxruntime-genai's Mistral) may be shorter than the mask."""
+
+    def inputs(past_length="past_sequence_length"):
+        return [InputSpec("input_ids", np.dtype(np.int64), ("batch", "sequence")),
+                InputSpec("attention_mask", np.dtype(np.int64), ("batch", "total")),
+                InputSpec("past_key_values.0.key", np.dtype(np.float32), ("batch", 2, past_length, 16))]
+
+    def feed(batch, new, past, mask):
+        return {"input_ids": np.ones((batch, new), np.int64), "attention_mask": np.ones((batch, mask), np.int64),
+                "past_key_values.0.key": np.zeros((batch, 2, past, 16), np.float32)}
+
+    validate_feed(feed(1, 5, 0, 5), inputs(), "prefill")
+    validate_feed(feed(2, 1, 7, 8), inputs(), "decode")
+    validate_feed(feed(1, 1, 8, 20), inputs("past_sliding_length"), "window")
+    with pytest.raises(CalibrationDataError, match=r"^bad: 'attention_mask' is 9 long, but this step feeds 5 new "
+                                                   r"token\(s\) after a past 'past_key_values.0.key' of 0"):
+        validate_feed(feed(1, 5, 0, 9), inputs(), "bad")
+    with pytest.raises(CalibrationDataError, match="disagree on the batch: input_ids 2, attention_mask 1"):
+        validate_feed({**feed(2, 1, 7, 8), "attention_mask": np.ones((1, 8), np.int64)}, inputs(), "batch")

@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 
 from trt_bridge.errors import CalibrationDataError
+from trt_bridge.ir.decoder import is_past
 from trt_bridge.ir.shapes import BroadcastChecker, BroadcastConflict, shape_text
 
 Feed = dict[str, np.ndarray]
@@ -107,7 +108,30 @@ def validate_feed(feed: object, inputs: list[InputSpec], where: str) -> Feed:
                     f"shape {list(arr.shape)}: dimension {axis} is {got}, the model fixes it at {want}."
                 )
         out[spec.name] = _match_dtype(arr, spec, where)
+    check_decoder_feed(out, inputs, where)
     return out
+
+
+def check_decoder_feed(feed: Feed, inputs: list[InputSpec], where: str) -> None:
+    """A decoder's feed (``input_ids``, ``attention_mask`` and its key/value cache) must be one step of its loop: one
+    batch, and a mask as long as the past and the new tokens together (prefill: a past of length 0). A window cache
+    (a past length named ``*sliding*``, onnxruntime-genai's Mistral) may be shorter than what the mask covers."""
+    ids, mask = feed.get("input_ids"), feed.get("attention_mask")
+    pasts = [(spec, feed[spec.name]) for spec in inputs if is_past(spec.name) and feed[spec.name].ndim == 4]
+    if ids is None or mask is None or not pasts or ids.ndim != 2 or mask.ndim != 2:
+        return
+    spec, past = pasts[0]
+    batches = {"input_ids": ids.shape[0], "attention_mask": mask.shape[0], spec.name: past.shape[0]}
+    if len(set(batches.values())) > 1:
+        raise CalibrationDataError(f"{where}: the decoder's inputs disagree on the batch: "
+                                   f"{', '.join(f'{k} {v}' for k, v in batches.items())}. Give one batch to all.")
+    window = "sliding" in str(spec.shape[2] or "")
+    new, length, seen = ids.shape[1], mask.shape[1], past.shape[2]
+    if length < new or (not window and length > seen + new):
+        raise CalibrationDataError(
+            f"{where}: 'attention_mask' is {length} long, but this step feeds {new} new token(s) after a past "
+            f"'{spec.name}' of {seen}: the mask covers the past and the new tokens, {seen + new} here (a prefill "
+            "feed has a past of length 0 and a mask as long as input_ids).")
 
 
 def _match_dtype(arr: np.ndarray, spec: InputSpec, where: str) -> np.ndarray:
