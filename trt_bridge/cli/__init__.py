@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     except TrtBridgeError as exc:
         print(f"trt-bridge {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    level_before = logging.getLogger("trt_bridge").level  # restored when main returns (a caller's own process)
     _configure_logging(verbose, getattr(args, "quiet", False))
     _quiet_graphsurgeon(verbose)
     if verbose < 2:
@@ -159,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        logging.getLogger("trt_bridge").setLevel(level_before)
 
 
 def _one_line(exc: BaseException, limit: int = 2000) -> str:

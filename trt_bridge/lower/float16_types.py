@@ -35,22 +35,24 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto
 
 from trt_bridge.ir.types import value_types
+from trt_bridge.lower.type_groups import (
+    ATTRIBUTE_TYPED,
+    FLOAT,
+    HALF,
+    RETYPEABLE,
+    fixed_slots,
+    lacks_float16,
+    type_groups,
+)
 
-FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
-RETYPEABLE = (FLOAT, HALF)
 HALF_MAX = float(np.finfo(np.float16).max)
 
 #: ops that only move or select values: they keep the type their values arrive in
 MOVERS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Concat", "Split",
                     "Slice", "Gather", "GatherElements", "GatherND", "Expand", "Tile", "Pad", "DepthToSpace",
                     "SpaceToDepth", "ReverseSequence"})
-#: (op, input index) read only for its shape or its own type: it takes any type
-FREE_INPUTS = frozenset({("Shape", 0), ("Size", 0), ("Cast", 0), ("CastLike", 0), ("EyeLike", 0)})
-#: ops whose float output type is set by an attribute, not by an input: they follow their readers
-ATTRIBUTE_TYPED = frozenset({"Cast", "ConstantOfShape"})
 
 
 def assign_float16(model: onnx.ModelProto, high: set[str], keep_io_types: bool = True, suffix: str = "fp16",
@@ -66,7 +68,7 @@ def assign_float16(model: onnx.ModelProto, high: set[str], keep_io_types: bool =
     constant_nodes = {n.output[0]: n for n in nodes if n.op_type == "Constant" and _value_attr(n) is not None}
     types.update({name: _value_attr(node).data_type for name, node in constant_nodes.items()})
     opsets = {(i.domain or ""): i.version for i in model.opset_import}
-    groups = {id(n): _groups(n, opsets, types) for n in nodes}
+    groups = {id(n): type_groups(n, opsets, types) for n in nodes}
     producer = {o: n for n in nodes for o in n.output if o}
     readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
     for n in nodes:
@@ -93,7 +95,7 @@ def assign_float16(model: onnx.ModelProto, high: set[str], keep_io_types: bool =
     for n in nodes:
         if n.op_type in ATTRIBUTE_TYPED or n.op_type in ("DequantizeLinear", "QuantizeLinear", "Constant"):
             continue
-        if n.name in high or _lacks_float16(n, opsets, types):
+        if n.name in high or lacks_float16(n, opsets, types):
             low[id(n)] = False
         elif n.op_type in MOVERS:
             low[id(n)] = FLOAT not in {chosen.get(n.input[k]) for ins, _ in groups[id(n)] for k in ins
@@ -151,83 +153,6 @@ def _choose_outputs(node: onnx.NodeProto, node_groups, is_low: bool, chosen: dic
             chosen[node.output[k]] = HALF if is_low else FLOAT
 
 
-def _schema(node: onnx.NodeProto, opsets: dict[str, int]):
-    domain = "" if node.domain in ("", "ai.onnx") else node.domain
-    if domain:
-        return None
-    try:
-        return onnx.defs.get_schema(node.op_type, opsets.get("", 1), "")
-    except onnx.defs.SchemaError:
-        return None
-
-
-def _groups(node: onnx.NodeProto, opsets: dict[str, int], types: dict[str, int]
-            ) -> list[tuple[list[int], list[int]]]:
-    """``node``'s float groups: (input indices, output indices) bound to one type parameter that takes float16 and
-    float32 and now holds float16 or float32 values (a Cast's input, a Shape's data: none)."""
-    schema = _schema(node, opsets)
-    if schema is None:  # another domain (the plugin): every float value is one group
-        ins = [k for k, i in enumerate(node.input) if i and types.get(i) in RETYPEABLE]
-        outs = [k for k, o in enumerate(node.output) if o and types.get(o) in RETYPEABLE]
-        return [(ins, outs)] if ins or outs else []
-    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
-    bound: dict[str, tuple[list[int], list[int]]] = {}
-    for k, name in enumerate(node.input):
-        param = _formal(schema.inputs, k)
-        if name and param is not None and (node.op_type, k) not in FREE_INPUTS:
-            bound.setdefault(param.type_str, ([], []))[0].append(k)
-    for k, name in enumerate(node.output):
-        param = _formal(schema.outputs, k)
-        if name and param is not None:
-            bound.setdefault(param.type_str, ([], []))[1].append(k)
-    found = []
-    for param, (ins, outs) in bound.items():
-        if not {"tensor(float)", "tensor(float16)"} <= allowed.get(param, set()):
-            continue
-        held = {types.get(node.input[k]) for k in ins} | {types.get(node.output[k]) for k in outs}
-        held.discard(None)
-        if held and held <= set(RETYPEABLE):
-            if not ins and node.op_type not in ATTRIBUTE_TYPED:
-                continue  # an output typed by an attribute we do not rewrite (RandomNormal's dtype, ...)
-            found.append((ins, outs))
-    return found
-
-
-def _fixed_slots(node: onnx.NodeProto, opsets: dict[str, int]) -> list[tuple[int, int]]:
-    """(input index, type) of ``node``'s inputs that take one float type only (``tensor(float)``)."""
-    schema = _schema(node, opsets)
-    if schema is None:
-        return []
-    fixed = {"tensor(float)": FLOAT, "tensor(float16)": HALF}
-    return [(k, fixed[p.type_str]) for k, name in enumerate(node.input)
-            if name and (p := _formal(schema.inputs, k)) is not None and p.type_str in fixed]
-
-
-def _formal(params, index: int):
-    if not params:
-        return None
-    if index < len(params):
-        return params[index]
-    last = params[-1]
-    return last if last.option == onnx.defs.OpSchema.FormalParameterOption.Variadic else None
-
-
-def _lacks_float16(node: onnx.NodeProto, opsets: dict[str, int], types: dict[str, int]) -> bool:
-    """Whether a float32 value of ``node`` is bound to a type parameter (or a fixed type) without float16."""
-    schema = _schema(node, opsets)
-    if schema is None:
-        return False
-    allowed = {c.type_param_str: set(c.allowed_type_strs) for c in schema.type_constraints}
-    for params, names in ((schema.inputs, node.input), (schema.outputs, node.output)):
-        for k, name in enumerate(names):
-            param = _formal(params, k)
-            if not name or param is None or (node.op_type, k) in FREE_INPUTS or types.get(name) != FLOAT:
-                continue
-            if param.type_str in allowed and "tensor(float16)" not in allowed[param.type_str]:
-                return True  # (a fixed "tensor(float)" input is cast to, not a reason)
-    return False
-
-
 def _rewrite(model, nodes, groups, low, chosen, types, inits, constant_nodes, readers, io_type, suffix, saturate,
              opsets) -> None:
     g = model.graph
@@ -248,7 +173,7 @@ def _rewrite(model, nodes, groups, low, chosen, types, inits, constant_nodes, re
         for ins, _ in groups[id(n)]:
             for k in ins:
                 wanted.append((n, k, HALF if low[id(n)] else FLOAT))
-        wanted.extend((n, k, to) for k, to in _fixed_slots(n, opsets))
+        wanted.extend((n, k, to) for k, to in fixed_slots(n, opsets))
     # constants: in place where every reader (and the graph, for an output) wants one type, else a copy
     wants_of: dict[str, set[int]] = {}
     for n, k, want in wanted:
