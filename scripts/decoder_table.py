@@ -1,7 +1,8 @@
 """The decoder benchmark: every export of the decoder corpus (``scripts/decoders/build.py``) converted as a user would,
 then measured where users run it (``docs/decoders.md`` shows the table).
 
-    python scripts/decoder_table.py [CORPUS] [--sizes tiny small] [--only ARCH ...] [--markdown F] [--json F]
+    python scripts/decoder_table.py [CORPUS] [--sizes tiny small] [--only ARCH ...] [--exports EXPORT ...]
+                                    [--markdown F] [--json F [--append]]
 
 For each ``CORPUS/decoders/<size>/<arch>/<export>/`` model (``model.onnx``, or Optimum's ``decoder_model_merged.onnx``):
 
@@ -15,7 +16,7 @@ For each ``CORPUS/decoders/<size>/<arch>/<export>/`` model (``model.onnx``, or O
    exporter: token agreement and logits SNR;
    (float16 sources: ``--int4`` only);
 3. TensorRT-RTX builds it ahead of time for SM 8.9 at a prefill profile (1-128 tokens, no past) and a decode profile
-   (1 token, a past of 1-511), each alone, so a failure names its profile.
+   (1 token, a past of 1-512), the profiles check and build give a decoder, each alone, so a failure names its profile.
 
 Nothing here is a timed test: the numbers go to ``--markdown`` / ``--json``.
 """
@@ -41,20 +42,23 @@ sys.path.insert(0, str(ROOT))
 import trt_bridge  # noqa: E402
 from trt_bridge.ir.decoder import config_dims, is_past  # noqa: E402
 from trt_bridge.tensorrt.build import build  # noqa: E402
+from trt_bridge.tensorrt.decoder_profiles import decoder_profiles, model_inputs_shapes  # noqa: E402
 from trt_bridge.tensorrt.options import BuildOptions  # noqa: E402
-from trt_bridge.tensorrt.profiles import Profile  # noqa: E402
 
 PROMPTS, STEPS = 4, 32
 FLOAT = re.compile(r"-(fp32|fp16|bf16)$")
 
 
-def sources(corpus: Path, sizes: list[str], only: list[str] | None) -> list[tuple[str, str, str, Path]]:
+def sources(corpus: Path, sizes: list[str], only: list[str] | None, exports: list[str] | None
+            ) -> list[tuple[str, str, str, Path]]:
     found = []
     for size in sizes:
-        for arch_dir in sorted((corpus / "decoders" / size).glob("*")):
+        for arch_dir in sorted(p for p in (corpus / "decoders" / size).glob("*") if p.is_dir()):
             if only and arch_dir.name not in only:
                 continue
             for export in sorted(p for p in arch_dir.iterdir() if p.is_dir() and p.name != "hf"):
+                if exports and export.name not in exports:
+                    continue
                 if export.name.endswith("-direct"):
                     continue  # quantize_dynamic run on a merged model: nothing quantized (corpus inventory)
                 model = next((p for p in (export / "model.onnx", export / "decoder_model_merged.onnx") if p.is_file()),
@@ -158,28 +162,10 @@ def generation(reference: Path, candidate: Path) -> dict:
         return {"error": str(exc).splitlines()[0][:200]}
 
 
-def profiles(model: Path) -> dict[str, Profile]:
-    header = onnx.load(str(model), load_external_data=False)
-    dims = config_dims(model.parent)
-    prefill, decode = {}, {}
-    for value in header.graph.input:
-        shape = [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
-        if is_past(value.name):
-            heads, head = shape[1] or dims.get("heads"), shape[3] or dims.get("head")
-            prefill[value.name] = tuple((1, heads, 0, head) for _ in range(3))
-            decode[value.name] = ((1, heads, 1, head), (1, heads, 128, head), (1, heads, 511, head))
-        elif value.name in ("input_ids", "position_ids"):
-            prefill[value.name], decode[value.name] = ((1, 1), (1, 16), (1, 128)), ((1, 1),) * 3
-        elif value.name == "attention_mask":
-            prefill[value.name], decode[value.name] = ((1, 1), (1, 16), (1, 128)), ((1, 2), (1, 129), (1, 512))
-        elif value.name == "use_cache_branch":
-            prefill[value.name] = decode[value.name] = ((1,),) * 3
-    return {"prefill": Profile(prefill, "prefill"), "decode": Profile(decode, "decode")}
-
-
 def builds(model: Path) -> dict:
     found = {}
-    for name, profile in profiles(model).items():
+    for profile in decoder_profiles(model_inputs_shapes(onnx.load(str(model), load_external_data=False))):
+        name = profile.name
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()
             try:
@@ -215,13 +201,15 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("corpus", type=Path, nargs="?", default=ROOT / ".corpus")
     ap.add_argument("--sizes", nargs="*", default=["tiny"])
-    ap.add_argument("--only", nargs="*")
+    ap.add_argument("--only", nargs="*", help="architectures")
+    ap.add_argument("--exports", nargs="*", help="export folders (genai-cpu-int4, optimum-qdyn-u8, ...)")
+    ap.add_argument("--append", action="store_true", help="add to the --json file's rows (one table, several runs)")
     ap.add_argument("--markdown", type=Path)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        for size, arch, export, source in sources(args.corpus, args.sizes, args.only):
+        for size, arch, export, source in sources(args.corpus, args.sizes, args.only, args.exports):
             work = Path(tmp) / size / arch / export
             reference = exact_reference(source, work)
             flt = float_of(source)
@@ -237,6 +225,8 @@ def main() -> int:
                     row["builds"] = builds(out)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+    if args.append and args.json and args.json.is_file():
+        rows = json.loads(args.json.read_text()) + rows
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1) + "\n")
     if args.markdown:

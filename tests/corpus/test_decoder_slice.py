@@ -9,8 +9,8 @@ converts them, then held to the promises a decoder needs:
   the source's token for token where the weights are kept exactly (onnxruntime's MatMulNBits rounds the
   activations to int8 at ``accuracy_level`` 4, so the reference there is the source at level 0, what its weights
   mean), and stays near it where conversion quantizes;
-- TensorRT-RTX parses it and builds it ahead of time (SM 8.9) at a prefill profile (1-64 tokens, no past) and a
-  decode profile (1 token, a past of 1-63).
+- TensorRT-RTX parses it and builds it ahead of time (SM 8.9) at the profiles ``check`` and ``build`` give a decoder:
+  prefill (1-128 tokens, no past) and decode (1 token, a past of 1-512).
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from helpers import assert_builds_at  # noqa: E402
 
 import trt_bridge  # noqa: E402
-from trt_bridge.ir.decoder import config_dims, is_past  # noqa: E402
+from trt_bridge.ir.decoder import is_past  # noqa: E402
+from trt_bridge.tensorrt.decoder_profiles import decoder_profiles, model_inputs_shapes  # noqa: E402
 
 SLICE = Path(__file__).resolve().parents[1] / "data" / "decoders"
 #: source → (convert's options, the least greedy agreement and logits SNR against the source's own loop)
@@ -71,25 +72,6 @@ def _interface(model: onnx.ModelProto) -> tuple:
             [(v.name, v.type.tensor_type.elem_type) for v in model.graph.output])
 
 
-def _profiles(model: onnx.ModelProto, source: Path) -> dict[str, dict[str, tuple]]:
-    """Prefill and decode profiles of the converted model's inputs (batch 1)."""
-    dims = config_dims(source.parent)
-    prefill, decode = {}, {}
-    for value in model.graph.input:
-        shape = [d.dim_value if d.HasField("dim_value") else None for d in value.type.tensor_type.shape.dim]
-        if is_past(value.name):
-            heads, head = shape[1] or dims["heads"], shape[3] or dims["head"]
-            prefill[value.name] = tuple((1, heads, 0, head) for _ in range(3))
-            decode[value.name] = ((1, heads, 1, head), (1, heads, 32, head), (1, heads, 63, head))
-        elif value.name in ("input_ids", "position_ids"):
-            prefill[value.name], decode[value.name] = ((1, 1), (1, 16), (1, 64)), ((1, 1),) * 3
-        elif value.name == "attention_mask":
-            prefill[value.name], decode[value.name] = ((1, 1), (1, 16), (1, 64)), ((1, 2), (1, 33), (1, 64))
-        elif value.name == "use_cache_branch":
-            prefill[value.name] = decode[value.name] = ((1,),) * 3
-    return {"prefill": prefill, "decode": decode}
-
-
 def test_the_slice_is_there():
     assert all(_model(name).is_file() for name in CASES)
 
@@ -113,7 +95,9 @@ def test_decoder_converts_drops_in_generates_and_builds(tmp_path, name):
     result = trt_bridge.verify(reference, out, prompts=2, steps=8, costs="off", quiet=True).generation
     assert result.token_agreement >= agreement and result.logits_snr_db >= snr, (
         result.token_agreement, result.logits_snr_db)
-    assert_builds_at(out, _profiles(converted, source))
+    profiles = decoder_profiles(model_inputs_shapes(converted))  # what check and build give a decoder
+    assert [p.name for p in profiles] == ["prefill", "decode"]
+    assert_builds_at(out, {p.name: p.shapes for p in profiles})
 
 
 def test_int4_from_float_is_as_accurate_as_the_exporters_own_int4(tmp_path):

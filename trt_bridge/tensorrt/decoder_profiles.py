@@ -75,3 +75,10 @@ def _shapes(inputs: dict[str, Shape], roles: dict[str, dict[int, str]], lengths:
                      for i in range(3))
         out[name] = trio
     return out
+
+
+def model_inputs_shapes(model) -> dict[str, Shape]:
+    """An ONNX model's inputs as :func:`decoder_profiles` takes them (name → shape, -1 for a symbolic or unknown
+    dimension), for callers that have the model and no TensorRT network (benchmarks, tests)."""
+    return {v.name: tuple(d.dim_value if d.HasField("dim_value") else -1 for d in v.type.tensor_type.shape.dim)
+            for v in model.graph.input}
