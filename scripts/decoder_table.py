@@ -127,9 +127,8 @@ def decoder_feeds(float_model: Path, folder: Path, prompts: int = 8, steps: int 
             feed = {"input_ids": ids, "attention_mask": mask, **past}
             if "position_ids" in inputs:
                 feed["position_ids"] = np.arange(mask.shape[1] - ids.shape[1], mask.shape[1])[None].astype(np.int64)
-            if merged or "use_cache_branch" in inputs:
-                feed["use_cache_branch"] = np.array([step > 0])
-            np.savez(folder / f"feed_{count:04d}.npz", **feed)
+            saved = {**feed, "use_cache_branch": np.array([step > 0])} if merged else feed
+            np.savez(folder / f"feed_{count:04d}.npz", **saved)
             count += 1
             result = dict(zip(outputs, session.run(None, feed)))
             ids = result["logits"][:, -1:].argmax(-1).astype(np.int64)

@@ -202,3 +202,17 @@ def test_a_stores_read_pages_leave_the_resident_set_and_written_ones_stay():
         assert release_weight(written) == 0 and release_weight(w) == 0
         np.testing.assert_array_equal(read, w)  # mapped again from the file
         assert (written[0, :4] == -1.0).all() and (written[1:] == w[1:]).all()
+
+
+def test_the_lifted_size_counts_what_lifting_widens():
+    """A 4-bit decoder is small as a file and large once lifted: MatMulNBits' packed codes take 32 / bits times
+    their bytes in float32, int8 codes 4 times; the store (a model over 2 GB held once) is chosen on that size
+    (a 0.75 GB onnxruntime-genai int4 export lifts to 3.5 GB)."""
+    from pathlib import Path
+
+    from trt_bridge.ir.size import lifted_bytes, payload_bytes, tensor_bytes
+
+    model = onnx.load(str(Path(__file__).parent / "data" / "decoders" / "llama-genai-cpu-int4" / "model.onnx"))
+    packed = {n.input[1] for n in model.graph.node if n.op_type == "MatMulNBits"}
+    codes = sum(tensor_bytes(t) for t in model.graph.initializer if t.name in packed)
+    assert codes and lifted_bytes(model) == payload_bytes(model) + 7 * codes
