@@ -1,12 +1,14 @@
 """Measure trt-bridge on a ~1 B parameter Llama exported by onnxruntime-genai 0.18's model builder in int4.
 
-    .venv/bin/python scripts/decoders/large.py [--root .corpus/decoders/1b] [--steps hf export level0 skip check verify table]
-                                               [--intermediate 5632] [--max-gb 18] [--check-max-gb 20] [--check-max-s 900]
+    .venv/bin/python scripts/decoders/large.py [--root .corpus/decoders/1b]
+        [--steps hf export level0 skip check verify table] [--intermediate 5632] [--max-gb 18] [--check-max-gb 20]
+        [--check-max-s 900]
 
 Steps (each records into ``ROOT/results.json``, so they can be run one at a time and resumed):
 
-``hf``      (genai venv) ``ROOT/llama/hf/``: a LlamaConfig (hidden 2048, 16 layers (``--layers``), 32 query heads over 8 KV heads,
-            head 64, intermediate 5632, vocab 32000, max_position_embeddings 2048: 0.85 B parameters with 16 layers, 1.1 B with 22), weights
+``hf``      (genai venv) ``ROOT/llama/hf/``: a LlamaConfig (hidden 2048, 16 layers (``--layers``), 32 query heads
+            over 8 KV heads, head 64, intermediate 5632, vocab 32000, max_position_embeddings 2048: 0.85 B parameters
+            with 16 layers, 1.1 B with 22), weights
             ``torch.manual_seed(0)`` then redrawn exactly as ``make_hf.py`` does (its ``_model``), rounded to float16
             and saved in float16; ``make_hf.py``'s local word-level tokenizer; ``reference.json`` (torch logits of
             the float16-rounded weights, computed in float32). Nothing from a model hub.
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import re
 import shutil
@@ -113,7 +114,8 @@ def measure(cmd: list[str], log: Path, *, limit_s: float, limit_gb: float, env=N
             time.sleep(0.5)
     wall = time.time() - t0
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    res = {"command": " ".join(_rel(c) for c in cmd), "rc": proc.returncode, "trt_bridge_head": head.stdout.strip(), "wall_s": round(wall, 1),
+    res = {"command": " ".join(_rel(c) for c in cmd), "rc": proc.returncode,
+           "trt_bridge_head": head.stdout.strip(), "wall_s": round(wall, 1),
            "tree_peak_gb": round(peak / 1e9, 3), "killed": killed, "log": _rel(str(log)),
            "process_peaks_gb": {f"{p} {a}": round(r / 1e9, 3) for p, (a, r) in per.items() if r > 2e8}}
     if tfile.is_file():
@@ -125,7 +127,8 @@ def measure(cmd: list[str], log: Path, *, limit_s: float, limit_gb: float, env=N
         if w:
             parts = [float(x) for x in w.group(1).split(":")]
             res["time_wall_s"] = round(sum(p * 60 ** i for i, p in enumerate(reversed(parts))), 1)
-        for key, pat in (("user_s", r"User time \(seconds\): ([\d.]+)"), ("sys_s", r"System time \(seconds\): ([\d.]+)")):
+        for key, pat in (("user_s", r"User time \(seconds\): ([\d.]+)"),
+                         ("sys_s", r"System time \(seconds\): ([\d.]+)")):
             mm = re.search(pat, t)
             if mm:
                 res[key] = float(mm.group(1))
@@ -266,7 +269,8 @@ def main() -> int:
         shutil.rmtree(skip_dir, ignore_errors=True)
         skip_dir.mkdir(parents=True)
         results["skip"] = measure([str(TRT_BRIDGE), "convert", str(src / "model.onnx"), "-o",
-                                   str(skip_dir / "model.onnx"), "--skip-check", "--json", str(skip_dir / "report.json")],
+                                   str(skip_dir / "model.onnx"),
+                                   "--skip-check", "--json", str(skip_dir / "report.json")],
                                   logs / "convert-skip.log", limit_s=3600, limit_gb=args.max_gb)
         if (skip_dir / "model.onnx").is_file():
             results["skip"]["out_bytes"] = _bytes(skip_dir)
@@ -306,7 +310,8 @@ def table(r: dict) -> str:
     lines = [f"parameters: {(r.get('hf') or {}).get('parameters')}, dims {(r.get('hf') or {}).get('dims')}",
              f"source (genai-cpu-int4) bytes on disk: {src_bytes} ({src_bytes / 1e9:.3f} GB)" if src_bytes else "",
              "",
-             "| run | wall s | CPU user + sys s | GNU time max RSS | tree peak RSS | max RSS / source bytes | rc | note |",
+             "| run | wall s | CPU user + sys s | GNU time max RSS "
+             "| tree peak RSS | max RSS / source bytes | rc | note |",
              "|---|---:|---:|---:|---:|---:|---:|---|"]
     for key in ("hf", "export", "skip", "check", "verify_level0", "verify_source"):
         x = r.get(key)
@@ -314,7 +319,8 @@ def table(r: dict) -> str:
             continue
         note = x.get("killed") or ""
         cpu = "-" if x.get("user_s") is None else f"{x['user_s']:.0f} + {x['sys_s']:.0f}"
-        lines.append(f"| {key} | {x.get('wall_s')} | {cpu} | {gb(x.get('time_maxrss_gb'))} | {gb(x.get('tree_peak_gb'))} | "
+        lines.append(f"| {key} | {x.get('wall_s')} | {cpu} "
+            f"| {gb(x.get('time_maxrss_gb'))} | {gb(x.get('tree_peak_gb'))} | "
                      f"{ratio(x.get('time_maxrss_gb') or x.get('tree_peak_gb'))} | {x.get('rc')} | {note} |")
     lines += ["", "| reference | token agreement | logits SNR (all steps) | lowest step SNR | prefix match |",
               "|---|---:|---:|---:|---|"]
