@@ -111,3 +111,46 @@ def test_int4_from_float_is_as_accurate_as_the_exporters_own_int4(tmp_path):
     snr = {name: trt_bridge.verify(float_model, path, prompts=4, steps=16, costs="off", quiet=True
                                    ).generation.logits_snr_db for name, path in (("ours", ours), ("theirs", theirs))}
     assert snr["ours"] >= snr["theirs"], snr
+
+
+def _loop_feeds(float_model: Path, folder: Path, prompts: int = 4, steps: int = 8) -> Path:
+    """Calibration feeds of a decoder: each prompt's prefill and decode steps through the float model's own loop."""
+    import numpy as np
+
+    from trt_bridge.runtime.session import session
+
+    sess = session(onnx.load(str(float_model)))
+    names = [o.name for o in sess.get_outputs()]
+    pasts = [i for i in sess.get_inputs() if is_past(i.name)]
+    rng = np.random.default_rng(7)
+    folder.mkdir()
+    for p in range(prompts):
+        ids = rng.integers(4, 192, size=(1, int(rng.integers(4, 20)))).astype(np.int64)
+        mask = np.ones_like(ids)
+        past = {i.name: np.zeros((1, i.shape[1], 0, i.shape[3]), np.float32) for i in pasts}
+        for step in range(steps):
+            feed = {"input_ids": ids, "attention_mask": mask, **past,
+                    "position_ids": np.arange(mask.shape[1] - ids.shape[1], mask.shape[1])[None].astype(np.int64)}
+            np.savez(folder / f"{p}_{step}.npz", **feed)
+            result = dict(zip(names, sess.run(None, feed)))
+            ids = result["logits"][:, -1:].argmax(-1).astype(np.int64)
+            past = {n: result[n.replace("past_key_values", "present")] for n in past}
+            mask = np.ones((1, mask.shape[1] + 1), np.int64)
+    return folder
+
+
+def test_a_dynamic_decoder_with_data_keeps_its_runtime_ranges_where_they_measure_better(tmp_path):
+    """Optimum's tiny Llama through quantize_dynamic, converted with decoder feeds: its activations hold too few
+    values to judge clipping by (one-token decode steps), yet runtime ranges are judged beside the static model on
+    the held-out feeds, kept, and the conversion lands within 1 dB of its source against the float model or above
+    (measured at 4 × 16: 32.6 dB, the source 30.7; on the held-out feeds runtime 39.1 against static 32.8)."""
+    float_model, source = _model("llama-optimum-fp32"), _model("llama-optimum-qdyn-u8")
+    out = tmp_path / "converted" / "model.onnx"
+    report = trt_bridge.convert(source, out, calib_data=_loop_feeds(float_model, tmp_path / "feeds"),
+                                skip_check=True, quiet=True)
+    runtime = report.to_dict()["runtime_ranges"]
+    assert runtime["tensors"] and runtime["scores"]["runtime"] >= runtime["scores"]["static"], runtime
+    snr = {name: trt_bridge.verify(float_model, path, prompts=4, steps=16, costs="off", quiet=True
+                                   ).generation.logits_snr_db
+           for name, path in (("converted", out), ("source", source))}
+    assert snr["converted"] >= snr["source"] - 1.0, snr

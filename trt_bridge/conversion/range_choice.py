@@ -132,12 +132,15 @@ def choose_method(graph, annotations: Annotations, needed: list[str], held_out: 
         return fallback("every held-out feed was left out (NaN or Inf)")
     kept = len(held_out.outputs)
     seen = {t: observers[t].count / max(held_out.total, 1) for t in needed}
-    if not any(v * kept >= HELD_OUT_VALUES for v in seen.values()):
+    unclipped = not any(v * kept >= HELD_OUT_VALUES for v in seen.values())
+    if unclipped and not also:
         largest = max(seen, key=seen.get, default=None)
         return fallback(f"the largest activation ('{largest}', {int(seen.get(largest, 0))} value(s) per feed) "
                         f"holds fewer than {HELD_OUT_VALUES} values in the {kept} held-out feed(s) kept, "
                         "too few to judge clipping by")
-    small = frozenset(t for t, v in seen.items() if v * kept < HELD_OUT_VALUES)
+    # too few values to judge clipping by, but the ``also`` models (runtime ranges) are judged beside max: a
+    # decoder's one-token decode feeds hold a few hundred values per activation
+    small = frozenset(t for t, v in seen.items() if unclipped or v * kept < HELD_OUT_VALUES)
     missing = [t for t in needed if t not in held_out.snapshot]
     if missing:
         return fallback(f"'{missing[0]}' was not observed before the held-out feeds")
@@ -147,6 +150,8 @@ def choose_method(graph, annotations: Annotations, needed: list[str], held_out: 
     for method, clipped in CANDIDATES:
         pct = None if clipped is None else 100.0 - (100.0 - percentile) * clipped
         if method is CalibMethod.PERCENTILE and pct >= 100.0:  # every percentile ≥ 100 is the max
+            continue
+        if unclipped and method is not CalibMethod.MAX:
             continue
         candidates.append((method, pct, label(method, pct)))
     scores: dict[str, float] = {}
