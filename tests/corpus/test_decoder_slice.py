@@ -40,6 +40,7 @@ CASES = {
     # float → --int4 (their random weights leave close logits: measured 44 % / 15.4 dB at 2 × 8)
     "llama-genai-cpu-fp16": ({"int4": True, "block_size": 32}, 0.4, 14.0),  # MultiHeadAttention + RotaryEmbedding
     "llama-genai-cpu-fp32": ({"int4": True, "block_size": 32}, 0.4, 14.0),
+    "llama-optimum-merged-fp32": ({"int4": True, "block_size": 32}, 0.4, 14.0),  # the If's MatMuls read outer weights
     "llama-optimum-int4-b32-qdq": ({}, 1.0, 100.0),
     "llama-optimum-merged-int4-b32": ({}, 1.0, 100.0),  # an If on use_cache_branch, MatMulNBits in both branches
 }

@@ -332,3 +332,30 @@ def test_a_gemms_blocks_stay_exact_through_the_side_path(tmp_path, kind):
     feeds = [{"x": RNG.normal(size=(4, k)).astype(np.float32)} for _ in range(4)]
     assert snr_db(run_ort(source, feeds), [session(out, simulate_qdq=True).run(None, f)[0] for f in feeds]) > EXACT_DB
     assert_tensorrt_ready(out)
+
+
+def test_integer_offset_blocks_match_the_general_computation():
+    """int4_offset_blocks' integer path (codes filling whole blocks: every 4-bit source's) gives the general float64
+    path's codes, scales and shifts bit for bit, on both axes, for codes that fit, zero points to shift, the extreme
+    −8 of a negative scale, 8-bit codes (None) and all-zero blocks."""
+    from trt_bridge.lift.int4_blocks import int4_offset_blocks
+
+    rng = np.random.default_rng(0)
+    for trial in range(120):
+        block, columns = 32, int(rng.integers(1, 9))
+        codes = [rng.integers(-8, 8, size=(64, columns)),
+                 rng.integers(0, 16, size=(64, columns)) - rng.integers(0, 16, size=(2, columns)).repeat(block, 0),
+                 np.vstack([np.full((1, columns), -8), rng.integers(-8, 8, size=(63, columns))]),
+                 rng.integers(-20, 20, size=(64, columns))][trial % 4].astype(np.int16)
+        scale = rng.normal(size=(2, columns))
+        scale[rng.random(scale.shape) < 0.1] = 0
+        along = trial % 2
+        if along:
+            codes, scale = codes.T, scale.T
+        general = int4_offset_blocks(codes.astype(np.float64), scale, block, along)
+        integer = int4_offset_blocks(codes, scale, block, along)
+        assert (general is None) == (integer is None), trial
+        if general is not None:
+            np.testing.assert_array_equal(integer.codes.astype(np.int8), general.codes.astype(np.int8))
+            np.testing.assert_array_equal(integer.scale, general.scale)
+            np.testing.assert_array_equal(integer.offset, general.offset)

@@ -84,6 +84,8 @@ def int4_offset_blocks(centred: np.ndarray, scale: np.ndarray, block: int, along
     with ``k`` in [−8, 7] and the shift ``t`` (0 where the codes fit as they are). Exact wherever a block's centred
     codes (sign turned with its scale's) span at most 16 consecutive values, as any 4-bit block's do (a float zero
     point included); None where one does not (8-bit codes)."""
+    if np.issubdtype(np.asarray(centred).dtype, np.integer) and np.asarray(centred).shape[along] % block == 0:
+        return _integer_offset_blocks(np.asarray(centred), scale, block, along)
     c = np.moveaxis(np.asarray(centred, np.float64), along, 0)
     s = np.moveaxis(np.asarray(scale, np.float64), along, 0)
     length, blocks = c.shape[0], s.shape[0]
@@ -99,6 +101,29 @@ def int4_offset_blocks(centred: np.ndarray, scale: np.ndarray, block: int, along
     sa = np.abs(s)
     zero = sa == 0  # every value 0: codes 0, any positive scale
     codes = np.where(np.repeat(zero, block, axis=0)[:length], 0.0, np.rint(codes))
+    return OffsetBlocks(np.moveaxis(codes, 0, along).astype(INT4.dtype),
+                        np.moveaxis(np.where(zero, 1.0 / HIGH, sa), 0, along).astype(np.float32),
+                        np.moveaxis(np.where(zero, 0.0, shift * sa), 0, along))
+
+
+def _integer_offset_blocks(centred: np.ndarray, scale: np.ndarray, block: int, along: int) -> OffsetBlocks | None:
+    """:func:`int4_offset_blocks` for integer codes filling whole blocks (every 4-bit source's): the same codes,
+    scales and shifts, in int16 arithmetic without the float64 copies and NaN padding of the general case (a 0.85 B
+    int4 decoder: 59 s of its 119 s conversion were those)."""
+    c = np.moveaxis(centred, along, 0).astype(np.int16)
+    s = np.moveaxis(np.asarray(scale, np.float64), along, 0)
+    blocks = s.shape[0]
+    cb = c.reshape(blocks, block, *c.shape[1:])
+    negative = s < 0
+    cb = np.where(negative[:, None], -cb, cb)
+    lo, hi = cb.min(axis=1), cb.max(axis=1)
+    if np.any(hi - lo > HIGH - LOW):
+        return None
+    shift = np.where((hi <= HIGH) & (lo >= LOW), 0, hi - HIGH).astype(np.int16)
+    codes = (cb - shift[:, None]).reshape(c.shape)
+    sa = np.abs(s)
+    zero = sa == 0  # every value 0: codes 0, any positive scale
+    codes = np.where(np.repeat(zero, block, axis=0), 0, codes)
     return OffsetBlocks(np.moveaxis(codes, 0, along).astype(INT4.dtype),
                         np.moveaxis(np.where(zero, 1.0 / HIGH, sa), 0, along).astype(np.float32),
                         np.moveaxis(np.where(zero, 0.0, shift * sa), 0, along))

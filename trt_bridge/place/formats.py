@@ -42,13 +42,20 @@ class FormatChange:
     reason: str
 
 
+def _holds_bodies(graph: gs.Graph) -> bool:
+    """Whether a node of ``graph`` holds a control-flow body (If, Loop, Scan)."""
+    return any(isinstance(v, gs.Graph) or (isinstance(v, list) and any(isinstance(g, gs.Graph) for g in v))
+               for node in graph.nodes for v in node.attrs.values())
+
+
 def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOptions,
                    approximate: Callable[[str, str, str], None] | None = None,
                    placement: PlacementOptions | None = None, body: bool = False) -> list[FormatChange]:
     """Set each annotation's format (in place) as ``options`` ask; return what changed from the lifted one.
     ``approximate(rule, node, what)`` records a source format the target cannot run (FP4 below 10.0); ``placement``:
     its --exclude-nodes/--exclude-ops keep --int4 off those layers too; ``body``: ``graph`` is a control-flow body
-    (an If branch without a MatMul is no reason to refuse --int4)."""
+    (an If branch without a MatMul is no reason to refuse --int4, nor is a main graph whose MatMuls are all in its
+    bodies: Optimum's merged decoders)."""
     changes: list[FormatChange] = []
     act = None if options.activations is None else FORMATS[options.activations]
     # the source's formats, and those of an imported scale file's entries (AIMET's FP8 encodings)
@@ -69,7 +76,7 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
     weight_only = None if options.weights is None else FORMATS[options.weights]
     if weight_only is INT4:
         _annotate_float_weights(graph, annotations, placement or PlacementOptions())
-        if not annotations.weights and not annotations.activations and not body:
+        if not annotations.weights and not annotations.activations and not body and not _holds_bodies(graph):
             raise UnsupportedPatternError("--int4 quantizes the constant 2-D weights of MatMul and Gemm, and this "
                                           "model has none (its weighted layers are convolutions, or their weights are "
                                           "computed): use --int8 or --fp8 with --calib-data instead.")
