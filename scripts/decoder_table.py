@@ -156,7 +156,9 @@ def generation(reference: Path, candidate: Path) -> dict:
     try:
         result = trt_bridge.verify(reference, candidate, prompts=PROMPTS, steps=STEPS, costs="off",
                                    quiet=True).generation
-        return {"agreement": round(100 * result.token_agreement, 1), "snr_db": round(result.logits_snr_db, 2)}
+        snr = result.logits_snr_db
+        return {"agreement": round(100 * result.token_agreement, 1),
+                "snr_db": round(snr, 2) if np.isfinite(snr) else "inf"}  # strict JSON: no Infinity
     except Exception as exc:  # noqa: BLE001 - a benchmark records the failure and goes on
         return {"error": str(exc).splitlines()[0][:200]}
 
