@@ -131,9 +131,8 @@ def load(state: Conversion) -> StageResult:
 
 
 def lift(state: Conversion) -> StageResult:
-    """The source to the float graph and its annotations. A model whose lifted weights reach 2 GB (a 0.75 GB int4
-    decoder lifts to 3.5 GB) is held once: its lifted weights go to a private file the graph and onnxruntime map
-    (:mod:`trt_bridge.ir.store`)."""
+    """The source to the float graph and its annotations. A model whose lifted weights reach 2 GB is held once: they
+    go to a private file the graph and onnxruntime map (:mod:`trt_bridge.ir.store`)."""
     state.weight_bytes = payload_bytes(state.model)
     state.store = WeightStore() if too_large(lifted_bytes(state.model)) else None
     activations = state.options.activations
