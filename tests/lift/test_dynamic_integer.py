@@ -189,7 +189,7 @@ def test_one_sided_input_is_recentred_exactly(tmp_path):
     # without re-centring, symmetric int8 loses a bit on this input
     plain = tmp_path / "plain.onnx"
     convert(dpath, plain, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
-                                         ranges=RangeOptions(recenter=False), progress=False))
+                                         ranges=RangeOptions(recenter=False), activations=STATIC, progress=False))
     held_out = [{"x": f} for f in _feeds("x", [1, 3, 8, 8], 16, 2, True)]
     ref = run_ort(tmp_path / "float.onnx", held_out)
     assert snr_out > snr_db(ref, run_ort(plain, held_out)) + 1.0
@@ -305,7 +305,7 @@ def test_integer_epilogue_of_other_exporters(tmp_path, conv):
     np.savez(tmp_path / "calib.npz", x=_feeds("x", shape, 16, 1))
     out = tmp_path / "out.onnx"
     report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
-                                              progress=False))
+                                              activations=STATIC, progress=False))
     converted = assert_qdq_contract(out)
     ops = op_types(converted)
     assert not ops & (REJECTED | {"Floor", "Div"})
@@ -381,7 +381,7 @@ def test_weights_quantized_at_run_time_and_unnamed_dims(tmp_path):
     np.savez(tmp_path / "calib.npz", x=_feeds("x", [1, 3, 8, 8], 32, 1))
     out = tmp_path / "converted.onnx"
     report = convert(dpath, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
-                                                progress=False))
+                                                activations=STATIC, progress=False))
     converted = assert_qdq_contract(out)
     assert not op_types(converted) & REJECTED
     assert len(report.rules[0].nodes) == 2
@@ -478,7 +478,7 @@ def test_one_sided_input_of_a_batched_matmul_is_recentred_per_batch(tmp_path):
     np.savez(tmp_path / "calib.npz", x=_feeds("x", [2, 4, 16], 256, 1, one_sided=True))
     out = tmp_path / "out.onnx"
     report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
-                                              progress=False))
+                                              activations=STATIC, progress=False))
     assert [r["tensor"] for r in report.recentered] == ["x"]
     converted = assert_qdq_contract(out)
     assert {"Sub", "Add", "MatMul"} <= op_types(converted) and not op_types(converted) & REJECTED
@@ -521,7 +521,8 @@ def test_scale_that_is_not_per_output_channel_stays_a_float_multiply(tmp_path, c
     src = save(model, tmp_path / "src.onnx")
     np.savez(tmp_path / "calib.npz", x=_feeds("x", shape_in, 64, 1))
     out = tmp_path / "out.onnx"
-    convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), progress=False))
+    convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                     activations=STATIC, progress=False))
     converted = assert_qdq_contract(out)
     assert not op_types(converted) & REJECTED
     mul = [n for n in converted.graph.node if n.op_type == "Mul"]
@@ -555,7 +556,8 @@ def test_dynamic_quantization_inside_a_subgraph_is_lifted(tmp_path):
     src = save(model, tmp_path / "if.onnx")
     np.savez(tmp_path / "calib.npz", x=_feeds("x", [2, 4], 16, 1), cond=np.ones(16, bool))
     out = tmp_path / "out.onnx"
-    convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")), progress=False))
+    convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(tmp_path / "calib.npz")),
+                                     activations=STATIC, progress=False))
     converted = assert_qdq_contract(out)
     branch = next(a.g for a in converted.graph.node[0].attribute if a.name == "then_branch")
     ops = {n.op_type for n in branch.node}
