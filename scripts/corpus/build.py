@@ -21,11 +21,12 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from venvs import venv_python  # noqa: E402
 
 #: what each quantizer's virtualenv gets (its own pins; nothing here is trt-bridge's dependency)
 VENVS = {
@@ -39,18 +40,7 @@ VENVS = {
 
 def _python(out: Path, name: str) -> Path | None:
     """The venv's python, made and filled on first use; None if its packages do not install."""
-    folder = out / "venvs" / name
-    python = folder / "bin" / "python"
-    stamp = folder / ".installed"
-    if not stamp.is_file():
-        print(f"[corpus] creating {folder} ({' '.join(VENVS[name])})", flush=True)
-        venv.create(folder, with_pip=True, clear=True)
-        done = subprocess.run([str(python), "-m", "pip", "install", "-q", *VENVS[name]])
-        if done.returncode != 0:
-            print(f"[corpus] {name}: its packages did not install; skipped", flush=True)
-            return None
-        stamp.write_text(" ".join(VENVS[name]))
-    return python
+    return venv_python(out / "venvs" / name, VENVS[name], "corpus")
 
 
 def main() -> int:

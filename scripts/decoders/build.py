@@ -35,11 +35,13 @@ import os
 import shutil
 import subprocess
 import sys
-import venv
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+from venvs import venv_python  # noqa: E402
+
 SLICE_DIR = ROOT / "tests" / "data" / "decoders"
 
 #: what each exporter's virtualenv gets (its own pins; nothing here is trt-bridge's dependency)
@@ -99,20 +101,7 @@ ENV = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HUB_DISA
 
 def _python(out: Path, name: str) -> Path | None:
     """The venv's python, made and filled on first use; None if its packages do not install."""
-    folder = out / "venvs" / name
-    python = folder / "bin" / "python"
-    stamp = folder / ".installed"
-    if not stamp.is_file() or stamp.read_text() != " ".join(VENVS[name]):
-        print(f"[decoders] creating {folder} ({' '.join(VENVS[name])})", flush=True)
-        venv.create(folder, with_pip=True, clear=True)
-        done = subprocess.run([str(python), "-m", "pip", "install", "-q", *VENVS[name]])
-        if done.returncode != 0:
-            print(f"[decoders] {name}: its packages did not install; skipped", flush=True)
-            return None
-        stamp.write_text(" ".join(VENVS[name]))
-        freeze = subprocess.run([str(python), "-m", "pip", "freeze"], capture_output=True, text=True).stdout
-        (folder / "pip-freeze.txt").write_text(freeze)
-    return python
+    return venv_python(out / "venvs" / name, VENVS[name], "decoders")
 
 
 def _describe_python() -> str:
