@@ -39,6 +39,7 @@ from trt_bridge.lift.kv_attention import (
     causal_mask,
     grouped_attention,
     rotary,
+    rotary_tables,
     scalar_i64,
     split_heads,
     update_cache,
@@ -166,8 +167,9 @@ class GroupQueryAttention:
             inside = b.op("Or", [b.op("Less", [positions, b.unsqueeze(lengths, [1], I64)], dtype=np.bool_), first],
                           dtype=np.bool_)
             positions = b.op("Where", [inside, positions, b.const(1, I64)], dtype=I64)
-            q = rotary(b, q, positions, cos, sin, spec.rotary_dim, h, spec.interleaved)
-            k = rotary(b, k, positions, cos, sin, spec.rotary_dim, h, spec.interleaved)
+            tables = rotary_tables(b, positions, cos, sin, spec.rotary_dim)  # one Gather pair for q and k
+            q = rotary(b, q, tables, spec.rotary_dim, h, spec.interleaved)
+            k = rotary(b, k, tables, spec.rotary_dim, h, spec.interleaved)
 
         length = total_len if past_key is None else b.op("Max", [total_len, b.dim(past_key, 2, scalar=True)],
                                                          dtype=I64)

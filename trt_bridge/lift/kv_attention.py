@@ -53,19 +53,26 @@ def scalar_i64(b: GraphBuilder, t: gs.Tensor) -> gs.Tensor:
     return b.op("Reshape", [b.op("Cast", [t], {"to": 7}, dtype=I64), b.ints([])], dtype=I64)
 
 
-def rotary(b: GraphBuilder, x: gs.Tensor, positions: gs.Tensor, cos: gs.Tensor, sin: gs.Tensor, rotary_dim: int,
-           head_size: int, interleaved: bool, heads_axis: int = 1, out: gs.Tensor | None = None) -> gs.Tensor:
-    """Rotary embedding of ``x`` [B, heads, S, head_size] (``heads_axis`` 2: [B, S, heads, head_size]) at
-    ``positions`` [B, S] (int64) with the caches ``cos``/``sin`` [max positions, ≥ rotary_dim/2]: the first
-    ``rotary_dim`` channels rotate, the rest pass (into ``out`` where given)."""
-    half = rotary_dim // 2
-
-    def table(cache: gs.Tensor) -> gs.Tensor:  # [B, 1, S, half] (or [B, S, 1, half])
+def rotary_tables(b: GraphBuilder, positions: gs.Tensor, cos: gs.Tensor, sin: gs.Tensor, rotary_dim: int,
+                  heads_axis: int = 1) -> tuple[gs.Tensor, gs.Tensor]:
+    """The cos and sin rows of ``positions`` [B, S] (int64) from the caches [max positions, ≥ rotary_dim/2], as
+    [B, 1, S, rotary_dim/2] (``heads_axis`` 2: [B, S, 1, rotary_dim/2]): one pair serves every input rotated at
+    those positions (a layer's queries and keys)."""
+    def table(cache: gs.Tensor) -> gs.Tensor:
         rows = b.op("Gather", [cache, positions], {"axis": 0})
-        rows = b.op("Slice", [rows, b.ints([0]), b.ints([half]), b.ints([-1])])
+        rows = b.op("Slice", [rows, b.ints([0]), b.ints([rotary_dim // 2]), b.ints([-1])])
         return b.unsqueeze(rows, [heads_axis], b.dtype)
 
-    c, s = table(cos), table(sin)
+    return table(cos), table(sin)
+
+
+def rotary(b: GraphBuilder, x: gs.Tensor, tables: tuple[gs.Tensor, gs.Tensor], rotary_dim: int, head_size: int,
+           interleaved: bool, out: gs.Tensor | None = None) -> gs.Tensor:
+    """Rotary embedding of ``x`` [B, heads, S, head_size] (or [B, S, heads, head_size], with tables made for that
+    layout) with the cos and sin ``tables`` of :func:`rotary_tables`: the first ``rotary_dim`` channels rotate, the
+    rest pass (into ``out`` where given)."""
+    half = rotary_dim // 2
+    c, s = tables
     rotated = x if rotary_dim == head_size else b.op("Slice", [x, b.ints([0]), b.ints([rotary_dim]), b.ints([-1])])
     if interleaved:  # channel pairs (2i, 2i+1)
         pairs = b.op("Reshape", [rotated, b.ints([0, 0, 0, half, 2])])
@@ -95,10 +102,9 @@ def update_cache(b: GraphBuilder, past: gs.Tensor | None, new: gs.Tensor, past_l
     last = b.op("Sub", [new_len, b.const(1, I64)], dtype=I64)
     index = b.op("Max", [b.op("Min", [rel, last], dtype=I64), b.const(0, I64)], dtype=I64)
     index = b.op("Reshape", [index, b.ints([0, 1, -1, 1])], dtype=I64)  # [B, 1, T, 1]
-    shape = b.op("Concat", [b.op("Slice", [b.op("Shape", [new], dtype=I64), b.ints([0]), b.ints([2])], dtype=I64),
-                            b.unsqueeze(length, [0], I64),
-                            b.op("Slice", [b.op("Shape", [new], dtype=I64), b.ints([3]), b.ints([4])], dtype=I64)],
-                 {"axis": 0}, dtype=I64)
+    dims = b.op("Shape", [new], dtype=I64)
+    shape = b.op("Concat", [b.op("Slice", [dims, b.ints([0]), b.ints([2])], dtype=I64), b.unsqueeze(length, [0], I64),
+                            b.op("Slice", [dims, b.ints([3]), b.ints([4])], dtype=I64)], {"axis": 0}, dtype=I64)
     gathered = b.op("GatherElements", [new, b.op("Expand", [index, shape], dtype=I64)], {"axis": 2})
     inside = b.op("And", [b.op("GreaterOrEqual", [rel, b.const(0, I64)], dtype=np.bool_),
                           b.op("Less", [rel, new_len], dtype=np.bool_)], dtype=np.bool_)

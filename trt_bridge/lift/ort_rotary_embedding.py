@@ -24,7 +24,7 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.ir.graph_builder import GraphBuilder
 from trt_bridge.lift.base import NOT_MINE, LiftContext
-from trt_bridge.lift.kv_attention import I64, rotary
+from trt_bridge.lift.kv_attention import I64, rotary, rotary_tables
 
 MS = "com.microsoft"
 
@@ -98,9 +98,11 @@ class OrtRotaryEmbedding:
             steps = b.op("Range", [b.const(0, I64), b.dim(x, 1, scalar=True), b.const(1, I64)], dtype=I64)
             offset = b.op("Reshape", [positions, b.ints([1, 1])], dtype=I64)
             positions = b.op("Add", [offset, b.unsqueeze(steps, [0], I64)], dtype=I64)
-        if match.rank == 4:
-            rotary(b, x, positions, cos, sin, match.rotary_dim, match.head_size, match.interleaved, out=out)
+        if match.rank == 4:  # [B, N, S, H]
+            tables = rotary_tables(b, positions, cos, sin, match.rotary_dim)
+            rotary(b, x, tables, match.rotary_dim, match.head_size, match.interleaved, out=out)
             return
-        heads = b.op("Reshape", [x, b.ints([0, 0, match.heads, match.head_size])])
-        y = rotary(b, heads, positions, cos, sin, match.rotary_dim, match.head_size, match.interleaved, heads_axis=2)
+        heads = b.op("Reshape", [x, b.ints([0, 0, match.heads, match.head_size])])  # [B, S, N, H]
+        tables = rotary_tables(b, positions, cos, sin, match.rotary_dim, heads_axis=2)
+        y = rotary(b, heads, tables, match.rotary_dim, match.head_size, match.interleaved)
         b.op("Reshape", [y, b.ints([0, 0, match.heads * match.head_size])], out=out)
