@@ -216,3 +216,93 @@ def test_the_lifted_size_counts_what_lifting_widens():
     packed = {n.input[1] for n in model.graph.node if n.op_type == "MatMulNBits"}
     codes = sum(tensor_bytes(t) for t in model.graph.initializer if t.name in packed)
     assert codes and lifted_bytes(model) == payload_bytes(model) + 7 * codes
+
+
+def _nbits_source(tmp_path: Path) -> Path:
+    """x [2, 512] ─ MatMulNBits(K=512, N=768, 4 bits, blocks of 32, packed zero points) ─ y: its float weight
+    (1.5 MB) is one the weight store takes."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    k, n, block = 512, 768, 32
+    q = rng.integers(0, 16, (n, k // block, block)).astype(np.uint8)
+    zp = rng.integers(0, 16, (n, k // block // 2 * 2)).astype(np.uint8)
+    inits = [numpy_helper.from_array(q[..., 0::2] | (q[..., 1::2] << 4), "B"),
+             numpy_helper.from_array((rng.uniform(0.01, 0.03, (n, k // block))
+                                      * rng.choice([-1, 1], (n, k // block))).astype(np.float32), "scales"),
+             numpy_helper.from_array(zp[:, 0::2] | (zp[:, 1::2] << 4), "zp")]
+    node = helper.make_node("MatMulNBits", ["x", "B", "scales", "zp"], ["y"], "nbits", domain="com.microsoft",
+                            K=k, N=n, bits=4, block_size=block)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, n])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21), helper.make_opsetid(
+        "com.microsoft", 1)])
+    path = tmp_path / "nbits.onnx"
+    onnx.save(model, str(path))
+    return path
+
+
+def test_a_weight_only_conversion_through_the_store_computes_no_float_weight(tmp_path, monkeypatch):
+    """The lifted float weight of a MatMulNBits is derived from its codes (:mod:`trt_bridge.ir.derived`): through
+    the weight store, a weight-only conversion never computes it (lowering writes the codes), and writes the same
+    graph and weights as the eager path, which computes what onnxruntime computes of the source."""
+    import trt_bridge.ir.size
+    from trt_bridge.ir.derived import DerivedValues
+    from trt_bridge.runtime.session import session
+
+    source = _nbits_source(tmp_path)
+    eager = tmp_path / "eager.onnx"
+    assert main(["convert", str(source), "-o", str(eager), "--skip-check", "-q"]) == 0
+    computed = []
+    load = DerivedValues.load
+    monkeypatch.setattr(DerivedValues, "load", lambda self: (computed.append(self.shape), load(self))[1])
+    monkeypatch.setattr(trt_bridge.ir.size, "EXTERNAL_DATA_THRESHOLD", 100_000)
+    monkeypatch.setattr(WeightStore, "MIN_BYTES", 1024)
+    stored = tmp_path / "stored.onnx"
+    assert main(["convert", str(source), "-o", str(stored), "--skip-check", "-q"]) == 0
+    assert computed == []
+    a, b = onnx.load(str(stored)), onnx.load(str(eager))  # (the stored one "over 2 GB": its weights in a .data file)
+    assert [n.SerializeToString() for n in a.graph.node] == [n.SerializeToString() for n in b.graph.node]
+    assert {t.name: onnx.numpy_helper.to_array(t).tobytes() for t in a.graph.initializer} == {
+        t.name: onnx.numpy_helper.to_array(t).tobytes() for t in b.graph.initializer}
+    x = np.random.default_rng(4).standard_normal((2, 512)).astype(np.float32)
+    want = run_ort(source, [{"x": x}])[0]
+    got = session(stored, simulate_qdq=True).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_stores_derived_weights_are_written_when_a_session_needs_them(tmp_path):
+    """``put_derived`` reserves a range and computes nothing; ``attach`` gives the graph the derived values
+    themselves; ``session_model`` (and ``array``) write them first, so onnxruntime reads the computed values."""
+    import onnx_graphsurgeon as gs
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trt_bridge.ir.derived import DerivedValues
+
+    rng = np.random.default_rng(5)
+    w1, w2 = rng.standard_normal((8, 300)).astype(np.float32), rng.standard_normal((300, 5)).astype(np.float32)
+    calls = []
+    derived = DerivedValues(lambda: (calls.append(1), w1 * 2)[1], w1.shape, np.float32)
+    assert derived.shape == (8, 300) and derived.dtype == np.float32 and derived.nbytes == w1.nbytes and not calls
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    header = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.standard_normal((2, 8)).astype(np.float32)
+    expected = (x @ (w1 * 2)) @ w2
+    with WeightStore() as store:
+        store.put_derived(header.graph.initializer[0], derived)  # reserved first: nothing after it written yet
+        store.put(header.graph.initializer[1], w2)
+        assert not calls and store.holds(header.graph.initializer[0])
+        imported = gs.import_onnx(header)
+        assert store.attach(imported) == 2
+        assert imported.tensors()["w1"]._values is derived and not calls
+        np.testing.assert_allclose(run_ort(Path(store.session_model(header)), [{"x": x}])[0], expected, rtol=1e-5)
+        assert len(calls) == 1
+        np.testing.assert_array_equal(store.array(header.graph.initializer[0]), w1 * 2)
+        assert len(calls) == 1  # written once
+    bad = DerivedValues(lambda: w1.astype(np.float16), w1.shape, np.float32)
+    with pytest.raises(Exception, match="not the declared float32"):
+        bad.load()

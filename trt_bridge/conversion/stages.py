@@ -352,10 +352,10 @@ def lower_model(state: Conversion) -> StageResult:
     """Q/DQ written, the graph exported and finished, the float layers in ``--high-precision``."""
     options, store = state.options, state.store
     inside = bodies.quantize_bodies(state.graph, state.ctx.body_annotations, options, state.feeds, state.calibration)
-    quantized = inside.quantized + lower(state.graph, state.ctx.annotations)
+    quantized = inside.quantized + lower(state.graph, state.ctx.annotations, release=True)
     if store is not None:
         release_memory()  # the float weights just quantized: their maps go before the export copies the rest
-    exported, lifted_opset = export_model(state.graph), default_opset(state.lifted)
+    exported, lifted_opset = export_model(state.graph, consume=True), default_opset(state.lifted)
     state.graph = state.lifted = None  # the float model goes before the output is checked
     _release_memory(state)
     if store is not None:

@@ -7,26 +7,34 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
+from trt_bridge.ir.derived import DerivedValues
 from trt_bridge.ir.store import WeightStore, storable
 
 #: constants at least this large are copied once into an exported model (see :func:`export_model`)
 BIG_CONSTANT = 1 << 20
 
 
-def export_model(graph: gs.Graph, store: WeightStore | None = None) -> onnx.ModelProto:
+def export_model(graph: gs.Graph, store: WeightStore | None = None, consume: bool = False) -> onnx.ModelProto:
     """``gs.export_onnx(graph)``, copying each large weight that still lives in its source TensorProto once.
 
     onnx-graphsurgeon puts the source protos into a GraphProto and ``onnx.helper.make_model`` copies that
     into the ModelProto: while both exist, with the source, a model over 2 GB is held three times. Here the
     large protos are exported as weightless stand-ins and copied into the finished model one by one. With a
     ``store``, every large weight (a source proto's or an array) goes into the store's file instead, and the
-    model refers to it there (:mod:`trt_bridge.ir.store`)."""
+    model refers to it there (:mod:`trt_bridge.ir.store`); a weight derived from compact values
+    (:mod:`trt_bridge.ir.derived`) gets a range of the store's file it fills only once a session needs it.
+    ``consume``: the graph is not used after the export; each large weight's bytes leave it once copied."""
     swapped = {}
     for tensor in graph.tensors().values():
         values = getattr(tensor, "_values", None)
         if not isinstance(tensor, gs.Constant):
             continue
-        if isinstance(values, LazyValues) and isinstance(values.tensor, onnx.TensorProto):
+        if isinstance(values, DerivedValues):  # (its .tensor computes the values: ask nothing else of it)
+            if values.nbytes < (BIG_CONSTANT if store is None else store.MIN_BYTES) \
+                    or (store is not None and not storable(values.dtype)):
+                continue
+            data_type = onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
+        elif isinstance(values, LazyValues) and isinstance(values.tensor, onnx.TensorProto):
             if values.nbytes < (BIG_CONSTANT if store is None else store.MIN_BYTES) \
                     or (store is not None and not storable(values.tensor.data_type)):
                 continue
@@ -48,12 +56,19 @@ def export_model(graph: gs.Graph, store: WeightStore | None = None) -> onnx.Mode
         if init.name not in swapped:
             continue
         tensor, values = swapped[init.name]
-        if store is not None:
+        if isinstance(values, DerivedValues):
+            if store is not None:
+                store.put_derived(init, values)  # computed when a session needs them, if ever
+            else:
+                init.CopyFrom(onnx.numpy_helper.from_array(values.load(), tensor.name))
+        elif store is not None:
             source = values.tensor if isinstance(values, LazyValues) else None
             store.put(init, source.raw_data if source is not None and source.HasField("raw_data")
                       else np.asarray(values.load() if source is not None else values))
         else:
             init.CopyFrom(values.tensor)
             init.name = tensor.name
+            if consume:  # the graph goes after this export: its copy of the bytes need not wait for it
+                values.tensor.ClearField("raw_data")
     return model
 

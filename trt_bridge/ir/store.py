@@ -33,6 +33,7 @@ import numpy as np
 import onnx
 
 from trt_bridge.errors import InternalError
+from trt_bridge.ir.derived import DerivedValues
 
 #: the page size onnxruntime maps external data by: every weight starts on such a boundary
 ALIGN = 4096
@@ -57,6 +58,8 @@ class WeightStore:
         self.location = f"weights-{secrets.token_hex(8)}.data"
         self._file = open(self.folder / self.location, "wb")  # noqa: SIM115 - closed by close()
         self._sessions = 0
+        self._end = 0  # the file's logical end: appended weights and reserved ranges
+        self._pending: dict[int, tuple[DerivedValues, onnx.TensorProto]] = {}  # offset -> values not written yet
         self._maps: list[weakref.ref] = []  # the maps ``array`` handed out (arrays are not hashable: no WeakSet)
         _OPEN[self.location] = self
 
@@ -68,26 +71,46 @@ class WeightStore:
 
     def put(self, tensor: onnx.TensorProto, payload: bytes | np.ndarray) -> None:
         """Append ``payload`` to the file and make ``tensor`` (weightless: type and dims set) refer to it."""
-        offset = self._file.tell()
-        if offset % ALIGN:
-            self._file.write(b"\0" * (ALIGN - offset % ALIGN))
-            offset = self._file.tell()
         data = memoryview(np.ascontiguousarray(payload)).cast("B") if isinstance(payload, np.ndarray) else payload
+        offset = self._reserve(tensor, len(data))
+        self._file.seek(offset)
         self._file.write(data)
+
+    def put_derived(self, tensor: onnx.TensorProto, values: DerivedValues) -> None:
+        """Make ``tensor`` refer to a range of the file that ``values`` fill when first needed (a session's model,
+        :meth:`array`); until then :meth:`attach` gives the graph ``values`` themselves, nothing computed."""
+        self._pending[self._reserve(tensor, values.nbytes)] = (values, tensor)
+
+    def _reserve(self, tensor: onnx.TensorProto, nbytes: int) -> int:
+        """An aligned range of ``nbytes`` at the file's end, ``tensor`` (weightless) made to refer to it."""
+        offset = -(-self._end // ALIGN) * ALIGN
+        self._end = offset + nbytes
         tensor.ClearField("raw_data")
         del tensor.external_data[:]
         tensor.data_location = onnx.TensorProto.EXTERNAL
-        for key, value in (("location", self.location), ("offset", str(offset)), ("length", str(len(data)))):
+        for key, value in (("location", self.location), ("offset", str(offset)), ("length", str(nbytes))):
             entry = tensor.external_data.add()
             entry.key, entry.value = key, value
+        return offset
+
+    def _write_pending(self, offsets=None) -> None:
+        """Compute and write the reserved ranges at ``offsets`` (all of them by default), one weight at a time."""
+        for offset in list(self._pending if offsets is None else offsets):
+            values, _ = self._pending.pop(offset)
+            self._file.seek(offset)
+            self._file.write(memoryview(np.ascontiguousarray(values.load())).cast("B"))
+        if self._file.seek(0, 2) < self._end:  # a range reserved last and not written yet still reads as zeros
+            self._file.truncate(self._end)
 
     def holds(self, tensor: onnx.TensorProto) -> bool:
         return tensor.data_location == onnx.TensorProto.EXTERNAL and _location(tensor) == self.location
 
     def array(self, tensor: onnx.TensorProto) -> np.ndarray:
         """The values of ``tensor`` (one this store holds), mapped from the file copy-on-write."""
-        self._file.flush()
         fields = {e.key: e.value for e in tensor.external_data}
+        if int(fields["offset"]) in self._pending:
+            self._write_pending([int(fields["offset"])])
+        self._file.flush()
         dtype = onnx.helper.tensor_dtype_to_np_dtype(tensor.data_type)
         mapped = np.memmap(self.folder / self.location, dtype=dtype, mode="c", offset=int(fields["offset"]),
                            shape=tuple(tensor.dims))
@@ -128,7 +151,8 @@ class WeightStore:
         for tensor in graph.tensors().values():
             lazy = getattr(tensor, "_values", None)
             if isinstance(tensor, gs.Constant) and isinstance(lazy, LazyValues) and self.holds(lazy.tensor):
-                tensor.values = self.array(lazy.tensor)
+                pending = self._pending.get(int(next(e.value for e in lazy.tensor.external_data if e.key == "offset")))
+                tensor.values = pending[0] if pending is not None else self.array(lazy.tensor)
                 tensor.data_location = None  # or the graph's next export would mark the values external
                 count += 1
         return count
@@ -136,6 +160,7 @@ class WeightStore:
     def session_model(self, model: onnx.ModelProto) -> str:
         """Write the header ``model`` beside the weights file and return its path, for onnxruntime to load
         (it resolves the weights relative to the model's folder and maps them)."""
+        self._write_pending()
         self._file.flush()
         self._sessions += 1
         path = self.folder / f"session-{self._sessions}.onnx"
@@ -143,6 +168,7 @@ class WeightStore:
         return str(path)
 
     def close(self) -> None:
+        self._pending.clear()
         if not self._file.closed:
             self._file.close()
         _OPEN.pop(self.location, None)

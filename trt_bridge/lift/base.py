@@ -12,6 +12,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations
+from trt_bridge.ir.derived import DerivedValues
 from trt_bridge.ir.names import NameAllocator
 
 #: What ``match`` returns for a node outside its pattern (a float MaxPool for the integer
@@ -62,11 +63,17 @@ class LiftContext:
         """Record that ``rule`` lifted ``node`` to an approximation (reported, and warned about once per rule)."""
         self.approximated.append(Approximation(rule, node, what))
 
-    def constant(self, base: str, values: np.ndarray | Callable[[], np.ndarray], key: tuple) -> gs.Constant:
+    def constant(self, base: str, values: np.ndarray | Callable[[], np.ndarray], key: tuple,
+                 shape: tuple[int, ...] | None = None, dtype=None) -> gs.Constant:
         """A float constant, shared between rules that derive the same values from the same source (``values`` may
-        be a function that computes them, called only for a key not seen before)."""
+        be a function that computes them, called only for a key not seen before). A function with its ``shape`` and
+        ``dtype`` is called only when something reads the values (:class:`trt_bridge.ir.derived.DerivedValues`: a
+        weight whose annotation keeps its codes, which lowering writes instead)."""
         const = self.constants.get(key)
-        if const is None:
+        if const is None and callable(values) and shape is not None and dtype is not None:
+            const = gs.Constant(self.names(base), DerivedValues(values, shape, dtype))
+            self.constants[key] = const
+        elif const is None:
             values = values() if callable(values) else values
             # (np.ascontiguousarray would make a 0-d array 1-d: a scalar must stay a scalar, or the Reshape
             # shapes built from it change rank — AIMET quantizes MobileViT's shape arithmetic)

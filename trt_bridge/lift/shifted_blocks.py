@@ -49,12 +49,12 @@ def lift_shifted_matmul(ctx: LiftContext, matmul: gs.Node, source: gs.Tensor, sh
         return False
     transposed = gemm and bool(int(matmul.attrs.get("transB", 0)))
     alpha = float(matmul.attrs.get("alpha", 1.0)) if gemm else 1.0
-    key = ("shifted-block-weight", source.name, digest(shifted.codes), shifted.scale.tobytes(),
-           shifted.offset.tobytes(), np.dtype(ftype).name, transposed)
+    key = ("shifted-block-weight", source.name, digest(shifted.codes), digest(shifted.scale), digest(shifted.offset),
+           np.dtype(ftype).name, transposed)
     base = source.name.removesuffix("_quantized") or origin
     codes, scale = (shifted.codes.T, shifted.scale.T) if transposed else (shifted.codes, shifted.scale)
     weight = ctx.constant(f"{base}_float", lambda: dequantize(codes, scale, int(transposed), block).astype(ftype),
-                          key)
+                          key, codes.shape, ftype)  # computed only if read: lowering writes the codes
     site = Site(matmul.name, 1)
     spec = ctx.annotations.weights.get(weight.name)
     if spec is None:

@@ -16,7 +16,7 @@ from trt_bridge.formats import FP4, INT4, INT8, QuantFormat, broadcast_param, nu
 from trt_bridge.ir.store import release_weight
 from trt_bridge.ir.tensorrt_ops import output_channel_axis
 from trt_bridge.ir.values import FLOAT32_TINY, check_finite_weight
-from trt_bridge.lift.base import LiftContext
+from trt_bridge.lift.base import LiftContext, digest
 from trt_bridge.lift.int4_blocks import int4_blocks
 
 #: op type → input index of its weight
@@ -61,17 +61,13 @@ def lift_block_weight(ctx: LiftContext, tensor: gs.Tensor, values: np.ndarray, z
     scale's, fits int4 (int4, and uint4 with zero point 8), the other blocks clipped or re-quantized
     (:func:`trt_bridge.lift.int4_blocks.int4_blocks`, reported by ``rule``)."""
     along = block_axis(axis, values.ndim)
-    full_scale, zp = (broadcast_param(p, values.shape, along, block) for p in (scale, zero_point))
-    if np.issubdtype(np.asarray(zero_point).dtype, np.floating):
-        centred = values.astype(np.float64) - zp.astype(np.float64)
-    else:
-        centred = values.astype(np.int16) - zp.astype(np.int16)
-    key = ("block-weight", tensor.name, scale.tobytes(), zero_point.tobytes(), np.dtype(ftype).name)
+    key = ("block-weight", tensor.name, digest(scale), digest(zero_point), np.dtype(ftype).name)
     base = tensor.name.removesuffix("_quantized") or origin
-    const = ctx.constant(f"{base}_float", lambda: (centred * full_scale.astype(np.float64)).astype(ftype), key)
+    const = ctx.constant(f"{base}_float", lambda: _block_floats(values, zero_point, scale, along, block, ftype), key,
+                         values.shape, ftype)  # computed only if read: lowering writes the codes
     spec = ctx.annotations.weights.get(const.name)
     if spec is None:
-        found = int4_blocks(centred, scale, block, along)
+        found = int4_blocks(_centred(values, zero_point, along, block), scale, block, along)
         codes = numpy_code_format(values.dtype)
         if not found.inexact or (codes is not None and codes.nearest is INT4):
             spec = WeightSpec(const.name, [], axis, origin, codes=found.codes, scale=found.scale, format=INT4,
@@ -90,6 +86,21 @@ def lift_block_weight(ctx: LiftContext, tensor: gs.Tensor, values: np.ndarray, z
     spec.sites.append(site)
     ctx.annotations.add_weight(spec)
     return const
+
+
+def _centred(values: np.ndarray, zero_point: np.ndarray, along: int, block: int) -> np.ndarray:
+    """A block weight's codes less their zero points: int16 for integer zero points, float64 for float ones."""
+    zp = broadcast_param(zero_point, values.shape, along, block)
+    if np.issubdtype(np.asarray(zero_point).dtype, np.floating):
+        return values.astype(np.float64) - zp.astype(np.float64)
+    return values.astype(np.int16) - zp.astype(np.int16)
+
+
+def _block_floats(values: np.ndarray, zero_point: np.ndarray, scale: np.ndarray, along: int, block: int,
+                  ftype) -> np.ndarray:
+    """What a blocked DequantizeLinear computes, in float64 rounded once to ``ftype``."""
+    full_scale = broadcast_param(scale, values.shape, along, block).astype(np.float64)
+    return (_centred(values, zero_point, along, block) * full_scale).astype(ftype)
 
 
 def lift_fp4_block_weight(ctx: LiftContext, tensor: gs.Tensor, values: np.ndarray, zero_point: np.ndarray,

@@ -33,6 +33,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 from trt_bridge.annotations import Annotations
 from trt_bridge.errors import InternalError, UnsupportedPatternError
 from trt_bridge.formats import FORMATS, INT8, QuantFormat
+from trt_bridge.ir.derived import DerivedValues
 from trt_bridge.ir.names import NameAllocator
 from trt_bridge.ir.toposort import toposort
 from trt_bridge.lift.weights import float_type, representable_scale, scale_axis, weight_values
@@ -83,11 +84,13 @@ def code_constant(name: str, codes: np.ndarray, fmt: QuantFormat) -> gs.Constant
 
 
 def lower(graph: gs.Graph, annotations: Annotations, scales: dict | None = None,
-          names: NameAllocator | None = None) -> list[QuantizedTensor]:
+          names: NameAllocator | None = None, release: bool = False) -> list[QuantizedTensor]:
     """Insert Q/DQ for every placed annotation (in place); return what was quantized. Activations marked
     ``runtime`` get runtime ranges (:mod:`trt_bridge.lower.runtime_ranges`), before the weights are lowered.
     ``scales``: filled with each quantized activation's scale constant (its Q and DQ share it) and float type.
-    ``names``: the model's (a control-flow body is lowered as a graph of its own, its names unique model-wide)."""
+    ``names``: the model's (a control-flow body is lowered as a graph of its own, its names unique model-wide).
+    ``release``: the last lowering of these annotations: each weight's codes and float values are let go once its
+    codes are written (a 0.85 B-parameter int4 decoder held both forms of every weight at once, +1.7 GB)."""
     names = names or NameAllocator(graph)
     done: list[QuantizedTensor] = []
     runtime = [annotations.activations[name] for name in sorted(annotations.activations)
@@ -120,6 +123,11 @@ def lower(graph: gs.Graph, annotations: Annotations, scales: dict | None = None,
             [code_constant(names(f"{name}_{fmt.name}"), q, fmt), gs.Constant(names(f"{name}_scale"), scale),
              code_constant(names(f"{name}_zero_point"), fmt.zero(scale.shape), fmt)], [dq_out]))
         _rewire(nodes, spec.sites, name, dq_out)
+        if release and not tensors[name].outputs:  # read by no other node: its codes and float values go
+            spec.codes = q = None
+            if isinstance(getattr(tensors[name], "_values", None), DerivedValues):
+                tensors[name]._values.release()
+            del tensors[name]
         done.append(QuantizedTensor(name, "weight", _scale_out(scale), axis, spec.source.value,
                                     tuple(s.node for s in spec.sites), np.dtype(ftype).name, format=fmt.name,
                                     block_size=spec.block_size if scale.ndim else 0))
@@ -145,6 +153,11 @@ def lower(graph: gs.Graph, annotations: Annotations, scales: dict | None = None,
         graph.nodes.append(gs.Node("DequantizeLinear", names(f"{name}_DequantizeLinear"), {},
                                    [q_out, scale, zero], [dq_out]))
         _rewire(nodes, spec.sites, name, dq_out)
+        if release and not tensors[name].outputs:  # read by no other node: its codes and float values go
+            spec.codes = q = None
+            if isinstance(getattr(tensors[name], "_values", None), DerivedValues):
+                tensors[name]._values.release()
+            del tensors[name]
         done.append(QuantizedTensor(name, "activation", float(scale.values), None,
                                     spec.source.value if spec.source else "", tuple(s.node for s in spec.sites),
                                     np.dtype(ftype).name, format=fmt.name))
