@@ -126,3 +126,26 @@ def test_an_engine_beside_another_ones_sidecar_is_refused(converted, tmp_path):
     with pytest.raises(SidecarMismatchError, match=r"a\.engine: its sidecar .*a\.engine\.json describes another"):
         read_sidecar(tmp_path / "a.engine")
     assert read_sidecar(tmp_path / "b.engine")["target"]["compute_capabilities"] == ["12.0"]
+
+
+def _convert(source: Path, calib: Path, out: Path, report: Path, *extra: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "trt_bridge", "convert", str(source), "--calib-data", str(calib),
+                             "-o", str(out), "--report", str(report), "-q", *extra], env=ENV,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def test_two_converts_to_one_output_leave_one_runs_model_and_report(converted, tmp_path):
+    """Two `convert -o m.onnx --report r.json` at once, one with --high-precision fp16: the model and the report left
+    are one run's (the report's layer precisions are the model's)."""
+    from trt_bridge.lower.layer_precisions import layer_precisions
+
+    d = converted.parent
+    out, report = tmp_path / "m.onnx", tmp_path / "r.json"
+    runs = [_convert(d / "float.onnx", d / "calib.npz", out, report),
+            _convert(d / "float.onnx", d / "calib.npz", out, report, "--high-precision", "fp16")]
+    for run in runs:
+        _, err = run.communicate(timeout=600)
+        assert run.returncode == 0, err
+    recorded = json.loads(report.read_text())["check"]["precisions"]["counts"]
+    assert layer_precisions(onnx.load(str(out)))["counts"] == recorded
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx", "r.json"]
