@@ -18,8 +18,8 @@ from trt_bridge.calibrate.awq import VARIANTS, factors, search_clip
 from trt_bridge.calibrate.smooth import candidates
 from trt_bridge.conversion import convert
 from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
+from trt_bridge.conversion.output import save as save_stage
 from trt_bridge.conversion.stages import Conversion, calibrate, lift, load, lower_model, place_quantizers
-from trt_bridge.conversion.stages import save as save_stage
 from trt_bridge.formats import INT4
 from trt_bridge.lift.weights import dequantize, scale_axis
 from trt_bridge.place.formats import FormatOptions
@@ -97,6 +97,7 @@ def test_the_written_model_computes_what_the_annotations_say(encoder, monkeypatc
     lower_model(state)
     assert all(s.codes is None for s in weights.values())  # the last lowering lets each weight's codes go
     save_stage(state)
+    state.outputs.commit()  # the stages stage the output; convert commits it once all have passed
     written = onnx.load(str(folder / "exact.onnx"))
     inits = {i.name: numpy_helper.to_array(i) for i in written.graph.initializer}
     codes = [inits[n.input[0]] for n in written.graph.node if n.op_type == "DequantizeLinear"]

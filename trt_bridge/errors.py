@@ -41,4 +41,9 @@ class InternalError(Exception):
 
 
 class Terminated(BaseException):
-    """SIGTERM arrived: unwinds like KeyboardInterrupt, so temporary folders and files are removed."""
+    """SIGTERM or SIGHUP arrived: unwinds like KeyboardInterrupt, so temporary folders and files are removed and no
+    output is committed. ``signum``: the signal (the CLI exits 128 + it: 143, 129)."""
+
+    def __init__(self, signum: int = 15, name: str = "SIGTERM"):
+        super().__init__(name)
+        self.signum, self.name = signum, name

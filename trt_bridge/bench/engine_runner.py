@@ -32,7 +32,7 @@ from trt_bridge.plugins.registry import register_for_engine
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
 from trt_bridge.tensorrt.cuda import call, error_text, gpu_problem, runtime
 from trt_bridge.tensorrt.logger import Logger
-from trt_bridge.tensorrt.sidecar import read_sidecar
+from trt_bridge.tensorrt.sidecar import SidecarMismatchError, read_sidecar
 
 log = logging.getLogger("trt_bridge.bench")
 
@@ -61,6 +61,8 @@ def _built_with(engine: Path) -> str | None:
     """The TensorRT module the engine's sidecar names (an engine runs only with the TensorRT that built it)."""
     try:
         return read_sidecar(engine)["tensorrt"]["module"]
+    except SidecarMismatchError:  # an engine beside another's sidecar: refused, never run with the wrong facts
+        raise
     except Exception:  # noqa: BLE001 - no sidecar (built elsewhere): the default module
         return None
 

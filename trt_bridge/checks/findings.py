@@ -105,6 +105,16 @@ class CheckReport:
         data["ready"] = self.ready
         return data
 
+    def rename(self, old, new) -> None:
+        """Name ``new`` wherever the report names the file ``old`` (convert checks its output where it is staged,
+        before renaming it into place)."""
+        old, new = str(old), str(new)
+        self.model = self.model.replace(old, new)
+        for finding in self.findings:
+            finding.why, finding.fix = finding.why.replace(old, new), finding.fix.replace(old, new)
+            if finding.tensorrt:
+                finding.tensorrt = finding.tensorrt.replace(old, new)
+
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, default=_json_default)
 

@@ -17,6 +17,7 @@ from trt_bridge.tensorrt.build import EngineBuildError, ProfileBuildError, engin
 from trt_bridge.tensorrt.costs import EngineCosts
 from trt_bridge.tensorrt.parse import CRASH, parse
 from trt_bridge.tensorrt.profiles import Profile
+from trt_bridge.tensorrt.target import UnbuildableTargetError
 
 log = logging.getLogger("trt_bridge.checks")
 
@@ -81,6 +82,14 @@ def measure_costs(path: Path, compute_capability: str, report: CheckReport, plug
     try:
         return engine_costs(path, compute_capability, plugins=plugins, profiles=profiles)
     except MissingDependencyError:
+        return None
+    except UnbuildableTargetError as exc:  # the target runs the model; only this machine cannot build for it
+        report.findings.append(Finding(
+            "target-not-built", Severity.WARNING, "", "", [],
+            f"the installed builder ({exc.builder}) cannot build for compute capability {exc.target} (it builds "
+            f"for {', '.join(exc.builds)}): the engine's costs were not measured, and `trt-bridge build` here "
+            "cannot make its engine", f"nothing to change: build the engine on the target (datacenter TensorRT on "
+            f"a {exc.target} GPU: `trt-bridge build MODEL -o ENGINE` there)", True))
         return None
     except ProfileBuildError as exc:
         for failed in exc.failed:

@@ -54,8 +54,12 @@ def _quiet_graphsurgeon(verbose: int) -> None:
         G_LOGGER.severity = G_LOGGER.ERROR
 
 
-def _on_sigterm(signum, frame) -> None:
-    raise Terminated()
+#: the signals that end a command like Ctrl-C does (unwinding: nothing committed, temporary files removed)
+ENDING_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def _on_signal(signum, frame) -> None:
+    raise Terminated(signum, signal.Signals(signum).name)
 
 
 def _stdout_gone() -> None:
@@ -98,7 +102,8 @@ def _return_freed_memory() -> None:
 def main(argv: list[str] | None = None) -> int:
     """The CLI. Whatever happens, it ends with an exit status and at most one line on stderr: 0/1 as each command
     documents, 2 for an error in the input (or an unexpected one, whose traceback ``-vv`` shows), 130 on Ctrl-C,
-    141 when stdout's reader went away, 143 on SIGTERM (temporary files removed, nothing half-written)."""
+    141 when stdout's reader went away, 143 on SIGTERM and 129 on SIGHUP (temporary files removed, no output
+    written: outputs are committed only once the command has succeeded, :mod:`trt_bridge.ir.commit`)."""
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
@@ -116,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     _quiet_graphsurgeon(verbose)
     if verbose < 2:
         own_process()
-    previous = None
+    previous = {}
     if threading.current_thread() is threading.main_thread():
-        previous = signal.signal(signal.SIGTERM, _on_sigterm)
+        previous = {signum: signal.signal(signum, _on_signal) for signum in ENDING_SIGNALS}
     try:
         with warnings.catch_warnings():
             if verbose < 2:  # numpy's overflow/invalid-value warnings are noise to a user; -vv shows them
@@ -130,9 +135,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except Terminated:
-        print(f"trt-bridge {args.command}: terminated (SIGTERM); nothing was left half-written", file=sys.stderr)
-        return 143
+    except Terminated as exc:
+        print(f"trt-bridge {args.command}: terminated ({exc.name}); nothing was left half-written", file=sys.stderr)
+        return 128 + exc.signum
     except BrokenPipeError:
         _stdout_gone()
         return 141
@@ -158,8 +163,8 @@ def main(argv: list[str] | None = None) -> int:
               "complete (-vv shows the traceback).", file=sys.stderr)
         return EXIT_ERROR
     finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        for signum, handler in previous.items():
+            signal.signal(signum, signal.SIG_DFL if handler is None else handler)
         logging.getLogger("trt_bridge").setLevel(level_before)
 
 

@@ -25,7 +25,7 @@ from trt_bridge.conversion.options import ConvertOptions
 from trt_bridge.conversion.pipeline import convert
 from trt_bridge.conversion.report import ConversionReport
 from trt_bridge.conversion.stages import input_files
-from trt_bridge.ir.files import write_text_atomic
+from trt_bridge.ir.commit import Outputs
 
 
 def options_from_args(args: argparse.Namespace) -> ConvertOptions:
@@ -55,14 +55,16 @@ def execute(args: argparse.Namespace) -> ConversionReport:
         check_output_path(report_path, [*reads, output, output.with_name(output.name + ".data"),
                                         *report_paths[:i]], "report")
     target = TARGET.parse(args)
-    if target.target is not None:
-        report, result = convert_to_target(args.model, output, options, target.target, target.data, target.random,
-                                           target.metric)
-        report.accuracy = {**asdict(result), "summary": result.summary()}
-    else:
-        report = convert(args.model, output, options)
-    for report_path in report_paths:
-        write_text_atomic(report_path, report.to_json() + "\n")
+    with Outputs() as outputs:  # the model, its .data and the reports: committed together once all succeeded
+        if target.target is not None:
+            report, result = convert_to_target(args.model, output, options, target.target, target.data,
+                                               target.random, target.metric, outputs=outputs)
+            report.accuracy = {**asdict(result), "summary": result.summary()}
+        else:
+            report = convert(args.model, output, options, outputs)
+        for report_path in report_paths:
+            outputs.stage_text(report_path, report.to_json() + "\n", "report")
+        outputs.commit()
     return report
 
 

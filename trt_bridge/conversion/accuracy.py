@@ -78,10 +78,12 @@ class TargetResult:
 
 
 def convert_to_target(model_path: str | Path, output_path: str | Path, options, target_db: float,
-                      eval_data: str | None = None, eval_random: int | None = None, metric: str = "snr"):
+                      eval_data: str | None = None, eval_random: int | None = None, metric: str = "snr",
+                      outputs=None):
     """``convert`` with the fewest quantized layers given back that reaches ``target_db`` (an SNR in dB, or a
     cosine similarity with ``metric="cosine"``; see the module doc). Returns ``(ConversionReport,
-    TargetResult)``; the report is the written model's."""
+    TargetResult)``; the report is the written model's (committed with ``outputs`` when given, as
+    :func:`~trt_bridge.conversion.pipeline.convert` does)."""
 
     model_path, output_path = Path(model_path), Path(output_path)
     measure = VerifyOptions(data=eval_data, random=None if eval_data else (eval_random or DEFAULT_RANDOM_FEEDS),
@@ -139,7 +141,7 @@ def convert_to_target(model_path: str | Path, output_path: str | Path, options, 
             result.ranking = result.rankings.get(name, [])
         result.met, result.chosen = best.score >= target_db, best
     # the chosen probe, written where the user asked, the way convert writes (atomically, external data, check)
-    report = convert(model_path, output_path, probe_options(best.excluded))
+    report = convert(model_path, output_path, probe_options(best.excluded), outputs)
     return report, result
 
 

@@ -9,8 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from trt_bridge.conversion.options import ConvertOptions
+from trt_bridge.conversion.output import check, save
 from trt_bridge.conversion.report import ConversionReport
-from trt_bridge.conversion.stages import Conversion, calibrate, check, lift, load, lower_model, place_quantizers, save
+from trt_bridge.conversion.stages import Conversion, calibrate, lift, load, lower_model, place_quantizers
+from trt_bridge.ir.commit import Outputs
 from trt_bridge.stage import Stage, merged_records, run_stages
 
 #: the conversion, in order (see :mod:`trt_bridge.conversion.stages`)
@@ -25,8 +27,15 @@ STAGES: tuple[Stage, ...] = (
 )
 
 
-def convert(model_path: str | Path, output_path: str | Path, options: ConvertOptions = ConvertOptions()
-            ) -> ConversionReport:
-    """Convert the model at ``model_path`` and write the TensorRT-ready model to ``output_path``."""
-    state = Conversion(Path(model_path), Path(output_path), options)
-    return ConversionReport(**merged_records(run_stages(STAGES, state)))
+def convert(model_path: str | Path, output_path: str | Path, options: ConvertOptions = ConvertOptions(),
+            outputs: Outputs | None = None) -> ConversionReport:
+    """Convert the model at ``model_path`` and write the TensorRT-ready model to ``output_path``: once every stage
+    has succeeded (the check and costs included), and, given ``outputs``, only when the caller commits them (with
+    its report files: :class:`~trt_bridge.ir.commit.Outputs`). A failure or a signal before then leaves nothing."""
+    if outputs is not None:
+        state = Conversion(Path(model_path), Path(output_path), options, outputs=outputs)
+        return ConversionReport(**merged_records(run_stages(STAGES, state)))
+    with Outputs() as own:
+        report = convert(model_path, output_path, options, own)
+        own.commit()
+    return report

@@ -19,24 +19,23 @@ from trt_bridge.calibrate.feed_sources import source_path
 from trt_bridge.calibrate.ranges import observed_ranges
 from trt_bridge.calibrate.session import HeldOut
 from trt_bridge.calibrate.two_pass import calibrate_graph
-from trt_bridge.checks import CheckOptions, check_model
 from trt_bridge.checks.rules import is_int8
 from trt_bridge.conversion import bias_correction, bodies, costs, data_choices, give_back, range_choice, runtime_choice
 from trt_bridge.conversion.options import ConvertOptions, ScalePolicy
 from trt_bridge.conversion.report import FloatLeftover, RuleHits
 from trt_bridge.conversion.support import check_supported
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
+from trt_bridge.ir.commit import Outputs
 from trt_bridge.ir.dynamic_gemm import OP_TYPE as PLUGIN_OP
 from trt_bridge.ir.dynamic_gemm import PLUGIN_VERSION
 from trt_bridge.ir.export import export_model
-from trt_bridge.ir.files import check_writable, external_data_files, inside_folder, same_file
+from trt_bridge.ir.files import check_writable, inside_folder, same_file
 from trt_bridge.ir.finalize import finalize
 from trt_bridge.ir.model import default_opset, load_model
-from trt_bridge.ir.save import save_model
-from trt_bridge.ir.size import RELEASE_BYTES, is_large, lifted_bytes, payload_bytes, release_memory, too_large
+from trt_bridge.ir.size import RELEASE_BYTES, lifted_bytes, payload_bytes, release_memory, too_large
 from trt_bridge.ir.store import WeightStore
 from trt_bridge.ir.types import infer_shapes
-from trt_bridge.ir.values import check_output_finite, check_source_scales, check_source_weights, nonfinite_count
+from trt_bridge.ir.values import check_source_scales, check_source_weights, nonfinite_count
 from trt_bridge.lift import LIFT_RULES
 from trt_bridge.lift.dynamic_gemm_plugin import DynamicGemmPlugin
 from trt_bridge.lift.float_gemm_plugin import FloatGemmPlugin
@@ -80,6 +79,8 @@ class Conversion:
     out_model: onnx.ModelProto | None = None
     data_choices: str = ""  # without a scale source: the ways to give one, for the error that needs them
     float_copy: Any = None  # with check: a temporary folder holding the lifted float model (its engine costs)
+    outputs: Outputs = field(default_factory=Outputs)  # the command's outputs, committed once it has succeeded
+    staged: Path | None = None  # the output model as written, before it is committed
 
 
 def input_files(options: ConvertOptions) -> list[Path]:
@@ -376,25 +377,3 @@ def lower_model(state: Conversion) -> StageResult:
         "quantized": [{k: v for k, v in asdict(q).items() if k != "nodes"} for q in quantized],
         "output_opset": default_opset(out_model),
         "precision": precision_report(out_model, high, kept_fp32)})
-
-
-def save(state: Conversion) -> StageResult:
-    """Refuse non-finite values the source did not have, then write the output atomically (never over an input);
-    a model over 2 GB is checked from disk."""
-    check_output_finite(state.out_model, state.source_nonfinite, state.model_path)
-    written = save_model(state.out_model, state.output_path,
-                         protect=(state.model_path, *external_data_files(state.model_path)))
-    if is_large(state.out_model):
-        onnx.checker.check_model(str(written), full_check=True)
-    state.out_model = None  # written: the check reads it from disk, and TensorRT's builder holds it again
-    _release_memory(state)
-    return StageResult(changed=1)
-
-
-def check(state: Conversion) -> StageResult:
-    """``trt-bridge check`` on the written output (with TensorRT's parser where installed), for the target."""
-    checked = check_model(state.output_path, CheckOptions.for_target(state.options.formats.compute_capability))
-    return StageResult(changed=0, records={
-        "check": {**checked.to_dict(), "headline": checked.headline()}, "costs": costs.against_float(
-            checked.costs, state.float_copy, state.store is not None, state.options.formats.compute_capability),
-        "remaining_blockers": [f"{f.where}: {f.why}" for f in checked.blockers]})

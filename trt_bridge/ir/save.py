@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
-import tempfile
 from pathlib import Path
 
 import onnx
 
 from trt_bridge.errors import InternalError, TrtBridgeError
+from trt_bridge.ir.commit import Outputs
 from trt_bridge.ir.files import is_special_file
 from trt_bridge.ir.size import is_large
 from trt_bridge.ir.store import store_of
@@ -25,6 +25,17 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tupl
     place, so a crash never leaves a half-written model behind. ``protect`` lists
     files that must never be overwritten (the input model).
     """
+    with Outputs() as outputs:
+        stage_model(model, path, outputs, protect=protect)
+        outputs.commit()
+    return Path(path).resolve()
+
+
+def stage_model(model: onnx.ModelProto, path: str | os.PathLike, outputs: Outputs, *,
+                protect: tuple[Path, ...] = ()) -> Path:
+    """Write ``model`` (and its ``.data`` over 2 GB) for ``path`` into ``outputs``' staging folder beside it;
+    returns the staged model file, which :meth:`Outputs.commit` renames into place with the command's other
+    outputs."""
     path = Path(path).resolve()
     for p in protect:
         if path == Path(p).resolve():
@@ -35,14 +46,13 @@ def save_model(model: onnx.ModelProto, path: str | os.PathLike, *, protect: tupl
         raise TrtBridgeError(f"the output model {path} is not a regular file (a device, a pipe or a socket); give a "
                              "regular file path with -o.")
     try:
-        return _save_model(model, path, protect)
+        return _stage_model(model, path, outputs, protect)
     except OSError as exc:
         raise TrtBridgeError(f"cannot write the output model {path}: {exc.strerror or exc}. "
                              "Check free disk space and permissions, or choose another path with -o.") from exc
 
 
-def _save_model(model: onnx.ModelProto, path: Path, protect: tuple[Path, ...]) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
+def _stage_model(model: onnx.ModelProto, path: Path, outputs: Outputs, protect: tuple[Path, ...]) -> Path:
     external = is_large(model)
     data_name = path.name + ".data"
     if external and any((path.parent / data_name).resolve() == Path(p).resolve() for p in protect):
@@ -50,20 +60,15 @@ def _save_model(model: onnx.ModelProto, path: Path, protect: tuple[Path, ...]) -
             f"writing {path} would overwrite the input model's external data {path.parent / data_name}; "
             "choose another output name with -o."
         )
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=".trt-bridge-") as tmp:
-        tmp_model = Path(tmp) / path.name
-        if external:
-            log.info("model is over 2 GB: writing weights to %s", data_name)
-            onnx.save_model(write_external_data(model, Path(tmp), data_name), str(tmp_model))
-            umask = os.umask(0)
-            os.umask(umask)
-            for written in (Path(tmp) / data_name, tmp_model):
-                os.chmod(written, 0o666 & ~umask)
-            os.replace(Path(tmp) / data_name, path.parent / data_name)
-        else:
-            onnx.save_model(model, str(tmp_model))
-        os.replace(tmp_model, path)
-    return path
+    if external:  # staged first: renamed into place before the model that refers to it
+        log.info("model is over 2 GB: writing weights to %s", data_name)
+        outputs.stage(path.parent / data_name)
+    staged = outputs.stage(path)
+    if external:
+        onnx.save_model(write_external_data(model, staged.parent, data_name), str(staged))
+    else:
+        onnx.save_model(model, str(staged))
+    return staged
 
 
 def write_external_data(model: onnx.ModelProto, folder: Path, location: str, threshold: int = 1024,

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import platform
 import time
 from dataclasses import asdict, dataclass, replace
@@ -102,12 +103,40 @@ def check_artifacts(manifest: Manifest, options: PipelineOptions = PipelineOptio
     for model in manifest.models:
         if options.models and model.name not in options.models:
             continue
+        folder = manifest.output / model.name
+        if folder.is_symlink():
+            raise TrtBridgeError(f"{manifest.path}: the output folder of model '{model.name}', {folder}, is a "
+                                 f"symbolic link (to {os.readlink(folder)}): the pipeline would write through it. "
+                                 "Remove the link, or choose another output folder (--output DIR).")
         for target in artifacts(manifest, model):
+            if target.is_symlink():
+                raise TrtBridgeError(f"{manifest.path}: the pipeline's artifact {target} is a symbolic link (to "
+                                     f"{os.readlink(target)}): the pipeline would write through it. Remove it, or "
+                                     "choose another output folder (--output DIR).")
             for source in reads:
                 if same_file(target, source) or inside_folder(target, source):
                     raise TrtBridgeError(f"{manifest.path}: the pipeline would write {target} over {source}, which it "
                                          "reads; choose another output folder (the manifest's output, or "
                                          "--output DIR) or move the file.")
+
+
+def check_summary_path(manifest: Manifest, path: str | Path | None, options: PipelineOptions = PipelineOptions()
+                       ) -> None:
+    """Before any work: ``pipeline --json FILE`` must be none of the pipeline's artifacts and lie in none of its
+    models' folders (it would replace a converted model, an engine or ``pipeline.md`` with the summary)."""
+    if path is None or str(path) == "-":
+        return
+    for model in manifest.models:
+        if options.models and model.name not in options.models:
+            continue
+        folder = manifest.output / model.name
+        for artifact in artifacts(manifest, model):
+            if same_file(path, artifact):
+                raise TrtBridgeError(f"--json {path} is {artifact}, which the pipeline writes itself; write the "
+                                     "summary elsewhere (it is also in pipeline.json).")
+        if same_file(path, folder) or inside_folder(path, folder) or Path(path).absolute().parent == folder.absolute():
+            raise TrtBridgeError(f"--json {path} lies in {folder}, the folder the pipeline writes model "
+                                 f"'{model.name}''s artifacts into; write the summary elsewhere.")
 
 
 def _machine() -> dict:

@@ -90,6 +90,33 @@ class Manifest:
     targets: tuple[Target, ...]
 
 
+def _unique_keys_loader(path: Path):
+    """yaml's SafeLoader, refusing a key given twice in one mapping (``gates:`` twice: yaml keeps the last one and
+    silently drops the first); a merge (``<<: *defaults``) may still override."""
+    import yaml
+
+    class UniqueKeys(yaml.SafeLoader):
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen: dict = {}
+                for key_node, _ in node.value:
+                    if key_node.tag == "tag:yaml.org,2002:merge":
+                        continue
+                    key = self.construct_object(key_node, deep=True)
+                    try:
+                        first = seen.get(key)
+                    except TypeError:  # an unhashable key: yaml's own error names it
+                        continue
+                    seen.setdefault(key, key_node.start_mark.line + 1)
+                    if first is not None:
+                        raise ManifestError(f"{path}: line {key_node.start_mark.line + 1}: the key '{key}' is "
+                                            f"given twice in one mapping (first on line {first}); yaml would "
+                                            "silently drop the first. Keep one, merging what both say.")
+            return super().construct_mapping(node, deep)
+
+    return UniqueKeys
+
+
 def load_manifest(path: str | Path, output: str | Path | None = None) -> Manifest:
     """Read and check the manifest at ``path``. ``output``: the artifacts' folder given on the command line
     (``--output``), which wins over the manifest's and may lie anywhere."""
@@ -99,7 +126,7 @@ def load_manifest(path: str | Path, output: str | Path | None = None) -> Manifes
     if not path.is_file():
         raise ManifestError(f"{path}: no such manifest file.")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.load(path.read_text(), Loader=_unique_keys_loader(path))  # noqa: S506 - a SafeLoader
     except yaml.YAMLError as exc:
         raise ManifestError(f"{path}: not valid YAML: {' '.join(str(exc).split())}") from exc
     except UnicodeDecodeError as exc:

@@ -26,7 +26,8 @@ from pathlib import Path
 
 from trt_bridge import __version__
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
-from trt_bridge.ir.files import check_writable, external_data_files, write_bytes_atomic
+from trt_bridge.ir.commit import Outputs
+from trt_bridge.ir.files import check_writable, external_data_files
 from trt_bridge.plugins.plugin import take_build_problems
 from trt_bridge.plugins.registry import register_for_model
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
@@ -139,7 +140,9 @@ class ModelRejectedError(EngineBuildError):
 
 
 def build(model: str | Path, output: str | Path, options: BuildOptions = BuildOptions()) -> BuildResult:
-    """Build an engine for ``model`` into ``output`` (atomically) and its sidecar ``<output>.json``.
+    """Build an engine for ``model`` into ``output`` and its sidecar ``<output>.json``, as one unit: both are renamed
+    into place together (:class:`~trt_bridge.ir.commit.Outputs`), so two builds to one ``output`` at once leave
+    one build's pair, never an engine beside another's sidecar.
 
     Raises :class:`ModelRejectedError` when TensorRT's parser rejects the model, :class:`EngineBuildError`
     when its builder fails, MissingDependencyError without TensorRT and TrtBridgeError for every other
@@ -192,8 +195,10 @@ def build(model: str | Path, output: str | Path, options: BuildOptions = BuildOp
         # UTC time of the build: the one field that differs between two builds of the same inputs
         "created": datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z"),
     }
-    write_bytes_atomic(output, compiled.engine, "engine")
-    write_bytes_atomic(sidecar, (json.dumps(info, indent=2) + "\n").encode(), "sidecar")
+    with Outputs() as outputs:  # one unit: renamed into place together, under the folder's lock, signals held
+        outputs.stage_bytes(output, compiled.engine, "engine")
+        outputs.stage_bytes(sidecar, (json.dumps(info, indent=2) + "\n").encode(), "sidecar")
+        outputs.commit()
     log.info("%s: engine written (%d bytes) in %.1f s", output, len(compiled.engine), seconds)
     return BuildResult(str(output), str(sidecar), info, seconds)
 

@@ -74,6 +74,16 @@ def engine_target(trt, options: BuildOptions) -> dict:
             "description": where if level == "none" else f"{where}, hardware compatibility {level}"}
 
 
+class UnbuildableTargetError(TrtBridgeError):
+    """The installed TensorRT cannot build for the compute capability asked for (TensorRT-RTX has no SM 9.0 or
+    10.0): the model may run there all the same; only this machine's build is impossible. ``target``: '9.0';
+    ``builds``: what it builds for."""
+
+    def __init__(self, message: str, target: str, builder: str, builds: tuple[str, ...]):
+        super().__init__(message)
+        self.target, self.builder, self.builds = target, builder, builds
+
+
 def parse_compute_capability(trt, text: str):
     """'8.9' / 'SM89' / 'sm_89' / '89' → (trt.ComputeCapability.SM89, '8.9'); an error lists what this
     TensorRT-RTX builds for."""
@@ -83,9 +93,10 @@ def parse_compute_capability(trt, text: str):
     name = f"SM{digits}"
     if name not in supported:
         hopper = " (Hopper, 9.0, is a datacenter GPU: build on it with datacenter TensorRT)" if digits == "90" else ""
-        raise TrtBridgeError(f"--compute-capability {text}: {trt.__name__} {trt.__version__} cannot build for "
-                             f"compute capability {digits[:-1]}.{digits[-1]}{hopper}; it builds for "
-                             f"{', '.join(supported.values())}.")
+        raise UnbuildableTargetError(
+            f"--compute-capability {text}: {trt.__name__} {trt.__version__} cannot build for compute capability "
+            f"{digits[:-1]}.{digits[-1]}{hopper}; it builds for {', '.join(supported.values())}.",
+            f"{digits[:-1]}.{digits[-1]}", f"{trt.__name__} {trt.__version__}", tuple(supported.values()))
     return getattr(trt.ComputeCapability, name), supported[name]
 
 
