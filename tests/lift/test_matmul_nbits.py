@@ -267,6 +267,27 @@ def test_rule_declines_what_it_cannot_unpack_untouched():
     assert declined(model, MatMulNBits(), "nbits") == "B and the scales must be constants"
 
 
+@pytest.mark.parametrize("block", [3, 8, 24])
+def test_rule_declines_block_sizes_onnxruntime_refuses(block):
+    """onnxruntime's MatMulNBits takes blocks of a power of two from 16: another one is declined by name (it ended in
+    an internal error, a reshape of the codes)."""
+    model = _nbits_model()
+    for attr in model.graph.node[0].attribute:
+        if attr.name == "block_size":
+            attr.i = block
+    assert f"block_size={block}: MatMulNBits' blocks are a power of two of at least 16" in declined(
+        model, MatMulNBits(), "nbits")
+
+
+def test_rule_declines_a_bias_of_another_length_than_n():
+    """A bias of N + 1 values ended in ONNX's strict checks of the converted model (an internal error)."""
+    model = _nbits_model(bias=True)
+    bias = next(t for t in model.graph.initializer if t.name == "bias")
+    bias.CopyFrom(numpy_helper.from_array(np.zeros(N + 1, np.float32), "bias"))
+    assert declined(model, MatMulNBits(), "nbits") == (
+        f"its bias 'bias' has shape [{N + 1}], not [N={N}]; the bias has one value per output")
+
+
 @pytest.mark.parametrize("layout", ["first", "unpacked"])
 def test_zero_points_in_the_layouts_other_quantizers_write(tmp_path, layout):
     # Intel Neural Compressor 1.0 packs the zero points as one run over N·K/b (the op's first layout; "first"), NNCF

@@ -92,6 +92,12 @@ class MatMulNBits:
             return f"bits={bits}: only 2, 4 and 8-bit codes (whole codes per byte) are unpacked"
         if k <= 0 or n <= 0 or block < 2:
             return f"K={k}, N={n}, block_size={block} do not describe a weight"
+        if block < 16 or block & (block - 1):
+            return (f"block_size={block}: MatMulNBits' blocks are a power of two of at least 16 (onnxruntime "
+                    "refuses others); re-export the weights with such a block size")
+        bias = _optional(node, 5)
+        if bias is not None and bias.shape is not None and list(bias.shape) != [n]:
+            return f"its bias '{bias.name}' has shape {list(bias.shape)}, not [N={n}]; the bias has one value per output"
         if int(node.attrs.get("weight_prepacked", 0)):
             return "B is prepacked in a runtime's own layout (weight_prepacked=1)"
         packed, scales = constant_values(node.inputs[1]), constant_values(node.inputs[2])
