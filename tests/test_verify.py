@@ -331,3 +331,25 @@ def test_per_layer_names_the_broken_point_before_the_layers_that_amplify_it(tmp_
     assert loc.suggestion == ["neck_concat"]
     text = report.summary()
     assert "Concat 'neck_concat': makes error at" in text and "on its own; adds error at" in text
+
+
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+def test_a_candidate_with_non_finite_outputs_fails_without_gates(tmp_path, value):
+    """A candidate whose outputs are Inf or NaN where the reference's are finite fails (exit 1), gates or none: an
+    all-Inf one ended in an internal error ("math domain error"), a NaN one passed with exit 0."""
+    from onnx import TensorProto, helper
+
+    def model(scale, name):
+        graph = helper.make_graph([helper.make_node("Mul", ["x", "c"], ["y"])], "g",
+                                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                                  [numpy_helper.from_array(np.array(scale, np.float32), "c")])
+        return save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / name)
+
+    reference, candidate = model(2.0, "ref.onnx"), model(value, "cand.onnx")
+    report = verify(reference, candidate, VerifyOptions(random=2, seed=0, progress=False, costs=None))
+    [m] = report.outputs
+    assert not report.passed and m.failures == ["8 of 8 values are NaN or Inf where the reference's are finite"]
+    assert (m.snr_db == -np.inf) if np.isinf(value) else np.isnan(m.snr_db)
+    done = cli("verify", reference, candidate, "--random", "2", "--costs", "off")
+    assert done.returncode == 1 and "Traceback" not in done.stderr and "FAIL (8 of 8 values" in done.stdout

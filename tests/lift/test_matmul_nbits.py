@@ -285,7 +285,7 @@ def test_rule_declines_a_bias_of_another_length_than_n():
     bias = next(t for t in model.graph.initializer if t.name == "bias")
     bias.CopyFrom(numpy_helper.from_array(np.zeros(N + 1, np.float32), "bias"))
     assert declined(model, MatMulNBits(), "nbits") == (
-        f"its bias 'bias' has shape [{N + 1}], not [N={N}]; the bias has one value per output")
+        f"its bias 'bias' has shape [{N + 1}], not [N={N}]; a bias has one value per output")
 
 
 @pytest.mark.parametrize("layout", ["first", "unpacked"])

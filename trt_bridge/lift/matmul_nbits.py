@@ -97,7 +97,7 @@ class MatMulNBits:
                     "refuses others); re-export the weights with such a block size")
         bias = _optional(node, 5)
         if bias is not None and bias.shape is not None and list(bias.shape) != [n]:
-            return f"its bias '{bias.name}' has shape {list(bias.shape)}, not [N={n}]; the bias has one value per output"
+            return f"its bias '{bias.name}' has shape {list(bias.shape)}, not [N={n}]; a bias has one value per output"
         if int(node.attrs.get("weight_prepacked", 0)):
             return "B is prepacked in a runtime's own layout (weight_prepacked=1)"
         packed, scales = constant_values(node.inputs[1]), constant_values(node.inputs[2])

@@ -105,9 +105,10 @@ class SnrAccumulator:
             return math.nan
         if self.err_energy == 0.0:
             return math.inf
-        if self.ref_energy == 0.0:
+        ratio = self.ref_energy / self.err_energy  # (an Inf error: 0; Inf over Inf: NaN)
+        if ratio == 0.0:
             return -math.inf
-        return 10.0 * math.log10(self.ref_energy / self.err_energy)
+        return ratio if not math.isfinite(ratio) else 10.0 * math.log10(ratio)
 
 
 class Accumulator(SnrAccumulator):
@@ -120,12 +121,14 @@ class Accumulator(SnrAccumulator):
         self.max_abs = self.abs_sum = 0.0
         self.rows = self.top1 = self.topk = 0
         self.classifier = True
+        self.nonfinite = 0  # candidate values NaN or ±Inf where the reference's are finite
 
     def add(self, reference: np.ndarray, candidate: np.ndarray) -> None:
         classifier = classifier_like(np.asarray(reference))
         r, c, e = _with_error(reference, candidate)
         if np.isnan(e).any():  # a NaN in either output is one in the error
             self.nan = True
+        self.nonfinite += int(np.count_nonzero(~np.isfinite(c) & np.isfinite(r)))
         self.ref_energy += float(np.sum(r * r))
         self.cand_energy += float(np.sum(c * c))
         self.err_energy += float(np.sum(e * e))
@@ -146,6 +149,13 @@ class Accumulator(SnrAccumulator):
             self.topk += int(np.sum(np.any(top == best[:, None], axis=1)))
 
     def result(self, output: str, runner: str) -> OutputMetrics:
+        metrics = self._metrics(output, runner)
+        if self.nonfinite:  # a failure with or without gates: no number says how far such an output is
+            metrics.failures.append(f"{self.nonfinite} of {self.count} values are NaN or Inf where the "
+                                    "reference's are finite")
+        return metrics
+
+    def _metrics(self, output: str, runner: str) -> OutputMetrics:
         if self.nan:
             return OutputMetrics(output, runner, math.nan, math.nan, math.nan, math.nan, math.nan, self.count)
         norm = math.sqrt(self.ref_energy * self.cand_energy)
