@@ -94,24 +94,30 @@ def test_the_weight_store_changes_no_output_byte_and_leaves_nothing_behind(tmp_p
     assert list(scratch.iterdir()) == []  # the store's folder and the sessions' files are gone
 
 
+def _two_matmuls(w1: np.ndarray, w2: np.ndarray) -> onnx.ModelProto:
+    """x [2, 8] ─ MatMul(w1 [8, 300]) ─ MatMul(w2 [300, 5]) ─ y."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])],
+        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
 def test_a_weight_store_maps_what_it_holds_and_serves_onnxruntime(tmp_path):
     """``put`` writes a weight 4 KiB-aligned and turns its proto into a reference; ``array`` maps it back
     copy-on-write; ``attach`` gives an imported graph's constants their mapped values; a session over the header
     computes what the model with its weights computes; ``close`` removes the folder."""
     import onnx_graphsurgeon as gs
-    from onnx import TensorProto, helper, numpy_helper
 
     from trt_bridge.ir.save import serialize_for_session
     from trt_bridge.ir.store import ALIGN, store_of
 
     rng = np.random.default_rng(0)
     w1, w2 = rng.standard_normal((8, 300)).astype(np.float32), rng.standard_normal((300, 5)).astype(np.float32)
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])],
-        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model = _two_matmuls(w1, w2)
     x = rng.standard_normal((2, 8)).astype(np.float32)
     expected = run_ort(model, [{"x": x}])[0]
     with WeightStore() as store:
@@ -275,7 +281,6 @@ def test_a_stores_derived_weights_are_written_when_a_session_needs_them(tmp_path
     """``put_derived`` reserves a range and computes nothing; ``attach`` gives the graph the derived values
     themselves; ``session_model`` (and ``array``) write them first, so onnxruntime reads the computed values."""
     import onnx_graphsurgeon as gs
-    from onnx import TensorProto, helper, numpy_helper
 
     from trt_bridge.ir.derived import DerivedValues
 
@@ -284,12 +289,7 @@ def test_a_stores_derived_weights_are_written_when_a_session_needs_them(tmp_path
     calls = []
     derived = DerivedValues(lambda: (calls.append(1), w1 * 2)[1], w1.shape, np.float32)
     assert derived.shape == (8, 300) and derived.dtype == np.float32 and derived.nbytes == w1.nbytes and not calls
-    graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])], "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 8])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 5])],
-        [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(w2, "w2")])
-    header = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    header = _two_matmuls(w1, w2)
     x = rng.standard_normal((2, 8)).astype(np.float32)
     expected = (x @ (w1 * 2)) @ w2
     with WeightStore() as store:
