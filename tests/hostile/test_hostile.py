@@ -1,5 +1,6 @@
-"""Issues 16 and 28: every hostile case of ``cases.py`` and ``cases_round2.py`` ends in a clear one-line error (or
-the documented outcome), with no traceback, nothing overwritten and no partial or non-finite model written."""
+"""Issues 16, 28 and 37: every hostile case of ``cases.py``, ``cases_round2.py`` and ``cases_round3.py`` ends in a
+clear one-line error (or the documented outcome), with no traceback, nothing overwritten and no partial or non-finite
+model written."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from tests.hostile.cases import CASES, Case
 from tests.hostile.cases_round2 import CASES as ROUND2
+from tests.hostile.cases_round3 import VALUE_CASES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,7 +62,10 @@ def _run_subprocess(case: Case, argv: list[str], d: Path) -> tuple[int, str]:
     return code, err, out
 
 
-@pytest.mark.parametrize("case", CASES + ROUND2, ids=[c.id for c in CASES + ROUND2])
+ROUND3 = VALUE_CASES
+
+
+@pytest.mark.parametrize("case", CASES + ROUND2 + ROUND3, ids=[c.id for c in CASES + ROUND2 + ROUND3])
 def test_hostile(case: Case, case_dir: Path, capsys, caplog) -> None:
     d = case_dir
     case.make(d)
