@@ -1,6 +1,6 @@
-"""Issues 16, 28 and 37: every hostile case of ``cases.py``, ``cases_round2.py`` and ``cases_round3.py`` ends in a
-clear one-line error (or the documented outcome), with no traceback, nothing overwritten and no partial or non-finite
-model written."""
+"""Issues 16, 28 and 37: every hostile case of ``cases.py``, ``cases_round2.py``, ``cases_round3.py`` and
+``cases_round3_values.py`` ends in a clear one-line error (or the documented outcome), with no traceback, nothing
+overwritten and no partial or non-finite model written."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import pytest
 from tests.hostile.cases import CASES, Case
 from tests.hostile.cases_round2 import CASES as ROUND2
 from tests.hostile.cases_round3 import OUTPUT_CASES
+from tests.hostile.cases_round3_values import VALUE_CASES
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -62,7 +63,7 @@ def _run_subprocess(case: Case, argv: list[str], d: Path) -> tuple[int, str]:
     return code, err, out
 
 
-ALL = CASES + ROUND2 + OUTPUT_CASES
+ALL = CASES + ROUND2 + OUTPUT_CASES + VALUE_CASES
 
 
 @pytest.mark.parametrize("case", ALL, ids=[c.id for c in ALL])

@@ -37,7 +37,7 @@ from trt_bridge.ir.model import default_opset, load_model
 from trt_bridge.ir.names import name_nodes
 from trt_bridge.ir.shapes import BroadcastChecker
 from trt_bridge.ir.size import RELEASE_BYTES, is_large, payload_bytes, release_memory
-from trt_bridge.ir.values import check_source_scales, check_source_weights
+from trt_bridge.ir.values import check_source_values
 from trt_bridge.lift import LIFT_RULES
 from trt_bridge.lift.pipeline import lift_graph
 from trt_bridge.lower.layer_precisions import layer_precisions
@@ -287,18 +287,18 @@ def _weight_outcome(spec, remaining: set[str]) -> str:
 
 
 def _source_scales(model, path: Path, ops: dict) -> list[Finding]:
-    """A quantization scale that is 0, negative, subnormal or not finite, or a weight holding NaN or Inf:
-    convert refuses the model."""
+    """A quantization scale that is 0, negative, subnormal or not finite, float8 codes holding NaN, or a weight
+    holding NaN or Inf: convert refuses the model (the same check, :func:`check_source_values`)."""
 
     try:
-        check_source_scales(model, path)
-        check_source_weights(model, path)
+        check_source_values(model, path)
     except UnsupportedPatternError as exc:
         message = str(exc).split(": ", 1)[-1]
         node = _node_named_in(message, ops)
         return [Finding("qdq-scale", Severity.BLOCKER, node.name if node else "", node.op if node else "",
                         [tensor_info(t) for t in node.inputs if t.name] if node else [], message,
-                        "convert refuses the model: scales must be finite and positive, weights finite", False)]
+                        "convert refuses the model as the message says (scales finite and positive, weights and "
+                        "their codes finite, MatMulNBits attributes onnxruntime runs)", False)]
     return []
 
 

@@ -168,6 +168,10 @@ class QDQZeroPoint:
             return None
         zp = quantizer_zero_point(node)
         codes = _code_type(node, zp)
+        four = (codes is not None and codes.name in ("int4", "uint4")) or node.attrs.get("output_dtype") in (
+            TensorProto.INT4, TensorProto.UINT4)
+        if four and not _is_weight(node):  # convert makes them INT8 (reported)
+            return _finding(self.name, node, "4-bit activation codes: TensorRT quantizes INT4 weights only")
         if codes is None or codes.kind not in "iu" or codes == np.int32:
             return None
         if codes not in TRT_CODE_TYPES:

@@ -35,7 +35,7 @@ from trt_bridge.ir.model import default_opset, load_model
 from trt_bridge.ir.size import RELEASE_BYTES, lifted_bytes, payload_bytes, release_memory, too_large
 from trt_bridge.ir.store import WeightStore
 from trt_bridge.ir.types import infer_shapes
-from trt_bridge.ir.values import check_source_scales, check_source_weights, nonfinite_count
+from trt_bridge.ir.values import check_source_values, nonfinite_count
 from trt_bridge.lift import LIFT_RULES
 from trt_bridge.lift.dynamic_gemm_plugin import DynamicGemmPlugin
 from trt_bridge.lift.float_gemm_plugin import FloatGemmPlugin
@@ -116,8 +116,7 @@ def load(state: Conversion) -> StageResult:
     options = state.options
     model = state.model = load_model(state.model_path, state.declared)
     check_supported(model, state.model_path)  # an opset onnxruntime cannot run, FP4 Q/DQ
-    check_source_scales(model, state.model_path)
-    check_source_weights(model, state.model_path)
+    check_source_values(model, state.model_path)  # scales, FP8 codes, weights (check names the same)
     state.source_nonfinite = nonfinite_count(model)  # -inf attention masks are fine; new ones are overflows
     if options.calibration.data is None and options.calibration.random is None:  # for the error that may need them
         state.data_choices = data_choices.choices(model, options.activations.mode == "static")
@@ -126,7 +125,8 @@ def load(state: Conversion) -> StageResult:
         state.feeds = open_feeds(options.calibration.data, options.calibration.random, inputs, model=model,
                                  limit=options.calibration.max_feeds)
         state.feeds.check()
-    state.imported = load_sources(options.scales.files, options.scales.qat, model)  # matched against the source
+    state.imported = load_sources(options.scales.files, options.scales.qat, model,  # matched against the source
+                                  options.formats.activations)  # and giving normal scales in the format written
     return StageResult(records={"input": str(state.model_path), "output": str(state.output_path),
                                         "source_opset": default_opset(model)})
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import onnx
 
 from trt_bridge.errors import ModelLoadError
+from trt_bridge.ir.external_sizes import check_external_sizes
 from trt_bridge.ir.files import check_name_lengths, external_locations
 from trt_bridge.ir.names import name_nodes, node_label
 from trt_bridge.ir.repair import (
@@ -46,6 +47,7 @@ def load_model(path: str | os.PathLike, declared: dict[str, int] | None = None,
             "Re-export the model, or check that the file is complete."
         ) from exc
     _check_external_data_present(model, path)
+    check_external_sizes(model, path)  # a truncated data file, before anything is read
     try:
         onnx.load_external_data_for_model(model, str(path.parent))
     except Exception as exc:

@@ -15,6 +15,7 @@ from onnx import numpy_helper
 
 from trt_bridge.errors import UnsupportedPatternError
 from trt_bridge.ir.model import constant_protos
+from trt_bridge.ir.types import FLOAT_TYPES
 
 #: float32's smallest normal number: no scale may be smaller (a subnormal or 0 scale is refused by TensorRT
 #: and onnx.checker); the one definition, for source checks, scale tables, calibration and lowering
@@ -54,8 +55,7 @@ def check_source_scales(model: onnx.ModelProto, where) -> None:
     for node in model.graph.node:
         for name in _scale_inputs(node):
             tensor = constants.get(name)
-            if tensor is None or tensor.data_type not in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16,
-                                                          onnx.TensorProto.DOUBLE):
+            if tensor is None or tensor.data_type not in FLOAT_TYPES:  # bfloat16 too (ModelOpt's FP8 scales)
                 continue
             values = numpy_helper.to_array(tensor).astype(np.float64).ravel()
             # an int32 bias's scale is x_scale·w_scale, legitimately below float32's normal range for small
@@ -104,14 +104,93 @@ def check_source_weights(model: onnx.ModelProto, where) -> None:
         for i in WEIGHTED_OPS.get(node.op_type, ()):
             name = node.input[i] if i < len(node.input) else ""
             tensor = constants.get(name)
-            if tensor is None or name in seen or tensor.data_type not in (
-                    onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE):
+            if tensor is None or name in seen or tensor.data_type not in FLOAT_TYPES:
                 continue
             seen.add(name)
             try:
                 check_finite_weight(name, numpy_helper.to_array(tensor))
             except UnsupportedPatternError as exc:
                 raise UnsupportedPatternError(f"{where}: {node.op_type} '{node.name}' reads {exc}") from None
+
+
+def check_source_values(model: onnx.ModelProto, where) -> None:
+    """Every check of the numbers a source model carries, in the order a user fixes them: quantization scales
+    (:func:`check_source_scales`), MatMulNBits' block scales, float codes (:func:`check_source_codes`) and weights
+    (:func:`check_source_weights`). ``convert`` and ``check`` both call it, so they agree on what is refused."""
+    check_source_scales(model, where)
+    check_matmul_nbits(model, where)
+    check_source_codes(model, where)
+    check_source_weights(model, where)
+
+
+def check_matmul_nbits(model: onnx.ModelProto, where) -> None:
+    """Refuse a com.microsoft MatMulNBits onnxruntime would not run, or whose numbers are broken: a block size
+    that is not a power of two of at least 16, a K or N that is not positive, a bias that does not hold N values,
+    and block scales holding NaN, ±Inf or a subnormal value (every weight of such a block is NaN, infinite or below
+    float32's normal range: TensorRT refuses a subnormal scale and flushes such weights to 0). A negative scale
+    (onnxruntime's symmetric quantizer writes them) and a 0 (a block of zeros, converted exactly) are legitimate."""
+    constants = constant_protos(model)
+    for node in model.graph.node:
+        if node.op_type != "MatMulNBits" or node.domain != "com.microsoft" or len(node.input) < 3:
+            continue
+        attrs = {a.name: a.i for a in node.attribute if a.type == onnx.AttributeProto.INT}
+        k, n, block = attrs.get("K", 0), attrs.get("N", 0), attrs.get("block_size", 0)
+        label = f"{where}: MatMulNBits '{node.name}'"
+        if block < 16 or block & (block - 1):
+            raise UnsupportedPatternError(
+                f"{label} has block_size={block}; onnxruntime requires a power of two of at least 16 (16, 32, 64, "
+                "128, ...), so the model runs nowhere. Re-quantize it with a valid block size.")
+        if k <= 0 or n <= 0:
+            raise UnsupportedPatternError(f"{label} has K={k}, N={n}; both must be positive (the weight is [K, N]). "
+                                          "Fix the exporter's attributes.")
+        bias = constants.get(node.input[5]) if len(node.input) > 5 and node.input[5] else None
+        if bias is not None and int(np.prod(bias.dims, dtype=np.int64)) != n:
+            raise UnsupportedPatternError(
+                f"{label} has bias '{node.input[5]}' of shape {list(bias.dims)}, but N={n}: a bias holds one value "
+                "per output column ([N]). Fix the exporter (or the bias tensor).")
+        tensor = constants.get(node.input[2])
+        if tensor is None or tensor.data_type not in FLOAT_TYPES:
+            continue
+        values = numpy_helper.to_array(tensor).astype(np.float64).ravel()
+        size = np.abs(values)
+        broken = values[~np.isfinite(values) | ((size < FLOAT32_TINY) & (size > 0))]
+        if broken.size:
+            raise UnsupportedPatternError(
+                f"{label} has block scale '{node.input[2]}' = {broken[0]:g}"
+                f"{f' (and {broken.size - 1} more)' if broken.size > 1 else ''}; a block scale must be finite and 0 "
+                f"or at least float32's smallest normal ({FLOAT32_TINY:.4g}) in magnitude. The quantizer wrote a "
+                "broken model: re-quantize it (or convert its float model).")
+
+
+#: float code types that have NaN (and, for E5M2, ±Inf) bit patterns: float8e4m3fn's 0x7F/0xFF, the FNUZ
+#: types' 0x80, E5M2's exponent all ones
+_FLOAT_CODES = (onnx.TensorProto.FLOAT8E4M3FN, onnx.TensorProto.FLOAT8E4M3FNUZ, onnx.TensorProto.FLOAT8E5M2,
+                onnx.TensorProto.FLOAT8E5M2FNUZ)
+
+
+def check_source_codes(model: onnx.ModelProto, where) -> None:
+    """Refuse a DequantizeLinear of constant float8 codes (a weight, or its zero point) holding a NaN or ±Inf bit
+    pattern: that weight is NaN or infinite, and every value its layer computes too (onnxruntime runs it and
+    outputs NaN; TensorRT's FP8 has no NaN code to keep)."""
+    constants = constant_protos(model)
+    for node in model.graph.node:
+        if node.op_type != "DequantizeLinear":
+            continue
+        for name in (node.input[0], node.input[2] if len(node.input) > 2 else ""):
+            tensor = constants.get(name)
+            if tensor is None or tensor.data_type not in _FLOAT_CODES:
+                continue
+            values = numpy_helper.to_array(tensor).astype(np.float32)
+            bad = ~np.isfinite(values)
+            if bad.any():
+                index = int(np.argmax(bad.ravel()))
+                code = values.reshape(-1)[index:index + 1]
+                raw = numpy_helper.to_array(tensor).reshape(-1)[index:index + 1].view(np.uint8)[0]
+                raise UnsupportedPatternError(
+                    f"{where}: DequantizeLinear '{node.name}' reads {onnx.TensorProto.DataType.Name(tensor.data_type)}"
+                    f" codes '{name}' holding {int(bad.sum())} non-finite code(s) (e.g. 0x{raw:02X} = {code[0]}); "
+                    "a quantized weight must be finite. The quantizer wrote a broken model: re-quantize it (or "
+                    "convert its float model).")
 
 
 def check_finite_weight(name: str, values: np.ndarray) -> None:
@@ -133,7 +212,7 @@ def check_output_finite(model: onnx.ModelProto, source_nonfinite: int, where) ->
     for node in model.graph.node:
         for name in _scale_inputs(node):
             tensor = constants.get(name)
-            if tensor is not None and tensor.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16):
+            if tensor is not None and tensor.data_type in FLOAT_TYPES:
                 values = numpy_helper.to_array(tensor).astype(np.float64)
                 if not (np.isfinite(values) & (values > 0)).all():
                     raise UnsupportedPatternError(
@@ -162,7 +241,7 @@ def _nonfinite(model: onnx.ModelProto) -> dict[str, int]:
     """Constant name → its count of NaN/Inf values, for the float constants that hold any."""
     found = {}
     for name, tensor in constant_protos(model).items():
-        if tensor.data_type in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE) and \
+        if tensor.data_type in FLOAT_TYPES and \
                 tensor.data_location != onnx.TensorProto.EXTERNAL:
             values = numpy_helper.to_array(tensor)
             count = int(values.size - np.count_nonzero(np.isfinite(values)))

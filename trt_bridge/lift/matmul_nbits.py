@@ -21,6 +21,12 @@ back by a float side path (:mod:`trt_bridge.lift.shifted_blocks`: onnxruntime's 
 scales, its default writes zero points, HQQ float ones). 8-bit blocks are re-quantized int8 per channel
 (TensorRT's INT8 takes no blocks; reported in ``approximated``). float16 (``*_q4f16``) weights are lifted in float16.
 
+A K that is no multiple of the block (onnxruntime pads the last block) gets whole blocks, which TensorRT's INT4
+requires (its parser rejects a partial block, or reads the weight in blocks of another size)::
+
+    Before:  A [..., K] ─ MatMulNBits(K, block_size b, K mod b ≠ 0) ─ Y
+    After:   A ─ Pad(last axis to ⌈K/b⌉·b, zeros) ─ MatMul(W: ⌈K/b⌉·b rows, the packed tail's codes) ─ Y   (exact)
+
 An act-order ``g_idx`` (row k of W in group ``g_idx[k]``) whose groups hold ``b`` rows each is made blocks again by
 reading A's columns in group order (exact)::
 
@@ -61,6 +67,7 @@ class MatMulNBitsMatch:
     order: np.ndarray | None  # act-order: A's columns read in this order (the rows of ``codes`` are)
     rows: np.ndarray | None  # a g_idx whose groups are not blocks: each row's group (dequantized row by row)
     bias: gs.Tensor | None
+    padding: int = 0  # K not a multiple of the block: the rows of zeros A gains (and the weight: whole blocks)
 
 
 def unpack(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
@@ -108,7 +115,11 @@ class MatMulNBits:
             return f"B {packed.dtype} {list(packed.shape)} is not [N={n}, {blocks} blocks, {blob} bytes] of uint8"
         if scales.dtype not in (np.float32, np.float16) or scales.size != n * blocks:
             return f"scales {scales.dtype} {list(scales.shape)} are not [N={n}, {blocks} blocks] of float"
-        q = unpack(packed.reshape(n, blocks, blob), bits, block).reshape(n, blocks * block)[:, :k].T
+        padding = blocks * block - k
+        if padding and (node.inputs[0].shape is None or not len(node.inputs[0].shape)):
+            return f"K={k} is no multiple of block_size={block}, and A's rank is unknown (A cannot be padded)"
+        full = unpack(packed.reshape(n, blocks, blob), bits, block).reshape(n, blocks * block).T
+        q = full[:k]
         scale = np.ascontiguousarray(scales.reshape(n, blocks).T)
         zp_tensor = _optional(node, 3)
         if zp_tensor is None:
@@ -142,8 +153,10 @@ class MatMulNBits:
                     order, q = sorted_rows, q[sorted_rows]
                 else:
                     rows = g
+        if padding and rows is None:  # whole blocks for TensorRT: the packed tail, read against A's zero columns
+            q = np.concatenate([q, full[k:]])
         codes = q.astype(ml_dtypes.uint4) if bits < 8 else q.astype(np.uint8)
-        return MatMulNBitsMatch(node, codes, scale, zero_point, block, order, rows, _optional(node, 5))
+        return MatMulNBitsMatch(node, codes, scale, zero_point, block, order, rows, _optional(node, 5), padding)
 
     def rewrite(self, ctx: LiftContext, match: MatMulNBitsMatch) -> None:
         node = match.node
@@ -152,11 +165,13 @@ class MatMulNBits:
         ftype = match.scale.dtype.type  # T1: A, the scales and Y share it
         if match.order is not None:
             order = gs.Constant(ctx.names(f"{base}/act_order"), match.order.astype(np.int64))
-            ordered = gs.Variable(ctx.names(f"{a.name}_act_order"), dtype=a.dtype)
+            ordered = gs.Variable(ctx.names(f"{a.name}_act_order"), dtype=a.dtype, shape=a.shape)
             axis = len(a.shape) - 1 if a.shape is not None else -1  # A's last axis (K)
             ctx.graph.nodes.append(gs.Node("Gather", ctx.names(f"{base}/gather"), {"axis": axis}, [a, order],
                                            [ordered]))
             a = ordered
+        if match.padding:  # K made whole blocks: A's last axis padded with zeros (exact)
+            a = self._pad_k(ctx, a, match.padding, base)
         matmul = ctx.names(f"{base}/matmul")
         site = Site(matmul, 1)
         shifted = None if match.rows is not None else shifted_blocks(match.codes, match.zero_point, match.scale,
@@ -177,12 +192,28 @@ class MatMulNBits:
         if match.bias is not None:
             ctx.graph.nodes.append(gs.Node("Add", ctx.names(f"{base}/bias"), {}, [out, match.bias], [y]))
 
+    @staticmethod
+    def _pad_k(ctx: LiftContext, a: gs.Tensor, padding: int, base: str) -> gs.Tensor:
+        """``a`` with ``padding`` zero columns after its last axis (K): the weight's rows fill whole blocks, which
+        TensorRT's INT4 blocks require, and the padded rows meet zeros."""
+        rank = len(a.shape)
+        pads = np.zeros(2 * rank, np.int64)
+        pads[-1] = padding
+        shape = None if a.shape is None else [*a.shape[:-1], a.shape[-1] + padding
+                                              if isinstance(a.shape[-1], int) else None]
+        padded = gs.Variable(ctx.names(f"{a.name}_padded_k"), dtype=a.dtype, shape=shape)
+        ctx.graph.nodes.append(gs.Node("Pad", ctx.names(f"{base}/pad_k"), {"mode": "constant"},
+                                       [a, ctx.constant(f"{base}/pad_k_pads", pads, ("pad-k", rank, padding))],
+                                       [padded]))
+        return padded
+
     def _rows_weight(self, ctx: LiftContext, match: MatMulNBitsMatch, site: Site, ftype) -> gs.Constant:
         """A g_idx whose groups are no blocks: each row dequantized with its group's scale and zero point, the weight
         re-quantized in INT4 blocks when lowered (reported)."""
         node, rows = match.node, match.rows
         values = ((match.codes.astype(np.float64) - match.zero_point[rows].astype(np.float64))
                   * match.scale[rows].astype(np.float64)).astype(ftype)
+        values = np.concatenate([values, np.zeros((match.padding, values.shape[1]), ftype)])  # whole blocks
         const = ctx.constant(f"{node.inputs[1].name}_float", values, ("matmul-nbits-rows", node.name))
         ctx.annotations.add_weight(WeightSpec(const.name, [site], 1, node.name, source=ScaleSource.REQUANTIZED,
                                               format=INT4, block_size=match.block))

@@ -25,6 +25,9 @@ pair is lifted to the float tensor, unquantized, and recorded the same way.
     Before:  x ─ Q(s[c], z[c], axis) ─ DQ(s[c], z[c], axis) ─ op
     After:   x ─ op      annotation: x → activation, scale max_c(|lo_c|, |hi_c|)/127
 
+INT4 activation codes (an int4/uint4 zero point or ``output_dtype``) become INT8 over the same range, reported in
+``approximated``: TensorRT's INT4 is weight-only.
+
 16-bit codes (int16/uint16: AMD Quark's A16W8, written as com.microsoft QuantizeLinear/DequantizeLinear)
 have no TensorRT equivalent: they are narrowed to the int8 scale covering the same range and listed in
 the report's ``approximated`` entries. Measured against re-calibrating those tensors on data (SNR against
@@ -42,7 +45,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import QMAX, ScaleSource, Site
-from trt_bridge.formats import INT8, code_limits, numpy_code_format
+from trt_bridge.formats import INT4, INT8, code_limits, numpy_code_format
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
 
@@ -145,7 +148,12 @@ class QDQPair:
         covering = max(abs(lo), abs(hi)) / QMAX if per_axis else covering_scale(s, zp)
         codes = numpy_code_format(zp.dtype)
         fmt = INT8 if codes is None else codes.nearest
-        if codes is not None and not codes.exact and fmt is not INT8:  # E5M2, FNUZ: TensorRT's FP8 is E4M3FN
+        if fmt is INT4:  # TensorRT's INT4 is weight-only: int8 codes over the same range (finer, never clipped)
+            fmt = INT8
+            ctx.approximate(self.name, node.name, f"{codes.name} activation codes of '{x.name}' become INT8 "
+                            f"(TensorRT quantizes INT4 weights only): scale {covering:.6g} covers the source's range "
+                            f"[{lo:.6g}, {hi:.6g}]")
+        elif codes is not None and not codes.exact and fmt is not INT8:  # E5M2, FNUZ: TensorRT's FP8 is E4M3FN
             ctx.approximate(self.name, node.name, f"{codes.name} activation codes of '{x.name}' become FP8 E4M3 "
                             f"(TensorRT's FP8): scale {fmt.scale_of(covering):.6g} covers the source's range "
                             f"[{lo:.6g}, {hi:.6g}]")

@@ -21,6 +21,7 @@ from trt_bridge.annotations import QMAX, Annotations, ScaleSource
 from trt_bridge.calibrate.session import CalibrationSession
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.formats import FORMATS, INT8
+from trt_bridge.ir.values import FLOAT32_TINY
 from trt_bridge.scales.formats import read_scales
 from trt_bridge.scales.modelopt import read_modelopt_amax
 from trt_bridge.scales.qat import import_qat
@@ -51,13 +52,18 @@ class ImportedScales:
                 "narrowed": self.narrowed}
 
 
-def load_sources(files: tuple[str, ...], qat: str | None, model) -> ImportedScales | None:
-    """Read ``files`` and ``qat`` (matched against ``model``, the source as loaded); None when neither is given."""
+def load_sources(files: tuple[str, ...], qat: str | None, model, precision: str | None = None) -> ImportedScales | None:
+    """Read ``files`` and ``qat`` (matched against ``model``, the source as loaded); None when neither is given.
+    Each range must give a normal float32 scale in ``precision``, the format the conversion writes (``"fp8"``:
+    amax / 448; None: INT8)."""
     if not files and not qat:
         return None
+    fmt = FORMATS.get(precision or "", INT8)
     explicit = ScaleTable()
     for path in files:
-        explicit = read_scales(path, model).merged_over(explicit)  # a later file wins
+        table = read_scales(path, model)
+        check_scales_in(table, fmt, path)
+        explicit = table.merged_over(explicit)  # a later file wins
     qat_table, match = ScaleTable(), None
     if qat:
         path = Path(qat)
@@ -70,7 +76,23 @@ def load_sources(files: tuple[str, ...], qat: str | None, model) -> ImportedScal
                      "ambiguous": [list(a) for a in report.ambiguous], "summary": report.summary()}
         else:
             qat_table, match = read_modelopt_amax(path, model)
+        check_scales_in(qat_table, fmt, path)
     return ImportedScales(explicit.merged_over(qat_table), list(files), qat, match)
+
+
+def check_scales_in(table: ScaleTable, fmt, path) -> None:
+    """Refuse a range of ``table`` (read from ``path``) whose scale in ``fmt`` (amax / qmax: 448 for FP8) is below
+    float32's smallest normal: TensorRT rejects a subnormal scale. (Every reader already refuses amax / 127 below
+    it; FP8's larger qmax narrows that.)"""
+    for name in table:
+        entry = table[name]
+        values = entry.amax if isinstance(entry.amax, tuple) else (entry.amax,)
+        low = min(values)
+        if low / fmt.qmax < FLOAT32_TINY:
+            raise TrtBridgeError(f"{path}: tensor '{name}': amax {low!r} gives the {fmt.label} scale (amax / "
+                                 f"{fmt.qmax:g}) of {low / fmt.qmax:.4g}, below float32's smallest normal "
+                                 f"({FLOAT32_TINY:.4g}), which TensorRT rejects. Fix or remove the entry (or "
+                                 f"convert to another format than {fmt.label}).")
 
 
 def _source(entry: ScaleEntry) -> ScaleSource:

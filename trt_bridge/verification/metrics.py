@@ -105,10 +105,9 @@ class SnrAccumulator:
             return math.nan
         if self.err_energy == 0.0:
             return math.inf
-        ratio = self.ref_energy / self.err_energy  # (an Inf error: 0; Inf over Inf: NaN)
-        if ratio == 0.0:
-            return -math.inf
-        return ratio if not math.isfinite(ratio) else 10.0 * math.log10(ratio)
+        if self.ref_energy == 0.0 or math.isinf(self.err_energy):  # an infinite error (an Inf output): no signal
+            return -math.inf if math.isfinite(self.ref_energy) else math.nan
+        return 10.0 * math.log10(self.ref_energy / self.err_energy)
 
 
 class Accumulator(SnrAccumulator):
@@ -121,7 +120,7 @@ class Accumulator(SnrAccumulator):
         self.max_abs = self.abs_sum = 0.0
         self.rows = self.top1 = self.topk = 0
         self.classifier = True
-        self.nonfinite = 0  # candidate values NaN or ±Inf where the reference's are finite
+        self.nonfinite = 0  # candidate values that are NaN or ±Inf where the reference's are finite
 
     def add(self, reference: np.ndarray, candidate: np.ndarray) -> None:
         classifier = classifier_like(np.asarray(reference))
@@ -129,10 +128,11 @@ class Accumulator(SnrAccumulator):
         if np.isnan(e).any():  # a NaN in either output is one in the error
             self.nan = True
         self.nonfinite += int(np.count_nonzero(~np.isfinite(c) & np.isfinite(r)))
-        self.ref_energy += float(np.sum(r * r))
-        self.cand_energy += float(np.sum(c * c))
-        self.err_energy += float(np.sum(e * e))
-        self.dot += float(np.sum(r * c))
+        with np.errstate(invalid="ignore", over="ignore"):  # ±Inf outputs: their sums are Inf or NaN, quietly
+            self.ref_energy += float(np.sum(r * r))
+            self.cand_energy += float(np.sum(c * c))
+            self.err_energy += float(np.sum(e * e))
+            self.dot += float(np.sum(r * c))
         magnitude = np.abs(e)
         if e.size:
             self.max_abs = max(self.max_abs, float(np.max(magnitude)))
@@ -150,9 +150,9 @@ class Accumulator(SnrAccumulator):
 
     def result(self, output: str, runner: str) -> OutputMetrics:
         metrics = self._metrics(output, runner)
-        if self.nonfinite:  # a failure with or without gates: no number says how far such an output is
-            metrics.failures.append(f"{self.nonfinite} of {self.count} values are NaN or Inf where the "
-                                    "reference's are finite")
+        if self.nonfinite:  # fails whatever the gates: a non-finite output is no approximation of a finite one
+            metrics.failures.append(f"the {runner}'s outputs are non-finite: {self.nonfinite} of {self.count} value(s) "
+                                    "NaN or Inf where the reference's are finite")
         return metrics
 
     def _metrics(self, output: str, runner: str) -> OutputMetrics:
