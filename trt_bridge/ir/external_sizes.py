@@ -6,18 +6,22 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-
-import numpy as np
-import onnx
+from typing import TYPE_CHECKING
 
 from trt_bridge.errors import ModelLoadError
 
-#: types of 4 bits a value, packed two a byte
-_NIBBLE_TYPES = {onnx.TensorProto.INT4, onnx.TensorProto.UINT4, onnx.TensorProto.FLOAT4E2M1}
+if TYPE_CHECKING:  # numpy and onnx are imported where a model is read (the command line imports this module)
+    import onnx
+
+#: types of 4 bits a value, packed two a byte (onnx.TensorProto.INT4, UINT4, FLOAT4E2M1)
+_NIBBLE_TYPES = {22, 21, 23}
 
 
 def declared_bytes(tensor: onnx.TensorProto) -> int | None:
     """The bytes ``tensor``'s shape and type take stored raw (None: a string tensor, whose size is not fixed)."""
+    import numpy as np
+    import onnx
+
     count = int(np.prod(tensor.dims, dtype=object)) if tensor.dims else 1
     if tensor.data_type in _NIBBLE_TYPES:
         return (count + 1) // 2
@@ -36,6 +40,7 @@ def _size(count: int) -> str:
 def check_external_sizes(model: onnx.ModelProto, path: str | os.PathLike) -> None:
     """Refuse ``model`` (read from ``path``, its external data not loaded) when a tensor's external data is shorter
     than the tensor declares: its file from the offset, or its ``length`` entry."""
+    import onnx
     from onnx.external_data_helper import _get_all_tensors, uses_external_data
 
     folder = Path(path).parent

@@ -7,7 +7,8 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from trt_bridge.errors import TrtBridgeError
+from trt_bridge.errors import ModelLoadError, TrtBridgeError
+from trt_bridge.ir.external_sizes import check_external_sizes
 
 if TYPE_CHECKING:  # onnx is imported where a model is read: the command line's --help imports this module
     import onnx
@@ -48,12 +49,60 @@ def external_locations(model: onnx.ModelProto) -> dict[str, list[str]]:
 
 
 def external_data_files(path: str | os.PathLike) -> list[Path]:
-    """The external-data files a model file refers to (read from its header only)."""
+    """The external-data files a model file refers to (read from its header only), each checked by
+    :func:`check_external_data`: the one gate every command's reader (onnx, onnxruntime, TensorRT's parser) passes.
+    A file that is not readable as ONNX has none here (its reader says what is wrong with it)."""
     import onnx
 
     path = Path(path)
-    model = onnx.load(str(path), load_external_data=False)
-    return [path.parent / loc for loc in sorted(external_locations(model))]
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception:  # noqa: BLE001 - not ONNX (or not there): the command's own reader names the problem
+        return []
+    return check_external_data(model, path)
+
+
+def check_external_data(model: onnx.ModelProto, path: str | os.PathLike) -> list[Path]:
+    """Check the external data of ``model`` (its header, read from ``path``) before anything opens it, and return
+    its files. Refused (ModelLoadError), naming the file and a tensor: a location outside the model's folder
+    (absolute, ``..``, or through a symbolic link: the reader would embed another file's bytes), a missing file, one
+    that is not a regular file (a pipe would block the reader forever, ``/dev/zero`` never end) and a tensor whose
+    declared size or ``offset``/``length`` lie beyond the file's end. Every reader of a model goes through here:
+    ``load_model`` (convert, check, verify, scales, pipeline), onnxruntime sessions on a path (verify, bench) and
+    TensorRT's parser (build, check, convert's own check, costs)."""
+    import stat
+
+    path = Path(path)
+    folder = path.parent
+    real_folder = Path(os.path.realpath(folder))
+    locations = external_locations(model)
+    missing = {}
+    for location, names in locations.items():
+        where = f"{path}: tensor '{names[0]}' stores its data in '{location}'"
+        plain = Path(os.path.normpath(real_folder / location))
+        if not location or os.path.isabs(location) or real_folder not in plain.parents:
+            raise ModelLoadError(f"{where}, which is not a file inside the model's folder {folder}; external data "
+                                 "must lie beside the model. Re-save the model with a relative location.")
+        target = folder / location
+        if not os.path.lexists(target):
+            missing[location] = names
+            continue
+        real = Path(os.path.realpath(target))
+        if real != plain:
+            raise ModelLoadError(f"{where}, which is a symbolic link (to {real}); external data is read from regular "
+                                 "files in the model's folder only (a link could point anywhere). Copy the data file "
+                                 f"into {folder} in place of the link.")
+        if not stat.S_ISREG(os.stat(target).st_mode):
+            raise ModelLoadError(f"{where}, which is not a regular file (a named pipe, a socket, a device or a "
+                                 "folder): trt-bridge reads external data from regular files only (a pipe would block "
+                                 "the reader). Give the model its data file.")
+    if missing:
+        lines = ", ".join(f"'{loc}' (tensors {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
+                          for loc, names in sorted(missing.items()))
+        raise ModelLoadError(f"{path}: external data file(s) missing next to the model: {lines}. Copy the data "
+                             f"file(s) into {folder} alongside the .onnx file.")
+    check_external_sizes(model, path)  # a truncated data file, or one of another model
+    return [folder / loc for loc in sorted(locations)]
 
 
 def is_special_file(path: str | os.PathLike) -> bool:

@@ -10,8 +10,7 @@ from pathlib import Path
 import onnx
 
 from trt_bridge.errors import ModelLoadError
-from trt_bridge.ir.external_sizes import check_external_sizes
-from trt_bridge.ir.files import check_name_lengths, external_locations
+from trt_bridge.ir.files import check_external_data, check_name_lengths
 from trt_bridge.ir.names import name_nodes, node_label
 from trt_bridge.ir.repair import (
     dedupe_initializers,
@@ -39,19 +38,7 @@ def load_model(path: str | os.PathLike, declared: dict[str, int] | None = None,
         raise ModelLoadError(f"{path}: is a directory, not an ONNX model file. Give the .onnx file inside it.")
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such file. Check the path to the ONNX model.")
-    try:
-        model = onnx.load(str(path), load_external_data=False)
-    except Exception as exc:  # protobuf raises DecodeError, others raise OSError
-        raise ModelLoadError(
-            f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc}). "
-            "Re-export the model, or check that the file is complete."
-        ) from exc
-    _check_external_data_present(model, path)
-    check_external_sizes(model, path)  # a truncated data file, before anything is read
-    try:
-        onnx.load_external_data_for_model(model, str(path.parent))
-    except Exception as exc:
-        raise ModelLoadError(f"{path}: cannot read its external data ({exc}).") from exc
+    model = read_model(path)
     if not model.graph.node:
         raise ModelLoadError(f"{path}: the graph has no nodes; nothing to convert.")
     if not model.graph.output:
@@ -60,6 +47,27 @@ def load_model(path: str | os.PathLike, declared: dict[str, int] | None = None,
     _check_input_dims(model, path)
     _check_dense(model, path)
     return validate_model(model, path, declared=declared, repairs=repairs)
+
+
+def read_model(path: str | os.PathLike, external_data: bool = True) -> onnx.ModelProto:
+    """The ONNX file ``path`` as it is (no checker, no repairs), with its external data where ``external_data``;
+    that data checked first (:func:`~trt_bridge.ir.files.check_external_data`: inside the model's folder, no links,
+    regular files, large enough) whether it is read or not. The one way trt-bridge reads a model file."""
+    path = Path(path)
+    try:
+        model = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # protobuf raises DecodeError, others raise OSError
+        raise ModelLoadError(
+            f"{path}: not a readable ONNX model ({type(exc).__name__}: {exc}). "
+            "Re-export the model, or check that the file is complete."
+        ) from exc
+    check_external_data(model, path)  # outside the folder, links, pipes, devices, truncated: before reading
+    if external_data:
+        try:
+            onnx.load_external_data_for_model(model, str(path.parent))
+        except Exception as exc:
+            raise ModelLoadError(f"{path}: cannot read its external data ({exc}).") from exc
+    return model
 
 
 def _check_input_dims(model: onnx.ModelProto, path) -> None:
@@ -95,20 +103,6 @@ def _check_dense(model: onnx.ModelProto, path) -> None:
         raise ModelLoadError(f"{path}: the graph holds {len(sparse)} sparse initializer(s) (e.g. '{name}'), which "
                              "TensorRT's parser does not read; store them as dense initializers (e.g. "
                              "onnx.numpy_helper.from_array of the densified values) and convert that model.")
-
-
-def _check_external_data_present(model: onnx.ModelProto, path: Path) -> None:
-    missing = {loc: names for loc, names in external_locations(model).items()
-               if not (path.parent / loc).is_file()}
-    if missing:
-        lines = ", ".join(
-            f"'{loc}' (tensors {', '.join(names[:3])}{', ...' if len(names) > 3 else ''})"
-            for loc, names in sorted(missing.items())
-        )
-        raise ModelLoadError(
-            f"{path}: external data file(s) missing next to the model: {lines}. "
-            f"Copy the data file(s) into {path.parent} alongside the .onnx file."
-        )
 
 
 def constant_protos(model: onnx.ModelProto) -> dict[str, onnx.TensorProto]:

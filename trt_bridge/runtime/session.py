@@ -32,6 +32,7 @@ import onnx
 
 from trt_bridge.formats import FP8, code_types
 from trt_bridge.ir.dynamic_gemm import decompose, disabled_optimizers, has_plugin_nodes
+from trt_bridge.ir.model import read_model
 from trt_bridge.ir.types import holds_codes
 from trt_bridge.runtime.bf16 import emulate_bfloat16, has_bfloat16
 from trt_bridge.runtime.exact_integer import exact_integer, has_saturating_ops
@@ -158,6 +159,8 @@ def create_session(model, options, providers=("CPUExecutionProvider",), exact: b
     """
     import onnxruntime as ort
 
+    if isinstance(model, (str, os.PathLike)):  # onnxruntime reads the file's external data itself: checked first
+        read_model(model, external_data=False)
     if owns_process():  # the command line: onnxruntime's own log lines stay off stderr (see above)
         quiet_default_logger()
         options.log_severity_level = 4
@@ -228,7 +231,7 @@ def _loaded_if(model: str | Path | onnx.ModelProto | bytes, wanted) -> onnx.Mode
     elif isinstance(model, onnx.ModelProto):
         proto = model
     else:
-        if not wanted(onnx.load(str(model), load_external_data=False)):
+        if not wanted(read_model(model, external_data=False)):
             return None
-        proto = onnx.load(str(model))
+        proto = read_model(model)
     return proto if wanted(proto) else None

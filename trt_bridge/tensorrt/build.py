@@ -155,10 +155,7 @@ def build(model: str | Path, output: str | Path, options: BuildOptions = BuildOp
     sidecar = sidecar_path(output)
     if not model.is_file():
         raise TrtBridgeError(f"{model}: no such file. Check the path to the ONNX model.")
-    try:
-        protected = [model, *external_data_files(model)]
-    except Exception:  # noqa: BLE001 - not readable as ONNX: TensorRT's parser says why below
-        protected = [model]
+    protected = [model, *external_data_files(model)]  # links, pipes, devices refused before anything opens them
     for path, what in ((output, "engine"), (sidecar, "sidecar"), (options.timing_cache, "timing cache")):
         if path is not None and any(Path(path).resolve() == p.resolve() for p in protected):
             raise TrtBridgeError(f"the {what} {path} would overwrite the model {model}; choose another path.")
@@ -220,6 +217,7 @@ def _compile(trt, path: Path, options: BuildOptions, fill_unnamed: bool = False)
     """Parse ``path`` and build it with ``options``; ``fill_unnamed``: dynamic inputs no profile names get 1s.
     Without profiles, a decoder gets the prefill and decode ones (:mod:`.decoder_profiles`); when a build with
     several profiles fails, each is built alone to name the one(s) that fail (:class:`ProfileBuildError`)."""
+    external_data_files(path)  # TensorRT's parser reads it (and would follow a link, or block on a pipe)
     plugins = [record.to_dict() for record in register_for_model(trt, path, options.plugins)]
     logger = BuildLogger(trt)
     builder = trt.Builder(logger)

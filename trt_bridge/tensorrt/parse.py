@@ -23,6 +23,7 @@ from pathlib import Path
 
 from trt_bridge.errors import MissingDependencyError
 from trt_bridge.ir.dynamic_gemm import file_has_plugin_nodes
+from trt_bridge.ir.files import external_data_files
 from trt_bridge.ir.tensorrt_ops import NO_IMPORTER
 from trt_bridge.plugins.registry import PluginFileError, register_for_model
 from trt_bridge.tensorrt import import_tensorrt
@@ -113,6 +114,7 @@ def parse(path: str | Path, module: str | None = None, plugins: tuple[str, ...] 
     becomes the result's ``crash`` (:func:`parse_isolated`)."""
     if isolated:
         return parse_isolated(path, module, plugins)
+    external_data_files(path)  # the parser reads the external data itself: links, pipes and devices refused first
     trt = import_tensorrt(module)
     register_for_model(trt, path, plugins)
     logger = Logger(trt)
@@ -149,6 +151,7 @@ def parse_isolated(path: str | Path, module: str | None = None, plugins: tuple[s
     does; another error of the child comes back as a TrtBridgeError-free RuntimeError (check logs it and goes on
     with its static rules, as for an in-process failure)."""
     path = Path(path).resolve()
+    external_data_files(path)  # the child's parser reads the external data: links, pipes and devices refused first
     plugins = tuple(str(Path(p).resolve()) for p in plugins)
     entry = "trt_bridge.tensorrt.parse_child"
     if plugins or file_has_plugin_nodes(path):

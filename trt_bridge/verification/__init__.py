@@ -27,8 +27,8 @@ import numpy as np
 from trt_bridge.calibrate import model_inputs, open_feeds
 from trt_bridge.calibrate.feed_sources import RandomFeeds
 from trt_bridge.calibrate.feeds import validate_feed
-from trt_bridge.errors import CalibrationDataError, ModelLoadError, TrtBridgeError
-from trt_bridge.ir.model import load_model
+from trt_bridge.errors import CalibrationDataError, TrtBridgeError
+from trt_bridge.ir.model import load_model, read_model
 from trt_bridge.plugins.registry import register_for_engine
 from trt_bridge.runtime.session import session
 from trt_bridge.tensorrt import gpu_present, import_tensorrt, is_rtx
@@ -286,15 +286,9 @@ def checked_feeds(reference: Path, candidate: Path, options: VerifyOptions) -> l
 
 
 def _header(path: Path):
-    """The model's graph without its weights (inputs, outputs, nodes); a clear error when it is not ONNX."""
-    import onnx
-
-
-    try:
-        return onnx.load(str(path), load_external_data=False)
-    except Exception as exc:
-        raise ModelLoadError(f"{path}: not a readable ONNX model ({type(exc).__name__}: {_first_line(exc)}). "
-                             "Re-export the model, or check that the file is complete.") from exc
+    """The model's graph without its weights (inputs, outputs, nodes), its external data checked
+    (:func:`~trt_bridge.ir.model.read_model`); a clear error when it is not ONNX."""
+    return read_model(path, external_data=False)
 
 
 def _run(reference: Path, candidate: Path, feeds, options: VerifyOptions):

@@ -29,6 +29,7 @@ import numpy as np
 import onnx
 
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
+from trt_bridge.ir.model import read_model
 from trt_bridge.runtime.session import session
 from trt_bridge.verification.decoder import (
     ATTENTION_MASK,
@@ -158,7 +159,7 @@ class Loop:
         them and fails at the first decode step ("Shape mismatch attempting to re-use buffer")."""
         if self.stripped:
             return True
-        model = onnx.load(str(self.path))
+        model = read_model(self.path)
         del model.graph.value_info[:]
         log.warning("%s declares intermediate shapes its decode steps do not have; running it without them",
                     self.path)

@@ -34,7 +34,7 @@ import numpy as np
 import onnx
 
 from trt_bridge.calibrate.session import CalibrationSession
-from trt_bridge.ir.model import validate_model
+from trt_bridge.ir.model import read_model, validate_model
 from trt_bridge.ir.types import FLOAT_TYPES, elem_types, infer_shapes, value_types
 from trt_bridge.lift.pipeline import lift_model
 from trt_bridge.runtime.bf16 import emulate_bfloat16
@@ -111,7 +111,7 @@ def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str,
              top: int = 3, progress: bool = True) -> Localization:
     """Align, run in batches of ``batch`` exposed tensors, rank the quantized layers of ``candidate``."""
     ref_model, lifted = _float_reference(reference)
-    cand_model = onnx.load(str(candidate))
+    cand_model = read_model(candidate)
 
     for model in (ref_model, cand_model):  # exposed tensors need types (models often carry no value_info)
         if not model.graph.value_info:
@@ -201,7 +201,7 @@ def _float_reference(path: str | Path) -> tuple[onnx.ModelProto, bool]:
     """The per-layer reference: a float model as it is; a quantized one (the source of a conversion) in its
     lifted float form, which computes what the source means with the source's weights and carries the
     tensor names convert gave the candidate (a QOperator model's own tensors are uint8 codes)."""
-    model = onnx.load(str(path))
+    model = read_model(path)
     quantized = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "MatMulInteger", "ConvInteger"}
     if not any(n.op_type in quantized or n.op_type.startswith("QLinear") or (n.domain or "") not in ("", "ai.onnx")
                for n in model.graph.node):
@@ -305,7 +305,7 @@ def _with_unquantized_copies(candidate: str | Path | onnx.ModelProto, feeds: lis
     """``(node, quantized output, unquantized copy's output)`` per quantized layer and feed:
     the candidate with a copy of each layer that reads the activations before their Q/DQ, ``batch // 2`` layers'
     copies to one onnxruntime session."""
-    model = candidate if isinstance(candidate, onnx.ModelProto) else onnx.load(str(candidate))
+    model = candidate if isinstance(candidate, onnx.ModelProto) else read_model(candidate)
     types = {n: t.tensor_type.elem_type for n, t in value_types(model).items()}
     producer = {o: n for n in model.graph.node for o in n.output}
     layers = [(node, acts) for _, node, acts in quantized_layers(model) if acts and node.output]
