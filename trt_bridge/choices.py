@@ -6,6 +6,7 @@ stays light. Each is re-exported by the module that uses it (``trt_bridge.calibr
 from __future__ import annotations
 
 import enum
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -105,7 +106,102 @@ class FormatOptions:
             raise TrtBridgeError(f"precision {self.activations}: choose int8 or fp8 (--int8, --fp8).")
         if self.weights is not None and self.weights not in WEIGHT_ONLY_FORMATS:
             raise TrtBridgeError(f"weights {self.weights}: only int4 (--int4) is a weight-only format.")
-        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size < 2 \
-                or self.block_size & (self.block_size - 1):
-            raise TrtBridgeError(f"--block-size must be a power of two of at least 2 (TensorRT's INT4 kernels take "
-                                 f"32, 64 or 128), got {self.block_size!r}")
+        check_bound("block_size", self.block_size)
+        if self.block_size & (self.block_size - 1):
+            raise TrtBridgeError(BOUNDS["block_size"].message(self.block_size))
+
+
+#: the most feeds any option asks for (--calib-max, --calib-random, --eval-random, verify --random, --layer-feeds)
+MAX_FEEDS = 1_000_000
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The values a numeric option takes: ``low`` to ``high`` (``open_low``/``open_high``: that end excluded),
+    integers where ``integer``; ``says`` replaces the generic range in the message (``{value}`` is the value)."""
+
+    flag: str
+    low: float
+    high: float
+    integer: bool = True
+    open_low: bool = False
+    open_high: bool = False
+    says: str = ""
+
+    def holds(self, value) -> bool:
+        low_ok = value > self.low if self.open_low else value >= self.low
+        high_ok = value < self.high if self.open_high else value <= self.high
+        return low_ok and high_ok
+
+    def message(self, value) -> str:
+        if self.says:
+            return self.says.format(value=value, flag=self.flag)
+        if self.integer:
+            low = "0 or more" if self.low == 0 else f"at least {self.low}"
+            return f"{self.flag} must be {low} and at most {self.high}, got {value!r}."
+        ends = ("(" if self.open_low else "[", ")" if self.open_high else "]")
+        return f"{self.flag} must be in {ends[0]}{self.low:g}, {self.high:g}{ends[1]}, got {value!r}"
+
+
+#: every numeric option of every command (argparse ``dest`` → its bound), checked where it enters: the command line
+#: and the Python API (``trt_bridge.cli.common.check_bounds``) and each options dataclass (:func:`check_bound`).
+#: ``tests/test_bounds.py`` fails for a numeric flag missing here.
+BOUNDS = {
+    # convert
+    "calib_random": Bound("--calib-random", 1, MAX_FEEDS),
+    "calib_max": Bound("--calib-max", 1, MAX_FEEDS),
+    "eval_random": Bound("--eval-random", 1, MAX_FEEDS),
+    "percentile": Bound("--percentile", 0, 100, False, open_low=True),
+    "smooth": Bound("--smooth", 0, 1, False, True, True,
+                    "{flag} must be between 0 and 1 (exclusive), got {value!r}"),
+    "accuracy_target": Bound("--accuracy-target", -1000, 1000, False,
+                             says="{flag} must be a finite number of dB from -1000 to 1000 (or a cosine similarity "
+                                  "up to 1), got {value!r}"),
+    "block_size": Bound("--block-size", 2, 4096,
+                        says="{flag} must be a power of two from 2 to 4096 (TensorRT's INT4 kernels take 32, 64 or "
+                             "128), got {value!r}"),
+    # verify
+    "random": Bound("--random", 1, MAX_FEEDS),
+    "seed": Bound("--seed", 0, 2**128 - 1, says="{flag} must be a non-negative integer below 2**128, got {value!r}."),
+    "top_k": Bound("--top-k", 1, 1_000_000),
+    "prompts": Bound("--prompts", 1, 100_000),
+    "steps": Bound("--steps", 1, 2**20),
+    "prompt_length": Bound("--prompt-length", 1, 2**20),
+    "min_token_agreement": Bound("--min-token-agreement", 0, 100, False,
+                                 says="{flag} is a percentage from 0 to 100, got {value!r}"),
+    "layer_batch": Bound("--layer-batch", 1, 100_000),
+    "layer_feeds": Bound("--layer-feeds", 1, MAX_FEEDS),
+    # bench
+    "iterations": Bound("--iterations", 1, 10_000_000),
+    "warmup": Bound("--warmup", 0, 10_000_000),
+    "duration": Bound("--duration", 0, 86_400, False,
+                      says="{flag} must be a finite number of seconds (0 or more, at most 86400: a day), got "
+                           "{value!r}."),
+    "threads": Bound("--threads", 1, 1024),
+    # build (and the costs builds of check, verify, bench)
+    "workspace": Bound("--workspace", 1, 2**40,
+                       says="{flag} {value}: give a positive size of at most 1T (1099511627776 bytes), such as 1G or "
+                            "512M."),
+    "optimization_level": Bound("--builder-optimization-level", 0, 5,
+                                says="{flag} {value}: TensorRT takes 0 to 5 (default 3; higher builds longer and may "
+                                     "find faster kernels)."),
+}
+
+#: the largest dimension and the most elements of one input in --shapes, --min/--opt/--max-shapes (TensorRT's
+#: dimensions and volumes are int32 in its kernels: 2**31 - 1)
+MAX_DIMENSION = 2**31 - 1
+MAX_VOLUME = 2**31 - 1
+
+
+def check_bound(dest: str, value) -> None:
+    """Refuse ``value`` for the option ``dest`` (a key of :data:`BOUNDS`) outside its bound, or of the wrong kind (a
+    float for an integer, NaN, a bool); None (the option not given) passes."""
+    if value is None:
+        return
+    bound = BOUNDS[dest]
+    if bound.integer and (isinstance(value, bool) or not isinstance(value, int)):
+        raise TrtBridgeError(f"{bound.flag} takes an integer, got {value!r}.")
+    if not bound.integer and (isinstance(value, bool) or not isinstance(value, (int, float))):
+        raise TrtBridgeError(f"{bound.flag} takes a number, got {value!r}.")
+    if not bound.integer and not math.isfinite(value) or not bound.holds(value):
+        raise TrtBridgeError(bound.message(value))

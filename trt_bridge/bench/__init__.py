@@ -25,6 +25,7 @@ from trt_bridge.bench.ort_runner import OrtRunner, check_provider
 from trt_bridge.bench.report import BenchReport, BenchRow, Machine
 from trt_bridge.bench.stats import LatencyStats
 from trt_bridge.calibrate.feeds import model_inputs
+from trt_bridge.choices import check_bound
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.tensorrt.build import costs_or_none
 from trt_bridge.tensorrt.costs import COST_TARGET
@@ -58,16 +59,10 @@ class BenchOptions:
     costs: str | None = COST_TARGET
 
     def check(self) -> None:
-        if self.iterations < 1:
-            raise TrtBridgeError(f"--iterations must be at least 1, got {self.iterations}.")
-        if self.warmup < 0:
-            raise TrtBridgeError(f"--warmup must be 0 or more, got {self.warmup}.")
-        if self.duration is not None and not 0 <= self.duration < float("inf"):
-            raise TrtBridgeError(f"--duration must be a finite number of seconds (0 or more), got {self.duration}.")
+        for name in ("iterations", "warmup", "duration", "threads", "seed"):
+            check_bound(name, getattr(self, name))
         if self.transfers not in TRANSFERS:
             raise TrtBridgeError(f"--transfers must be include or exclude, got '{self.transfers}'.")
-        if self.threads is not None and self.threads < 1:
-            raise TrtBridgeError(f"--threads must be at least 1, got {self.threads}.")
 
 
 def kind_of(path: Path) -> str:

@@ -12,7 +12,7 @@ import warnings
 
 from trt_bridge import __version__
 from trt_bridge.cli.commands import COMMANDS, arguments_module
-from trt_bridge.cli.common import EXIT_ERROR, absolute_paths, check_input_files
+from trt_bridge.cli.common import EXIT_ERROR, absolute_paths, check_bounds, check_input_files
 from trt_bridge.errors import Terminated, TrtBridgeError
 from trt_bridge.runtime.process import own_process
 
@@ -113,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     verbose = getattr(args, "verbose", 0)
     try:
         check_input_files(args)  # a pipe or a device as an input: refused before anything opens it
+        check_bounds(args)  # every numeric option within its documented bound (trt_bridge.choices.BOUNDS)
     except TrtBridgeError as exc:
         print(f"trt-bridge {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_ERROR

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from trt_bridge.choices import BOUNDS, check_bound
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.files import (
     check_regular_input,
@@ -98,30 +99,33 @@ def costs_target(args: argparse.Namespace) -> str | None:
 OUTPUT_ARGS = ("output", "report", "json", "html", "markdown", "save_outputs", "save_inputs", "timing_cache")
 
 
-def absolute_paths(args: argparse.Namespace) -> None:
+def absolute_paths(args: argparse.Namespace, cwd: str | None = None, inputs: bool = False) -> None:
     """Make every output path absolute (in place), before any user code runs: a data loader or plugin file that
     changes the working folder cannot redirect an output into another folder. (Inputs keep the names the user
     gave, which messages and summaries repeat, and so does a default output beside its input:
-    :func:`trt_bridge.user_code.user_code` puts the working folder back after each call into user code.)"""
+    :func:`trt_bridge.user_code.user_code` puts the working folder back after each call into user code.)
+    ``inputs``: the inputs too, and ``cwd`` the folder to join them to (the Python API, which reads the working
+    folder once at entry and never uses a relative path after)."""
     import os
 
-    try:
-        cwd = os.getcwd()
-    except OSError:  # the working folder was removed: relative paths name nothing anyway (their errors say so)
-        return
+    if cwd is None:
+        try:
+            cwd = os.getcwd()
+        except OSError:  # the working folder was removed: relative paths name nothing anyway (their errors say so)
+            return
 
-    def absolute(value):  # joined to the working folder, not normalized: 'link/..' keeps meaning what it meant
+    def absolute(value, words):  # joined to the working folder, not normalized: 'link/..' keeps meaning what it meant
         if isinstance(value, (list, tuple)):
-            return type(value)(absolute(v) for v in value)
+            return type(value)(absolute(v, words) for v in value)
         if isinstance(value, Path):
             return Path(cwd, value)
-        if isinstance(value, str) and value not in ("", "-", "model", "data"):
+        if isinstance(value, str) and value not in ("", "-", *words):
             return os.path.join(cwd, value)
         return value
 
-    for name in OUTPUT_ARGS:
-        if getattr(args, name, None) is not None:
-            setattr(args, name, absolute(getattr(args, name)))
+    for name in OUTPUT_ARGS + (INPUT_ARGS if inputs else ()):
+        if getattr(args, name, None) is not None:  # --scales model|data name no file
+            setattr(args, name, absolute(getattr(args, name), ("model", "data") if name == "scales" else ()))
 
 
 #: the arguments that name files a command reads (never a device or a pipe: see :func:`check_input_files`)
@@ -152,10 +156,7 @@ def check_output_path(path, protected, what: str) -> None:
     protected = [p for p in protected if p is not None and str(p) != "-"]
     for model in list(protected):  # a model's external data is as much an input as the model
         if str(model).endswith(".onnx") and Path(model).is_file():
-            try:
-                protected += external_data_files(model)
-            except Exception:  # noqa: BLE001 - an unreadable model fails later, with its own message
-                pass
+            protected += external_data_files(model)  # refuses links, pipes and devices before any work
     for other in protected:
         if same_file(path, other):
             raise TrtBridgeError(f"the {what} {path} is also {other}, which this command reads or writes; it would "
@@ -166,10 +167,17 @@ def check_output_path(path, protected, what: str) -> None:
     check_writable(path, what)
 
 
+def check_bounds(args: argparse.Namespace) -> None:
+    """Every numeric option ``args`` holds within its bound (:data:`trt_bridge.choices.BOUNDS`), before any work:
+    the command line's entry and the Python API's call this."""
+    for dest in BOUNDS:
+        if dest in vars(args):
+            check_bound(dest, getattr(args, dest))
+
+
 def check_seed(seed: int) -> None:
     """``--seed``: numpy's generators take 0 up to 2**128 - 1."""
-    if not 0 <= seed < 2**128:
-        raise TrtBridgeError(f"--seed must be a non-negative integer below 2**128, got {seed}.")
+    check_bound("seed", seed)
 
 
 def emit_report(json_target: str | None, json_text: str, text: str | None) -> None:

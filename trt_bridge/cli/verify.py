@@ -8,13 +8,12 @@ from trt_bridge.calibrate.feed_sources import source_path
 from trt_bridge.cli.common import (
     EXIT_FAIL,
     EXIT_OK,
+    check_bounds,
     check_output_path,
-    check_seed,
     costs_target,
     emit_report,
 )
 from trt_bridge.cli.verify_args import add_parser  # noqa: F401 - the command's parser, as trt_bridge.api builds it
-from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.files import write_text_atomic
 from trt_bridge.verification import VerifyOptions, VerifyReport, verify
 from trt_bridge.verification.gates import parse_gates
@@ -24,16 +23,7 @@ from trt_bridge.verification.html import render
 
 def execute(args: argparse.Namespace) -> VerifyReport:
     """The comparison ``args`` asks for, with its HTML report written; prints nothing (``trt_bridge.verify``)."""
-    for flag in ("top_k", "layer_batch", "layer_feeds"):
-        if getattr(args, flag) < 1:
-            raise TrtBridgeError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    check_seed(args.seed)
-    for flag in ("prompts", "steps", "prompt_length"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise TrtBridgeError(f"--{flag.replace('_', '-')} must be at least 1, got {getattr(args, flag)}")
-    agreement = args.min_token_agreement
-    if agreement is not None and not 0 <= agreement <= 100:
-        raise TrtBridgeError(f"--min-token-agreement is a percentage from 0 to 100, got {agreement:g}")
+    check_bounds(args)  # --top-k, --layer-batch, --seed, --prompts, ... (as trt-bridge's entry checks them)
     given = {flag: getattr(args, flag) for flag in ("prompts", "steps", "prompt_length", "min_token_agreement")
              if getattr(args, flag) is not None}
 

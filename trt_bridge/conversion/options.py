@@ -10,7 +10,6 @@ says so in its metadata (see :func:`option_key`).
 from __future__ import annotations
 
 import enum
-import math
 from dataclasses import Field, dataclass, field
 
 from trt_bridge.choices import (
@@ -21,6 +20,7 @@ from trt_bridge.choices import (
     FormatOptions,
     HighPrecision,
     PlacementOptions,
+    check_bound,
 )
 from trt_bridge.errors import TrtBridgeError
 
@@ -60,10 +60,9 @@ class CalibrationOptions:
     max_feeds: int = field(default=FEED_LIMIT, metadata={"key": "calib_max"})
 
     def __post_init__(self) -> None:
-        if isinstance(self.max_feeds, bool) or not isinstance(self.max_feeds, int) or self.max_feeds < 1:
-            raise TrtBridgeError(f"--calib-max must be a positive number of feeds, got {self.max_feeds!r}")
-        if not 0 < self.percentile <= 100:
-            raise TrtBridgeError(f"--percentile must be in (0, 100], got {self.percentile}")
+        check_bound("calib_max", self.max_feeds)
+        check_bound("calib_random", self.random)
+        check_bound("percentile", self.percentile)
 
 
 @dataclass(frozen=True)
@@ -86,8 +85,7 @@ class RangeOptions:
     split_outliers: bool = True  # a MatMul input's massive channels computed in float (with smooth only)
 
     def __post_init__(self) -> None:
-        if self.smooth is not None and not 0 < self.smooth < 1:
-            raise TrtBridgeError(f"--smooth must be between 0 and 1 (exclusive), got {self.smooth}")
+        check_bound("smooth", self.smooth)
 
 
 @dataclass(frozen=True)
@@ -189,13 +187,13 @@ class AccuracyTarget:
     def __post_init__(self) -> None:
         if self.metric not in ACCURACY_METRICS:
             raise TrtBridgeError(f"--accuracy-metric {self.metric}: choose snr or cosine.")
+        check_bound("eval_random", self.random)
         if self.target is None:
             if self.data or self.random or self.metric != "snr":
                 raise TrtBridgeError("--eval-data, --eval-random and --accuracy-metric are for --accuracy-target; "
                                      "give that too.")
             return
-        if not math.isfinite(self.target):
-            raise TrtBridgeError(f"--accuracy-target must be a finite number of dB, got {self.target}")
+        check_bound("accuracy_target", self.target)
         if self.metric == "cosine" and not -1.0 < self.target <= 1.0:
             raise TrtBridgeError(f"--accuracy-target {self.target} with --accuracy-metric cosine: a cosine "
                                  "similarity is at most 1 (e.g. 0.999).")

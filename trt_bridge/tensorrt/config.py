@@ -4,6 +4,7 @@ between TensorRT flavours is looked up by name, never by version number."""
 
 from __future__ import annotations
 
+from trt_bridge.choices import check_bound
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.tensorrt import is_rtx
 from trt_bridge.tensorrt.options import BuildOptions
@@ -35,13 +36,10 @@ def configure(trt, config, options: BuildOptions, strongly_typed: bool) -> dict:
                 config.set_flag(getattr(trt.BuilderFlag, flag))
                 precisions.append(flag.lower())
     if options.workspace is not None:
-        if options.workspace <= 0:
-            raise TrtBridgeError(f"--workspace {options.workspace}: give a positive size such as 1G or 512M.")
+        check_bound("workspace", options.workspace)
         config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(options.workspace))
     if options.optimization_level is not None:
-        if not 0 <= options.optimization_level <= 5:
-            raise TrtBridgeError(f"--builder-optimization-level {options.optimization_level}: TensorRT takes 0 to 5 "
-                                 "(default 3; higher builds longer and may find faster kernels).")
+        check_bound("optimization_level", options.optimization_level)
         config.builder_optimization_level = options.optimization_level
     if options.version_compatible:
         if "VERSION_COMPATIBLE" not in trt.BuilderFlag.__members__:

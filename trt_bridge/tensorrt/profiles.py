@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from trt_bridge.choices import MAX_DIMENSION, MAX_VOLUME
 from trt_bridge.errors import TrtBridgeError
 
 Shape = tuple[int, ...]
@@ -60,6 +61,12 @@ def parse_shapes(text: list[str]) -> dict[str, Shape]:
             if not sep or not name or shape is None or any(d < 0 for d in shape):
                 raise TrtBridgeError(f"shape '{part}' is not NAME:DIMS (e.g. x:1x3x224x224 or x:[1,3,224,224]; "
                                      "several inputs as x:1x3x224x224,mask:1x128).")
+            volume = 1
+            for d in shape:
+                volume *= d
+            if any(d > MAX_DIMENSION for d in shape) or volume > MAX_VOLUME:
+                raise TrtBridgeError(f"shape '{part}': TensorRT takes dimensions and element counts of at most "
+                                     f"{MAX_DIMENSION} (2**31 - 1) per input; give a smaller shape.")
             if name in shapes and shapes[name] != shape:
                 raise TrtBridgeError(f"input '{name}' is given two shapes ({_text(shapes[name])} and {_text(shape)}); "
                                      "give it once per profile.")

@@ -33,6 +33,12 @@ class Gate:
         return f"{self.metric} {shown} {'<' if minimum else '>'} {flag} {self.bound:g}"
 
 
+#: the values each gate takes: an SNR of -1000 to 1000 dB, a cosine similarity of -1 to 1, an error of 0 or more
+GATE_RANGES = {"snr_db": (-1000.0, 1000.0, "an SNR gate is -1000 to 1000 dB"),
+               "cosine": (-1.0, 1.0, "a cosine similarity is -1 to 1"),
+               "max_abs": (0.0, math.inf, "a largest absolute error is 0 or more")}
+
+
 def parse_gates(min_snr: list[str] = (), min_cosine: list[str] = (), max_abs: list[str] = ()) -> list[Gate]:
     """Gates from the CLI's repeated ``[NAME=]VALUE`` flags."""
     gates = []
@@ -46,6 +52,10 @@ def parse_gates(min_snr: list[str] = (), min_cosine: list[str] = (), max_abs: li
             if not math.isfinite(bound):
                 raise TrtBridgeError(f"{METRICS[metric][0]} '{text}': expected VALUE or OUTPUT=VALUE with a finite "
                                      "number, e.g. 30 or logits=30")
+            low, high, why = GATE_RANGES[metric]
+            if not low <= bound <= high:
+                raise TrtBridgeError(f"{METRICS[metric][0]} '{text}': {why}, so no output could pass (or every "
+                                     "output would); give a value in that range.")
             gates.append(Gate(metric, bound, name or None))
     return gates
 
