@@ -33,7 +33,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import enum
+import math
 import os
+import re
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
@@ -48,11 +51,12 @@ from trt_bridge.cli import build_args, check_args, convert_args, verify_args
 from trt_bridge.cli import check as check_command
 from trt_bridge.cli import convert as convert_command
 from trt_bridge.cli import verify as verify_command
-from trt_bridge.cli.common import absolute_paths, check_input_files, emit_report
+from trt_bridge.cli.common import absolute_paths, check_bounds, check_input_files, emit_report
 from trt_bridge.conversion.report import ConversionReport
 from trt_bridge.errors import OptionError, UnknownOptionError
 from trt_bridge.ir.save import save_model
 from trt_bridge.tensorrt.build import BuildResult
+from trt_bridge.user_code import working_folder
 from trt_bridge.verification import VerifyReport
 
 __all__ = ["build", "check", "convert", "option_names", "verify"]
@@ -214,6 +218,7 @@ def _option_table(parser: argparse.ArgumentParser) -> dict[str, tuple[argparse.A
 
 
 def _run(command: str, models: list[Model], options: dict[str, Any]):
+    cwd = working_folder()  # once, at entry, while no user code runs: every path is absolute from here on
     parser = _command_parser(command)
     table = _option_table(parser)
     unknown = sorted(set(options) - set(table))
@@ -228,12 +233,13 @@ def _run(command: str, models: list[Model], options: dict[str, Any]):
                 value = _feeds_argument(value, Path(folder), name)
             argv += _tokens(name, value, *table[name])
         args = parser.parse_args(argv)
+        absolute_paths(args, cwd, inputs=True)  # inputs too: another thread's loader may change the folder
         args.command = command
         if getattr(args, "json", None) == "-":
             raise OptionError(f"json=: name a file (trt_bridge.{command} returns the report; its to_dict() is the "
                               "JSON).")
-        absolute_paths(args)
         check_input_files(args)
+        check_bounds(args)
         with _graphsurgeon_errors_only():
             report = COMMANDS[command][1].execute(args)
         if command != "convert" and getattr(args, "json", None):  # convert writes its own report files
@@ -271,28 +277,61 @@ def _tokens(name: str, value: Any, action: argparse.Action, flag: str, by_destin
             groups = list(value)
         else:
             groups = [list(value)]
-        return [token for group in groups for token in (flag, *map(_text, group))]
+        return [token for group in groups for token in (flag, *(_text(name, action, v) for v in group))]
     repeatable = type(action).__name__ == "_AppendAction"
     values = list(value) if repeatable and isinstance(value, (list, tuple)) else [value]
-    return [f"{flag}={_text(v)}" for v in values]
+    return [f"{flag}={_text(name, action, v)}" for v in values]
 
 
-def _text(value: Any) -> str:
+def _text(name: str, action: argparse.Action, value: Any) -> str:
+    """``value`` as the flag of ``action`` spells it: a str, a path (``os.PathLike``), an int or float, an enum
+    (its value); for a REGEX flag (``exclude_nodes=``, ``include_ops=``, ``exclude_ops=``) also a compiled
+    ``re.Pattern`` (its pattern; flags written inline, ``(?i)``). Anything else is refused, never its repr."""
     if isinstance(value, (bool, np.bool_)):
-        raise OptionError(f"{value!r} is not a value for a flag that takes one")
+        raise OptionError(f"{name}=: {value!r} is not a value for a flag that takes one")
     if isinstance(value, os.PathLike):
         return os.fspath(value)
-    return str(getattr(value, "value", value))  # an enum: its value, as the flag spells it
+    if isinstance(value, re.Pattern) and action.metavar == "REGEX":
+        if not isinstance(value.pattern, str) or value.flags & ~re.UNICODE:
+            raise OptionError(f"{name}=: a compiled pattern is taken as its text, so its flags would be lost; write "
+                              f"them inline (re.compile('(?i)...')) or pass the pattern as a str.")
+        return value.pattern
+    if isinstance(value, enum.Enum):
+        value = value.value  # as the flag spells it
+    if isinstance(value, (np.integer, np.floating)):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        raise OptionError(f"{name}=: {value!r} is not a finite number")
+    if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+        return str(value)
+    kinds = "a str or a compiled re.Pattern" if action.metavar == "REGEX" else "a str, a path, an int or a float"
+    plural = " (or a list of them)" if action.nargs in ("+", "*") or type(action).__name__ == "_AppendAction" else ""
+    raise OptionError(f"{name}= takes {kinds}{plural}, not {type(value).__name__} ({value!r:.80})")
 
 
 def _model_argument(model: Model, folder: Path, index: int) -> str:
     """A model argument as the command line takes it: a path (a model in memory is saved to ``folder`` first)."""
     if isinstance(model, onnx.ModelProto):
+        _check_loaded(model)
         return str(save_model(model, folder / f"model{index}.onnx"))
     if not isinstance(model, (str, os.PathLike)):
         raise OptionError(f"a model is a path or an onnx.ModelProto, not {type(model).__name__}")
     text = os.fspath(model)
     return f".{os.sep}{text}" if text.startswith("-") else text  # never read as a flag
+
+
+def _check_loaded(model: onnx.ModelProto) -> None:
+    """A model in memory holds its weights: one read with ``load_external_data=False`` keeps them in files beside the
+    file it came from, which the copy trt-bridge saves cannot find."""
+    from onnx.external_data_helper import _get_all_tensors, uses_external_data
+
+    unloaded = [t for t in _get_all_tensors(model) if uses_external_data(t) and not t.HasField("raw_data")]
+    if unloaded:
+        location = next((e.value for e in unloaded[0].external_data if e.key == "location"), "?")
+        raise OptionError(f"the model given in memory keeps the data of {len(unloaded)} tensor(s) in external files "
+                          f"(e.g. '{unloaded[0].name}' in '{location}'), which trt-bridge cannot find from a model in "
+                          "memory: load it with its data (onnx.load(path), or onnx.load_external_data_for_model("
+                          "model, folder)), or pass the model's path instead.")
 
 
 def _feeds_argument(value: Any, folder: Path, name: str) -> Any:

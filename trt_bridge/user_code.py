@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,6 +23,17 @@ from trt_bridge.errors import Terminated, TrtBridgeError
 
 log = logging.getLogger("trt_bridge.user_code")
 
+#: held while user code runs (it may change the working folder, which is the whole process's) and while the
+#: Python API reads the working folder to make its paths absolute (:func:`working_folder`): a loader that changes
+#: it in one thread cannot redirect another thread's relative paths
+WORKING_FOLDER = threading.RLock()
+
+
+def working_folder() -> str | None:
+    """The process's working folder, read when no user code is running in any thread (None: it was removed)."""
+    with WORKING_FOLDER:
+        return _cwd()
+
 
 @contextmanager
 def user_code(what: str, error: type[TrtBridgeError] = TrtBridgeError, hint: str = "",
@@ -29,10 +41,12 @@ def user_code(what: str, error: type[TrtBridgeError] = TrtBridgeError, hint: str
     """Run the block (the user's code) so that nothing it does ends the command: ``what`` names it in the
     error ("loader.py:load_data, at feed 3"), ``hint`` says what it should do instead, ``failed`` what an exception
     it raises means."""
-    try:
-        cwd = os.getcwd()
-    except OSError:
-        cwd = None
+    with WORKING_FOLDER:
+        yield from _guarded(what, error, hint, failed)
+
+
+def _guarded(what: str, error: type[TrtBridgeError], hint: str, failed: str) -> Iterator[None]:
+    cwd = _cwd()
     try:
         yield
     except (KeyboardInterrupt, Terminated, TrtBridgeError):
@@ -75,4 +89,4 @@ def _first_line(exc: BaseException, limit: int = 300) -> str:
     return text if len(text) <= limit else text[:limit] + " ..."
 
 
-__all__ = ["import_user_file", "user_code"]
+__all__ = ["WORKING_FOLDER", "import_user_file", "user_code", "working_folder"]
