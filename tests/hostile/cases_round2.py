@@ -343,7 +343,7 @@ CASES = [
                                                 "1000000000000"], 2, "--calib-max", absent=("out.onnx",),
          subprocess=True, timeout=60),
     Case("calib-max-zero", "G5", nothing, [*CONVERT, "-o", "{d}/out.onnx", "--calib-max", "0"], 2,
-         "--calib-max must be a positive", absent=("out.onnx",)),
+         "--calib-max must be at least 1", absent=("out.onnx",)),
     # ---- one clear line instead of an internal error (G5, G9)
     Case("float8-qdq", "G9", fp8_qdq, ["convert", "{d}/bad.onnx", "-o", "{d}/out.onnx", "--calib-random", "2"], 0,
          "", then=_fp8_kept),

@@ -15,6 +15,7 @@ import pytest
 from tests.hostile.cases import CASES, Case
 from tests.hostile.cases_round2 import CASES as ROUND2
 from tests.hostile.cases_round3 import OUTPUT_CASES
+from tests.hostile.cases_round3_inputs import BOUNDS_CASES, EXTERNAL_DATA_CASES
 from tests.hostile.cases_round3_values import VALUE_CASES
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -63,7 +64,7 @@ def _run_subprocess(case: Case, argv: list[str], d: Path) -> tuple[int, str]:
     return code, err, out
 
 
-ALL = CASES + ROUND2 + OUTPUT_CASES + VALUE_CASES
+ALL = CASES + ROUND2 + OUTPUT_CASES + VALUE_CASES + EXTERNAL_DATA_CASES + BOUNDS_CASES
 
 
 @pytest.mark.parametrize("case", ALL, ids=[c.id for c in ALL])
