@@ -20,6 +20,10 @@ Keyword values:
 - a flag taking several values (``--plugins``, ``--shapes``) takes a list; ``--min-shapes`` and its kin take a
   list of lists for several profiles;
 - ``None`` is the flag's default;
+- a value is a str, a path, an int, a float or an enum; a REGEX flag (``exclude_nodes=``, ...) also takes a compiled
+  ``re.Pattern`` (its pattern); anything else is refused (:class:`~trt_bridge.errors.OptionError` naming the keyword);
+- every path is made absolute when the call starts, while no user code runs in any thread
+  (:data:`trt_bridge.user_code.WORKING_FOLDER`): a loader changing the working folder cannot redirect it;
 - models are paths or in-memory ``onnx.ModelProto``; feeds (``calib_data=``, ``eval_data=``, ``data=``) are what the
   flag takes (an ``.npz``, a folder, ``loader.py[:function]``) or numpy arrays: a dict ``{input name: array}``
   (read as an ``.npz`` is) or a list of such dicts, one feed each.
