@@ -14,6 +14,8 @@ from trt_bridge.cli import build_parser
 from trt_bridge.conversion.options import AccuracyTarget, CalibrationOptions, RangeOptions
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.tensorrt.profiles import parse_shapes
+from trt_bridge.verification import VerifyOptions
+from trt_bridge.verification.generation import GenerationOptions
 
 
 def _numeric_actions():
@@ -72,6 +74,10 @@ def test_each_bound_takes_its_ends_and_refuses_beyond(dest):
     (lambda: BenchOptions(duration=1e300).check(), "--duration"),
     (lambda: BenchOptions(threads=10**8).check(), "--threads"),
     (lambda: BenchOptions(seed=2**128).check(), "--seed"),
+    (lambda: VerifyOptions(random=10**9), "--random"),
+    (lambda: VerifyOptions(layer_feeds=10**11), "--layer-feeds"),
+    (lambda: GenerationOptions(steps=10**10), "--steps"),
+    (lambda: GenerationOptions(min_token_agreement=101.0), "--min-token-agreement"),
 ])
 def test_options_dataclasses_check_the_same_bounds(make, flag):
     """What a manifest or a Python caller builds directly is bounded as the command line is."""

@@ -27,6 +27,7 @@ import numpy as np
 from trt_bridge.calibrate import model_inputs, open_feeds
 from trt_bridge.calibrate.feed_sources import RandomFeeds
 from trt_bridge.calibrate.feeds import validate_feed
+from trt_bridge.choices import check_bound
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
 from trt_bridge.ir.model import load_model, read_model
 from trt_bridge.plugins.registry import register_for_engine
@@ -69,6 +70,10 @@ class VerifyOptions:
     costs: str | None = COST_TARGET
     #: the generation loop of a decoder (None: its defaults; given for a model that is no decoder: an error)
     generation: GenerationOptions | None = None
+
+    def __post_init__(self) -> None:  # the bounds the command line checks (trt_bridge.choices.BOUNDS)
+        for name in ("random", "seed", "top_k", "layer_batch", "layer_feeds"):
+            check_bound(name, getattr(self, name))
 
 
 @dataclass

@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
+from trt_bridge.choices import check_bound
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
 from trt_bridge.ir.model import read_model
 from trt_bridge.runtime.session import session
@@ -58,6 +59,10 @@ class GenerationOptions:
     seed: int = 0
     data: str | None = None  # an .npz/.npy (or a folder of them) holding input_ids: the prompts
     min_token_agreement: float | None = None  # percent; None: no gate
+
+    def __post_init__(self) -> None:  # the bounds the command line checks (trt_bridge.choices.BOUNDS)
+        for name in ("prompts", "steps", "prompt_length", "seed", "min_token_agreement"):
+            check_bound(name, getattr(self, name))
 
 
 @dataclass(frozen=True)
