@@ -131,33 +131,31 @@ def truncated_external(length: int | None = None):
     stored in ``ext/big.bin`` of 1 MB (``length``: the tensor's length entry)."""
     def make(d: Path) -> None:
         (d / "ext").mkdir()
-        model = float_net()
-        big = onnx.TensorProto(name="big", data_type=TensorProto.FLOAT, dims=[640_000_000],
-                               data_location=TensorProto.EXTERNAL)
-        for key, value in (("location", "big.bin"), ("offset", "0"), *((("length", str(length)),) if length else ())):
-            entry = big.external_data.add()
-            entry.key, entry.value = key, value
-        model.graph.initializer.append(big)
-        model.graph.node[-1].output[0] = "y0"
-        model.graph.node.extend([helper.make_node("ReduceSum", ["big"], ["s"], "sum", keepdims=0),
-                                 helper.make_node("Add", ["y0", "s"], ["y"], "add")])
+        model = _summed_external("big", 640_000_000, (("location", "big.bin"), ("offset", "0"),
+                                                      *((("length", str(length)),) if length else ())))
         (d / "ext" / "big.bin").write_bytes(bytes(1 << 20))
         onnx.save(model, str(d / "ext" / "m.onnx"))
     return make
 
 
+def _summed_external(name: str, size: int, fields) -> onnx.ModelProto:
+    """``float_net`` with a float tensor ``name`` [size] in external data (its ``fields``) summed into its output."""
+    model = float_net()
+    tensor = onnx.TensorProto(name=name, data_type=TensorProto.FLOAT, dims=[size], data_location=TensorProto.EXTERNAL)
+    for key, value in fields:
+        entry = tensor.external_data.add()
+        entry.key, entry.value = key, value
+    model.graph.initializer.append(tensor)
+    model.graph.node[-1].output[0] = "y0"
+    model.graph.node.extend([helper.make_node("ReduceSum", [name], ["s"], "sum", keepdims=0),
+                             helper.make_node("Add", ["y0", "s"], ["y"], "add")])
+    return model
+
+
 def short_length(d: Path) -> None:
     """``ext/m.onnx``: a 64-float tensor whose file holds 256 bytes but whose length entry says 100."""
     (d / "ext").mkdir()
-    model = float_net()
-    t = onnx.TensorProto(name="c64", data_type=TensorProto.FLOAT, dims=[64], data_location=TensorProto.EXTERNAL)
-    for key, value in (("location", "c.bin"), ("offset", "0"), ("length", "100")):
-        entry = t.external_data.add()
-        entry.key, entry.value = key, value
-    model.graph.initializer.append(t)
-    model.graph.node[-1].output[0] = "y0"
-    model.graph.node.extend([helper.make_node("ReduceSum", ["c64"], ["s"], "sum", keepdims=0),
-                             helper.make_node("Add", ["y0", "s"], ["y"], "add")])
+    model = _summed_external("c64", 64, (("location", "c.bin"), ("offset", "0"), ("length", "100")))
     (d / "ext" / "c.bin").write_bytes(np.ones(64, np.float32).tobytes())
     onnx.save(model, str(d / "ext" / "m.onnx"))
 
