@@ -23,7 +23,9 @@ def export_model(graph: gs.Graph, store: WeightStore | None = None, consume: boo
     ``store``, every large weight (a source proto's or an array) goes into the store's file instead, and the
     model refers to it there (:mod:`trt_bridge.ir.store`); a weight derived from compact values
     (:mod:`trt_bridge.ir.derived`) gets a range of the store's file it fills only once a session needs it.
-    ``consume``: the graph is not used after the export; each large weight's bytes leave it once copied."""
+    ``consume``: the graph is not used after the export (its large constants are left weightless); each large
+    weight's bytes leave it once copied into the model (protobuf frees a TensorProto's bytes only with the whole
+    TensorProto: clearing its ``raw_data`` freed nothing), so the weights are held about once, not twice."""
     swapped = {}
     for tensor in graph.tensors().values():
         values = getattr(tensor, "_values", None)
@@ -42,6 +44,8 @@ def export_model(graph: gs.Graph, store: WeightStore | None = None, consume: boo
         elif store is not None and isinstance(values, np.ndarray) and values.nbytes >= store.MIN_BYTES \
                 and storable(values.dtype):
             data_type = onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
+        elif consume and isinstance(values, np.ndarray) and values.nbytes >= BIG_CONSTANT and values.dtype != object:
+            data_type = onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
         else:
             continue
         stand_in = onnx.TensorProto(name=tensor.name, data_type=data_type, dims=values.shape)
@@ -50,12 +54,14 @@ def export_model(graph: gs.Graph, store: WeightStore | None = None, consume: boo
     try:
         model = gs.export_onnx(graph)
     finally:
-        for tensor, values in swapped.values():
-            tensor._values = values
+        if not consume:
+            for tensor, values in swapped.values():
+                tensor._values = values
     for init in model.graph.initializer:
         if init.name not in swapped:
             continue
-        tensor, values = swapped[init.name]
+        # consumed: the graph keeps the stand-in, and each weight's own copy goes as soon as the model has it
+        tensor, values = swapped.pop(init.name) if consume else swapped[init.name]
         if isinstance(values, DerivedValues):
             if store is not None:
                 store.put_derived(init, values)  # computed when a session needs them, if ever
@@ -65,10 +71,14 @@ def export_model(graph: gs.Graph, store: WeightStore | None = None, consume: boo
             source = values.tensor if isinstance(values, LazyValues) else None
             store.put(init, source.raw_data if source is not None and source.HasField("raw_data")
                       else np.asarray(values.load() if source is not None else values))
+        elif isinstance(values, np.ndarray):  # (consumed only: see above)
+            init.CopyFrom(onnx.numpy_helper.from_array(values, tensor.name))
         else:
             init.CopyFrom(values.tensor)
             init.name = tensor.name
-            if consume:  # the graph goes after this export: its copy of the bytes need not wait for it
-                values.tensor.ClearField("raw_data")
+        del values
+    if consume:
+        for tensor, values in swapped.values():  # (none: every stand-in is an initializer)
+            tensor._values = values
     return model
 

@@ -10,7 +10,7 @@ from trt_bridge.errors import InternalError, UnsupportedPatternError
 from trt_bridge.ir.dynamic_gemm import DOMAIN as PLUGIN_DOMAIN
 from trt_bridge.ir.model import MIN_QDQ_OPSET
 from trt_bridge.ir.size import is_large
-from trt_bridge.ir.types import infer_shapes
+from trt_bridge.ir.types import infer_shapes, skeleton
 
 
 def finalize(model: onnx.ModelProto, opset: int, check: bool = False, min_opset: int = MIN_QDQ_OPSET,
@@ -41,8 +41,8 @@ def finalize(model: onnx.ModelProto, opset: int, check: bool = False, min_opset:
         return model  # protobuf cannot hold a large one for in-memory checks; checked from disk after saving
     try:
         model = infer_shapes(model, strict=check)
-        if check:
-            onnx.checker.check_model(model, full_check=True)
+        if check:  # on the weightless skeleton: the checker copies a model it is given twice (into C++, parsed)
+            onnx.checker.check_model(skeleton(model), full_check=True)
     except Exception as exc:  # the output contract failed: a trt-bridge bug, not the user's
         raise InternalError(f"the converted model fails ONNX's strict checks: {str(exc).strip()}. "
                             "Please report this with the input model.") from exc

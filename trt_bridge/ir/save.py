@@ -67,8 +67,59 @@ def _stage_model(model: onnx.ModelProto, path: Path, outputs: Outputs, protect: 
     if external:
         onnx.save_model(write_external_data(model, staged.parent, data_name), str(staged))
     else:
-        onnx.save_model(model, str(staged))
+        write_streamed(model, staged)
     return staged
+
+
+#: GraphProto's ``initializer`` and ModelProto's ``graph`` fields as length-delimited protobuf tags (field 5 and 7,
+#: wire type 2)
+_INITIALIZER_TAG, _GRAPH_TAG = bytes([5 << 3 | 2]), bytes([7 << 3 | 2])
+
+
+def _varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        out.append(low | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def write_streamed(model: onnx.ModelProto, path: Path) -> None:
+    """Write ``model`` to ``path`` as ``onnx.save_model`` would, without serializing it whole: the model and graph
+    without their initializers first, then each initializer as its own field, one tensor in memory at a time
+    (``SerializeToString`` of a 0.75 GB decoder held a second 0.75 GB copy). Protobuf reads a message's fields in
+    any order, so ``onnx.load`` gives back an equal model; the bytes differ from ``save_model``'s in the order of
+    the fields only, and the same model gives the same bytes."""
+    if not model.graph.initializer:
+        onnx.save_model(model, str(path))
+        return
+    head, graph = _fields_but(model, onnx.ModelProto(), "graph"), _fields_but(model.graph, onnx.GraphProto(),
+                                                                               "initializer")
+    graph_bytes = graph.SerializeToString()
+    sizes = [t.ByteSize() for t in model.graph.initializer]
+    length = len(graph_bytes) + sum(len(_INITIALIZER_TAG) + len(_varint(n)) + n for n in sizes)
+    with open(path, "wb") as out:
+        out.write(head.SerializeToString())
+        out.write(_GRAPH_TAG + _varint(length))
+        out.write(graph_bytes)
+        for tensor, size in zip(model.graph.initializer, sizes):
+            out.write(_INITIALIZER_TAG + _varint(size))
+            out.write(tensor.SerializeToString())
+
+
+def _fields_but(message, into, skipped: str):
+    """``into`` given every field ``message`` has set but ``skipped`` (their contents copied)."""
+    for field, value in message.ListFields():
+        if field.name == skipped:
+            continue
+        if getattr(field, "is_repeated", None) or getattr(field, "label", None) == 3:  # (3: LABEL_REPEATED)
+            getattr(into, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(into, field.name).CopyFrom(value)
+        else:
+            setattr(into, field.name, value)
+    return into
 
 
 def write_external_data(model: onnx.ModelProto, folder: Path, location: str, threshold: int = 1024,

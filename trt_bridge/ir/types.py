@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 
 from trt_bridge.formats import FP4, FP8, code_types
-from trt_bridge.ir.size import payload_bytes
+from trt_bridge.ir.size import payload_bytes, tensor_bytes
 
 
 def infer_shapes(model: onnx.ModelProto, strict: bool = False) -> onnx.ModelProto:
@@ -114,7 +114,7 @@ def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     graph.value_info.extend(model.graph.value_info)
     declared = {i.name for i in model.graph.input}
     for tensor in model.graph.initializer:
-        if len(tensor.raw_data) > 1024 or tensor.data_location == onnx.TensorProto.EXTERNAL:
+        if tensor_bytes(tensor) > 1024 or tensor.data_location == onnx.TensorProto.EXTERNAL:
             if tensor.name not in declared:
                 graph.input.append(onnx.helper.make_tensor_value_info(tensor.name, tensor.data_type,
                                                                       list(tensor.dims)))

@@ -82,6 +82,18 @@ class LiftContext:
         return const
 
 
+def detach(node: gs.Node) -> None:
+    """Disconnect ``node`` (rewritten: nothing reads it) from its inputs, and let go of the loaded values of the
+    constants only it read. onnx-graphsurgeon's tensors and their input/output lists refer to each other, so a dead
+    constant is cyclic garbage, freed only when Python's cyclic collector runs: its values (a loaded copy of the
+    source's bytes) stayed while a rule rewrote every other weight (0.49 GB of a 0.85 B int4 decoder)."""
+    read = [t for t in node.inputs if isinstance(t, gs.Constant)]
+    node.inputs.clear()
+    for const in read:
+        if not const.outputs and isinstance(const.values, np.ndarray):
+            const.values = np.zeros((0,) * const.values.ndim, const.values.dtype)
+
+
 def digest(values: np.ndarray) -> str:
     """A short fingerprint of an array's values (its bytes, without a copy), for :meth:`LiftContext.constant`'s keys
     where the scales alone do not tell two weights apart."""

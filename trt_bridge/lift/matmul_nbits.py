@@ -48,7 +48,7 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import ScaleSource, Site, WeightSpec
 from trt_bridge.formats import INT4
-from trt_bridge.lift.base import NOT_MINE, LiftContext
+from trt_bridge.lift.base import NOT_MINE, LiftContext, detach
 from trt_bridge.lift.scale_algebra import constant_values
 from trt_bridge.lift.shifted_blocks import lift_shifted_matmul, shifted_blocks
 from trt_bridge.lift.weights import lift_block_weight
@@ -191,6 +191,7 @@ class MatMulNBits:
             lift_shifted_matmul(ctx, node_mm, node.inputs[1], shifted, match.block, node.name, ftype)
         if match.bias is not None:
             ctx.graph.nodes.append(gs.Node("Add", ctx.names(f"{base}/bias"), {}, [out, match.bias], [y]))
+        detach(node)  # the packed codes and scales its match loaded go now, not at Python's next cyclic collection
 
     @staticmethod
     def _pad_k(ctx: LiftContext, a: gs.Tensor, padding: int, base: str) -> gs.Tensor:

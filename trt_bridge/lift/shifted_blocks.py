@@ -25,18 +25,33 @@ from trt_bridge.lift.base import LiftContext, digest
 from trt_bridge.lift.int4_blocks import OffsetBlocks, int4_offset_blocks
 from trt_bridge.lift.weights import dequantize
 
+#: output channels worked on at a time: the int16 (or float64) copies of a decoder's lm_head (2048 × 32000) were
+#: 0.5 GB at once
+COLUMNS = 4096
+
 
 def shifted_blocks(values: np.ndarray, zero_point: np.ndarray, scale: np.ndarray, block: int) -> OffsetBlocks | None:
     """A [K, N] block weight (codes ``values``, ``zero_point`` and ``scale`` [K/b, N], blocks along K) as exact int4
     codes plus a shift per block, where some block does not fit int4 as it is; None where every block fits (or
-    one cannot be shifted into int4: 8-bit codes)."""
-    zp = broadcast_param(zero_point, values.shape, 0, block)
-    if np.issubdtype(np.asarray(zero_point).dtype, np.floating):
-        centred = values.astype(np.float64) - np.asarray(zp, np.float64)
-    else:
-        centred = values.astype(np.int16) - np.asarray(zp).astype(np.int16)
-    shifted = int4_offset_blocks(centred, scale, block, 0)
-    return None if shifted is None or not np.any(shifted.offset) else shifted
+    one cannot be shifted into int4: 8-bit codes). Worked out :data:`COLUMNS` output channels at a time."""
+    parts = []
+    for start in range(0, max(values.shape[1], 1), COLUMNS):
+        cols = slice(start, start + COLUMNS)
+        zp = broadcast_param(zero_point[:, cols] if np.ndim(zero_point) == 2 else zero_point, values[:, cols].shape,
+                             0, block)
+        if np.issubdtype(np.asarray(zero_point).dtype, np.floating):
+            centred = values[:, cols].astype(np.float64) - np.asarray(zp, np.float64)
+        else:
+            centred = values[:, cols].astype(np.int16) - np.asarray(zp).astype(np.int16)
+        part = int4_offset_blocks(centred, scale[:, cols], block, 0)
+        if part is None:
+            return None
+        parts.append(part)
+    if not any(np.any(p.offset) for p in parts):
+        return None
+    if len(parts) == 1:
+        return parts[0]
+    return OffsetBlocks(*(np.concatenate([getattr(p, f) for p in parts], axis=1) for f in ("codes", "scale", "offset")))
 
 
 def lift_shifted_matmul(ctx: LiftContext, matmul: gs.Node, source: gs.Tensor, shifted: OffsetBlocks, block: int,

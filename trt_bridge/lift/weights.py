@@ -63,11 +63,19 @@ def lift_block_weight(ctx: LiftContext, tensor: gs.Tensor, values: np.ndarray, z
     along = block_axis(axis, values.ndim)
     key = ("block-weight", tensor.name, digest(scale), digest(zero_point), np.dtype(ftype).name)
     base = tensor.name.removesuffix("_quantized") or origin
-    const = ctx.constant(f"{base}_float", lambda: _block_floats(values, zero_point, scale, along, block, ftype), key,
-                         values.shape, ftype)  # computed only if read: lowering writes the codes
-    spec = ctx.annotations.weights.get(const.name)
+    seen = ctx.constants.get(key)
+    found = None if seen is not None and seen.name in ctx.annotations.weights else \
+        int4_blocks(_centred(values, zero_point, along, block), scale, block, along)
+    if found is not None and not found.inexact:  # the kept codes are the weight: the source's codes can go
+        def compute() -> np.ndarray:
+            return dequantize(found.codes, found.scale, along, block).astype(ftype)
+    else:
+        def compute() -> np.ndarray:
+            return _block_floats(values, zero_point, scale, along, block, ftype)
+    const = ctx.constant(f"{base}_float", compute, key, values.shape, ftype)  # computed only if read: lowering
+    spec = ctx.annotations.weights.get(const.name)                             # writes the codes
     if spec is None:
-        found = int4_blocks(_centred(values, zero_point, along, block), scale, block, along)
+        found = found or int4_blocks(_centred(values, zero_point, along, block), scale, block, along)
         codes = numpy_code_format(values.dtype)
         if not found.inexact or (codes is not None and codes.nearest is INT4):
             spec = WeightSpec(const.name, [], axis, origin, codes=found.codes, scale=found.scale, format=INT4,
