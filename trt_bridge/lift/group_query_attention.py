@@ -19,10 +19,20 @@ inputs and outputs, so the user's generation loop drives the converted model unc
              y = grouped attention of q over present_key/value, mask: key j < past[b] + s + 1
                  [and j ≥ past[b] + s + 1 − local_window_size]
 
+A window cache (``sliding_window_cache=1``, onnxruntime-genai's Mistral export) holds C rows at every step
+(C = past_key's length ≥ local_window_size W) and evicts internally; it is written with
+``lift/window_cache.py``::
+
+    Before:  … past_key, past_value [B, Nkv, C, H] ─ GroupQueryAttention(sliding_window_cache=1, local_window_size W)
+    After:   past[b] = seqlens_k[b] + 1 − S  (onnxruntime refuses a right-padded first prompt here)
+             keys = Concat(past_key, k), values likewise; mask over their positions: the last W up to the query's
+             present_key/value = the L(past[b] + S) most recent positions at rows [0, L), zeros beyond
+
 A query row beyond its batch entry's length (right padding) is undefined in onnxruntime and written as the
 mask leaves it. Declined, with the reason: the attributes and inputs onnxruntime added for other models
 (smooth_softmax, head_sink, attention_bias, position_ids, quantized caches, q/k norms, query_seqlens, causal=0,
-the qk output), a cache of another type than the queries, and heads the query width does not split into.
+the qk output), a cache of another type than the queries, heads the query width does not split into, and a window
+cache without a window or without past inputs.
 """
 
 from __future__ import annotations
