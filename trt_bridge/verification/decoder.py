@@ -5,7 +5,8 @@ The inputs the generation loop of ``verify`` drives (onnxruntime-genai's and Opt
     input_ids            [batch, seq]             int64 (or int32)
     attention_mask       [batch, past + seq]      ones, one longer each step
     position_ids         [batch, seq]             optional: the positions of the new tokens
-    past_key_values.N.key / .value  [batch, kv_heads, past, head]   the cache; empty (past 0) at prefill
+    past_key_values.N.key / .value  [batch, kv_heads, past, head]   the cache; empty (past 0) at prefill (a
+                                             window cache, ``past_sliding_length``: its capacity at every step)
     use_cache_branch     [1] bool                 optional: Optimum's merged If (False at prefill, True after)
 
 and its outputs ``logits`` [batch, seq, vocab] and ``present.N.key`` / ``.value`` (fed back as the pasts).
