@@ -280,3 +280,16 @@ def test_cache_declines_name_their_reason(change, reason):
 
 def test_the_cache_free_rule_leaves_a_cache_to_the_past_rule():
     assert declined(_past_model(None), OrtMultiHeadAttention(), "mha") == ""  # NOT_MINE: not reported
+
+
+def test_past_rule_writes_standard_onnx():
+    source = _past_model("lengths")
+    out, _ = lifted(source, (OrtMultiHeadAttentionPast(), "mha"))
+    # the projections, the packed bias split and added, heads, the cache Concats, scores, the key lengths' mask over
+    # all keys, the causal exclusion aligned for the past, softmax, context
+    assert ops_left(out) == ["Add", "Add", "Add", "Add", "Cast", "Concat", "Concat", "Gather", "Gather", "Greater",
+                             "Less", "MatMul", "MatMul", "MatMul", "MatMul", "MatMul", "Mul", "Range", "Range",
+                             "Reshape", "Reshape", "Reshape", "Reshape", "Shape", "Shape", "Softmax", "Split",
+                             "Transpose", "Transpose", "Transpose", "Transpose", "Transpose", "Unsqueeze", "Unsqueeze",
+                             "Unsqueeze", "Unsqueeze", "Where", "Where"]
+    assert_same_outputs(source, out, [_past_feed("lengths", *STEPS["decode"])])
