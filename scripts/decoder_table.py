@@ -42,7 +42,7 @@ sys.path.insert(0, str(ROOT))
 import trt_bridge  # noqa: E402
 from trt_bridge.ir.decoder import config_dims, is_past  # noqa: E402
 from trt_bridge.tensorrt.build import build  # noqa: E402
-from trt_bridge.tensorrt.decoder_profiles import decoder_profiles, model_inputs_shapes  # noqa: E402
+from trt_bridge.tensorrt.decoder_profiles import decoder_profiles, model_inputs_shapes, window_pasts  # noqa: E402
 from trt_bridge.tensorrt.options import BuildOptions  # noqa: E402
 
 PROMPTS, STEPS = 4, 32
@@ -165,7 +165,8 @@ def generation(reference: Path, candidate: Path) -> dict:
 
 def builds(model: Path) -> dict:
     found = {}
-    for profile in decoder_profiles(model_inputs_shapes(onnx.load(str(model), load_external_data=False))):
+    inputs = model_inputs_shapes(onnx.load(str(model), load_external_data=False))
+    for profile in decoder_profiles(inputs, window_pasts(model, inputs)):
         name = profile.name
         with tempfile.TemporaryDirectory() as tmp:
             start = time.perf_counter()

@@ -5,7 +5,9 @@ in ``build`` and in ``check``'s costs build; a model that builds for one and not
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
+import onnx
 import pytest
 from decoder_models import decoder
 from helpers import save
@@ -15,7 +17,7 @@ from trt_bridge.checks import CheckOptions, check_model
 from trt_bridge.cli.common import profiles_from_args
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.ir.decoder import is_past
-from trt_bridge.tensorrt.decoder_profiles import decoder_profiles
+from trt_bridge.tensorrt.decoder_profiles import decoder_profiles, model_inputs_shapes, window_pasts
 
 pytest.importorskip("tensorrt_rtx")
 
@@ -89,3 +91,16 @@ def test_check_takes_build_shape_flags(models):
     assert report["costs"] is not None and report["costs"]["profiles"] == []
     with pytest.raises(TrtBridgeError, match="each profile needs all three"):  # build's rules, shared
         profiles_from_args(None, [["input_ids:1x1"]], [["input_ids:1x2"]], None)
+
+
+def test_a_window_cache_holds_its_capacity_at_both_profiles():
+    """onnxruntime-genai's Mistral (``past_sliding_length``): its pasts are never 0 rows and are no part of the mask."""
+    prefill, decode = decoder_profiles(INPUTS, frozenset({"past_key_values.0.key", "past_key_values.0.value"}))
+    assert prefill.shapes["past_key_values.0.key"] == ((1, 2, 1, 8), (1, 2, 128, 8), (1, 2, 512, 8))
+    assert prefill.shapes["attention_mask"] == ((1, 1), (1, 16), (1, 128))
+    assert decode.shapes["past_key_values.0.value"] == ((1, 2, 1, 8), (1, 2, 128, 8), (1, 2, 512, 8))
+    assert decode.shapes["attention_mask"] == ((1, 2), (1, 129), (1, 513))
+    mistral = Path(__file__).parent / "data" / "decoders" / "mistral-genai-cpu-int4" / "model.onnx"
+    inputs = model_inputs_shapes(onnx.load(str(mistral), load_external_data=False))
+    assert window_pasts(mistral, inputs) == {f"past_key_values.{i}.{kv}" for i in (0, 1) for kv in ("key", "value")}
+    assert window_pasts(mistral, {"x": (-1, 3)}) == frozenset()  # no past: the model is not read

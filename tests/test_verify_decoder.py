@@ -184,3 +184,21 @@ def test_real_exports(tmp_path):
     assert 0.5 < int4.token_agreement < 1 and 10 < int4.logits_snr_db < 25
     shutil.copy(REAL["fp32"], tmp_path / "m.onnx")  # no config beside it: the shapes are declared
     assert _verify(tmp_path / "m.onnx", REAL["merged-int4"], steps=2).generation.steps == 2
+
+
+def test_a_window_cache_is_fed_its_capacity(tmp_path):
+    """onnxruntime-genai's Mistral (``sliding_window_cache``, past length ``past_sliding_length``): onnxruntime
+    refuses a window cache of fewer rows than the window (8), so both loops feed 8 rows from the prefill on (the
+    converted model, with no attention node left and no config beside it, takes the source's)."""
+    from trt_bridge.api import convert
+
+    source = DATA / "mistral-genai-cpu-int4" / "model.onnx"
+    header = onnx.load(str(source), load_external_data=False)
+    shapes = empty_cache_shapes(header, source, decoder_signature(header))
+    assert shapes["past_key_values.1.value"] == (1, 2, 8, 16)
+    out = tmp_path / "converted" / "model.onnx"
+    convert(source, out, quiet=True, skip_check=True)
+    converted = onnx.load(str(out), load_external_data=False)
+    assert empty_cache_shapes(converted, out, decoder_signature(converted), fallback=shapes) == shapes
+    result = _verify(source, out, prompts=2, steps=12).generation  # prompts of 16: past the window
+    assert result.token_agreement == 1.0 and result.logits_snr_db > 30  # 38.6 dB: the source rounds to int8

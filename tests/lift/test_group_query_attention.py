@@ -2,7 +2,8 @@
 (``lift/group_query_attention.py``), against onnxruntime running the fused node: a first prompt with right
 padding, decode steps with a past, a subsequent prompt, packed Q/K/V, interleaved and partial rotary, a sliding
 window, softcap; the cache outputs keep their names and values; TensorRT-RTX parses and builds the result at a
-prefill and a decode profile; each decline names its reason.
+prefill and a decode profile; each decline names its reason. A window cache (``sliding_window_cache=1``) over
+generation loops past its window and capacity, and onnxruntime-genai's real Mistral export with it.
 
 The model is wired as onnxruntime-genai's builder wires it: ``seqlens_k = ReduceSum(attention_mask) − 1`` and
 ``total_sequence_length = Shape(attention_mask)[1]``, both int32::
@@ -223,3 +224,177 @@ def test_a_past_whose_heads_disagree_is_declined():
     past = next(i for i in model.graph.input if i.name == "past_key")
     past.type.tensor_type.shape.dim[1].dim_value = NKV + 1
     assert "past 'past_key' has shape" in declined(model, GroupQueryAttention(), "gqa")
+
+
+# --- sliding_window_cache=1: the past and present hold a window of keys (onnxruntime-genai's Mistral) -------------
+
+def resident(count: int, capacity: int, window: int) -> int:
+    """L(count): the positions a window cache of ``capacity`` rows holds (onnxruntime's operator description)."""
+    step = capacity - window + 1
+    return count if count <= capacity else count - step * -(-(count - capacity) // step)
+
+
+def _window_loop(model, out, capacity, window, masks, seed):
+    """Both models driven over ``masks`` (one a step, each as long as all positions so far), each fed its own
+    present back; every step's output and the resident rows [0, L) of the presents agree; the rows beyond are zeros
+    in the lifted model (onnxruntime leaves them unspecified)."""
+    from trt_bridge.runtime.session import session
+
+    rng = np.random.default_rng(seed)
+    sessions = session(model), session(out)
+    batch = len(masks[0])
+    start = rng.normal(size=(batch, NKV, capacity, H)).astype(np.float32)  # what the rows held before: never read
+    caches = [(start, start), (start, start)]
+    seen = 0
+    for mask in masks:
+        mask = np.asarray(mask, np.int64)
+        new, seen = mask.shape[1] - seen, mask.shape[1]
+        feed = {"q": rng.normal(size=(batch, new, N * H)).astype(np.float32),
+                "k": rng.normal(size=(batch, new, NKV * H)).astype(np.float32),
+                "v": rng.normal(size=(batch, new, NKV * H)).astype(np.float32), "attention_mask": mask}
+        (y, *want), (got_y, *got) = (s.run(None, {**feed, "past_key": c[0], "past_value": c[1]})
+                                     for s, c in zip(sessions, caches))
+        np.testing.assert_allclose(got_y, y, rtol=1e-4, atol=1e-5)
+        for b, total in enumerate(mask.sum(axis=1)):
+            kept = resident(int(total), capacity, window)
+            for w, g in zip(want, got):
+                np.testing.assert_allclose(g[b, :, :kept], w[b, :, :kept], rtol=1e-4, atol=1e-5)
+                assert not g[b, :, kept:].any()
+        caches = [tuple(want), tuple(got)]
+
+
+def _masks(batch, prompt, steps):
+    masks = [[[1] * prompt] * batch]
+    for new in steps:
+        masks.append([row + [1] * new for row in masks[-1]])
+    return masks
+
+
+@pytest.mark.parametrize(("capacity", "steps"), [(4, [1] * 9), (6, [1] * 9), (7, [4, 1, 1, 6, 1, 9, 1])],
+                         ids=["capacity-window", "slack", "multi-token"])
+def test_a_window_cache_over_a_generation_loop(capacity, steps):
+    """Prefill then steps past the window (4) and past the capacity: evictions of C − W + 1 rows at once."""
+    model = gqa_model(local_window_size=4, sliding_window_cache=1)
+    out, _ = lifted(model, (GroupQueryAttention(), "gqa"))
+    # the cache is Concat and GatherElements (no Pad: it never grows), the resident counts integer Div/Mul
+    assert set(ops_left(out)) == {
+        "Add", "And", "Cast", "Concat", "Div", "Equal", "Expand", "Gather", "GatherElements", "Greater", "Less",
+        "LessOrEqual", "MatMul", "Max", "Min", "Mul", "Not", "Or", "Range", "ReduceSum", "Reshape", "Shape", "Slice",
+        "Softmax", "Split", "Sub", "Transpose", "Unsqueeze", "Where"}
+    assert [o.name for o in out.graph.output] == [o.name for o in model.graph.output]
+    _window_loop(model, out, capacity, 4, _masks(1, 3, steps), seed=capacity)
+
+
+def test_a_window_cache_with_a_ragged_batch():
+    """Two entries whose totals differ (entry 1 re-runs a position, as a rollback does): each its own layout."""
+    model = gqa_model(local_window_size=4, sliding_window_cache=1)
+    out, _ = lifted(model, (GroupQueryAttention(), "gqa"))
+    masks = [[[1] * 5] * 2, [[1] * 6, [1] * 5 + [0]]]
+    for _ in range(8):
+        masks.append([row + [1] for row in masks[-1]])
+    _window_loop(model, out, 6, 4, masks, seed=11)
+
+
+def test_resident_rows_follow_onnxruntimes_formula():
+    assert [resident(t, 6, 4) for t in range(1, 13)] == [1, 2, 3, 4, 5, 6, 4, 5, 6, 4, 5, 6]
+    assert [resident(t, 4, 4) for t in (3, 4, 5, 9)] == [3, 4, 4, 4]
+
+
+@pytest.mark.parametrize(("changes", "reason"), [
+    ({"sliding_window_cache": 1}, "sliding_window_cache=1 without a local_window_size > 0"),
+    ({"sliding_window_cache": 2, "local_window_size": 4}, "sliding_window_cache=2 is not 0 or 1"),
+])
+def test_window_cache_declines_name_their_reason(changes, reason):
+    assert reason in declined(_with(gqa_model(), **changes), GroupQueryAttention(), "gqa")
+
+
+def test_a_window_cache_without_a_past_is_declined():
+    model = gqa_model(past=False, local_window_size=4, sliding_window_cache=1)
+    assert "without past_key and past_value" in declined(model, GroupQueryAttention(), "gqa")
+
+
+def test_lifted_window_cache_builds_in_tensorrt_at_prefill_and_decode(tmp_path):
+    out, _ = lifted(gqa_model(local_window_size=4, sliding_window_cache=1), (GroupQueryAttention(), "gqa"))
+    path = save(out, tmp_path / "gqa_window.onnx")
+    cache = ((1, NKV, 4, H), (1, NKV, 8, H), (2, NKV, 64, H))  # the capacity: the window or more, at every step
+    assert_builds_at(path, {
+        "prefill": {"q": ((1, 1, N * H), (1, 16, N * H), (2, 128, N * H)),
+                    "k": ((1, 1, NKV * H), (1, 16, NKV * H), (2, 128, NKV * H)),
+                    "v": ((1, 1, NKV * H), (1, 16, NKV * H), (2, 128, NKV * H)),
+                    "past_key": cache, "past_value": cache, "attention_mask": ((1, 1), (1, 16), (2, 128))},
+        "decode": {"q": ((1, 1, N * H),) * 2 + ((2, 1, N * H),), "k": ((1, 1, NKV * H),) * 2 + ((2, 1, NKV * H),),
+                   "v": ((1, 1, NKV * H),) * 2 + ((2, 1, NKV * H),),
+                   "past_key": cache, "past_value": cache, "attention_mask": ((1, 2), (1, 33), (2, 513))},
+    })
+
+
+MISTRAL = Path(__file__).resolve().parents[1] / "data" / "decoders" / "mistral-genai-cpu-int4" / "model.onnx"
+MISTRAL_WINDOW, MISTRAL_HEADS, MISTRAL_HEAD = 8, 2, 16  # its genai_config.json
+
+
+@pytest.fixture(scope="module")
+def mistral(tmp_path_factory):
+    """onnxruntime-genai 0.18's Mistral CPU int4 export (window 8) at MatMulNBits accuracy_level 0 (level 4 rounds
+    activations to int8: the weights are kept exactly, so that is the reference), and its conversion."""
+    from trt_bridge.api import convert
+
+    root = tmp_path_factory.mktemp("mistral")
+    source = onnx.load(str(MISTRAL))
+    for node in source.graph.node:
+        for attr in node.attribute:
+            if node.op_type == "MatMulNBits" and attr.name == "accuracy_level":
+                attr.i = 0
+    source_path = save(source, root / "source.onnx")
+    out = root / "converted" / "model.onnx"
+    report = convert(MISTRAL, out, quiet=True, skip_check=True)
+    fired = {r["rule"]: len(r["nodes"]) for r in report.to_dict()["rules"]}
+    assert fired["group-query-attention"] == 2, report.summary()
+    return source_path, out
+
+
+def test_the_real_mistral_window_cache_generates_like_its_source(mistral):
+    """Prefill 6 tokens, then 18 greedy steps (positions to 24: three times the window) with the window cache of 8
+    rows (onnxruntime-genai's NvTensorRtRtx size; the CPU one is max_length) and of 12 (evictions of 5 rows): the
+    converted model's logits and the resident rows of every present track the source's."""
+    from trt_bridge.runtime.session import session
+
+    source, converted = mistral
+    model = onnx.load(str(converted))
+    assert not [n.op_type for n in model.graph.node if n.domain not in ("", "ai.onnx")]
+    assert [i.name for i in model.graph.input] == [i.name for i in onnx.load(str(source)).graph.input]
+    sessions = session(source), session(converted)
+    names = [o.name for o in sessions[0].get_outputs()]
+    assert names == [o.name for o in sessions[1].get_outputs()]
+    worst = np.inf
+    for capacity in (MISTRAL_WINDOW, 12):
+        empty = np.zeros((1, MISTRAL_HEADS, capacity, MISTRAL_HEAD), np.float32)
+        caches = [dict.fromkeys([n for n in names if n.startswith("present")], empty) for _ in sessions]
+        ids = np.array([[5, 17, 42, 99, 7, 150]], np.int64)
+        total = 0
+        for _ in range(19):
+            total += ids.shape[1]
+            runs = []
+            for sess, cache in zip(sessions, caches):
+                feed = {"input_ids": ids, "attention_mask": np.ones((1, total), np.int64),
+                        **{n.replace("present", "past_key_values"): v for n, v in cache.items()}}
+                runs.append(dict(zip(names, sess.run(None, feed))))
+            want, got = runs
+            error = got["logits"] - want["logits"]
+            worst = min(worst, 10 * np.log10(np.sum(want["logits"] ** 2) / max(np.sum(error ** 2), 1e-30)))
+            kept = resident(total, capacity, MISTRAL_WINDOW)
+            for name in caches[0]:
+                np.testing.assert_allclose(got[name][:, :, :kept], want[name][:, :, :kept], rtol=1e-4, atol=1e-5)
+            caches = [{n: r[n] for n in caches[0]} for r in runs]
+            ids = want["logits"][:, -1:].argmax(-1)
+            assert got["logits"][0, -1].argmax() == ids[0, 0]
+    assert worst > 100  # measured 125.2 dB at the lowest step (the INT4 weights kept exactly)
+
+
+def test_the_converted_mistral_builds_at_prefill_and_decode(mistral):
+    cache = ((1, MISTRAL_HEADS, MISTRAL_WINDOW, MISTRAL_HEAD),) * 2 + ((1, MISTRAL_HEADS, 64, MISTRAL_HEAD),)
+    caches = {f"past_key_values.{layer}.{kv}": cache for layer in (0, 1) for kv in ("key", "value")}
+    assert_builds_at(mistral[1], {
+        "prefill": {"input_ids": ((1, 1), (1, 16), (1, 128)), "attention_mask": ((1, 1), (1, 16), (1, 128)),
+                    **caches},
+        "decode": {"input_ids": ((1, 1),) * 3, "attention_mask": ((1, 2), (1, 129), (1, 513)), **caches},
+    })

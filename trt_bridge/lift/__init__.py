@@ -30,6 +30,7 @@ from trt_bridge.lift.matmul_bnb4 import MatMulBnb4
 from trt_bridge.lift.matmul_nbits import MatMulNBits
 from trt_bridge.lift.ort_attention import OrtAttention
 from trt_bridge.lift.ort_multihead_attention import OrtMultiHeadAttention
+from trt_bridge.lift.ort_multihead_attention_past import OrtMultiHeadAttentionPast
 from trt_bridge.lift.ort_rotary_embedding import OrtRotaryEmbedding
 from trt_bridge.lift.qattention import QAttention
 from trt_bridge.lift.qdq_pair import QDQPair
@@ -48,7 +49,8 @@ from trt_bridge.lift.scale_through_movement import ScaleThroughMovement
 #: Add left after a lifted Conv is folded into it.
 LIFT_RULES: tuple[LiftRule, ...] = (
     DynamicIntegerOp(), DynamicQuantizeLSTM(), FusedDynamicMatMul(), FusedMatMul(), MatMulNBits(), MatMulBnb4(),
-    QOperatorOps(), QAttention(), OrtAttention(), OrtMultiHeadAttention(), GroupQueryAttention(), OrtRotaryEmbedding(),
+    QOperatorOps(), QAttention(), OrtAttention(), OrtMultiHeadAttention(), OrtMultiHeadAttentionPast(),
+    GroupQueryAttention(), OrtRotaryEmbedding(),
     QEmbedLayerNorm(), OrtEmbedLayerNorm(),
     IntegerPassThrough(), DynamicPassThrough(), DequantizeGathered(), DequantizeConstant(), QDQPair(),
     BlockQuantizeDequantize(), ScaleThroughMovement(), FoldConvBias(),

@@ -19,10 +19,20 @@ inputs and outputs, so the user's generation loop drives the converted model unc
              y = grouped attention of q over present_key/value, mask: key j < past[b] + s + 1
                  [and j ≥ past[b] + s + 1 − local_window_size]
 
+A window cache (``sliding_window_cache=1``, onnxruntime-genai's Mistral export) holds C rows at every step
+(C = past_key's length ≥ local_window_size W) and evicts internally; it is written with
+``lift/window_cache.py``::
+
+    Before:  … past_key, past_value [B, Nkv, C, H] ─ GroupQueryAttention(sliding_window_cache=1, local_window_size W)
+    After:   past[b] = seqlens_k[b] + 1 − S  (onnxruntime refuses a right-padded first prompt here)
+             keys = Concat(past_key, k), values likewise; mask over their positions: the last W up to the query's
+             present_key/value = the L(past[b] + S) most recent positions at rows [0, L), zeros beyond
+
 A query row beyond its batch entry's length (right padding) is undefined in onnxruntime and written as the
 mask leaves it. Declined, with the reason: the attributes and inputs onnxruntime added for other models
 (smooth_softmax, head_sink, attention_bias, position_ids, quantized caches, q/k norms, query_seqlens, causal=0,
-the qk output), a cache of another type than the queries, and heads the query width does not split into.
+the qk output), a cache of another type than the queries, heads the query width does not split into, and a window
+cache without a window or without past inputs.
 """
 
 from __future__ import annotations
@@ -45,6 +55,7 @@ from trt_bridge.lift.kv_attention import (
     update_cache,
 )
 from trt_bridge.lift.ort_multihead_attention import hidden_size
+from trt_bridge.lift.window_cache import window_step
 
 MS = "com.microsoft"
 
@@ -52,8 +63,7 @@ MS = "com.microsoft"
 _UNSUPPORTED_INPUTS = {9: "position_ids", 10: "attention_bias", 11: "head_sink", 12: "k_scale", 13: "v_scale",
                        14: "q_norm_weight", 15: "k_norm_weight", 16: "query_seqlens"}
 #: attributes this rule writes back only at their default: name → default
-_DEFAULT_ONLY = {"smooth_softmax": 0, "causal": 1, "qk_output": 0, "kv_cache_bit_width": 0,
-                 "sliding_window_cache": 0}
+_DEFAULT_ONLY = {"smooth_softmax": 0, "causal": 1, "qk_output": 0, "kv_cache_bit_width": 0}
 
 
 @dataclass(frozen=True)
@@ -67,6 +77,7 @@ class GroupQueryAttentionSpec:
     window: int  # -1: none
     softcap: float
     scale: float
+    window_cache: bool = False  # sliding_window_cache=1: the past and present hold the window (lift/window_cache.py)
 
 
 @dataclass(frozen=True)
@@ -92,6 +103,14 @@ class GroupQueryAttention:
                 return f"attribute {attr}={int(node.attrs[attr])} is not written back"
         if used(node, 3, ctx.graph):
             return "output 3 (output_qk) is read"
+        window_cache = int(node.attrs.get("sliding_window_cache", 0))
+        if window_cache not in (0, 1):
+            return f"attribute sliding_window_cache={window_cache} is not 0 or 1"
+        if window_cache and int(node.attrs.get("local_window_size", -1)) <= 0:
+            return ("sliding_window_cache=1 without a local_window_size > 0 (onnxruntime refuses it); set the "
+                    "window the cache holds")
+        if window_cache and (present(node, 3) is None or present(node, 4) is None):
+            return "sliding_window_cache=1 without past_key and past_value; give both (the window cache)"
         if present(node, 5) is None or present(node, 6) is None:
             return "seqlens_k or total_sequence_length is missing (both are required)"
         heads, kv_heads = int(node.attrs.get("num_heads", 0)), int(node.attrs.get("kv_num_heads", 0))
@@ -137,7 +156,7 @@ class GroupQueryAttention:
         spec = GroupQueryAttentionSpec(heads, kv_heads, head_size, packed, rotary_dim,
                                        bool(int(node.attrs.get("rotary_interleaved", 0))),
                                        int(node.attrs.get("local_window_size", -1)),
-                                       float(node.attrs.get("softcap", 0.0)), scale)
+                                       float(node.attrs.get("softcap", 0.0)), scale, bool(window_cache))
         return GroupQueryAttentionMatch(node, spec)
 
     def rewrite(self, ctx: LiftContext, match: GroupQueryAttentionMatch) -> None:
@@ -171,6 +190,11 @@ class GroupQueryAttention:
             q = rotary(b, q, tables, spec.rotary_dim, h, spec.interleaved)
             k = rotary(b, k, tables, spec.rotary_dim, h, spec.interleaved)
 
+        if spec.window_cache:
+            k_all, v_all, mask = window_step(b, past_key, past_value, k, v, past_len, new_len, spec.window,
+                                             (outs[1] if keep[0] else None, outs[2] if keep[1] else None))
+            grouped_attention(b, q, k_all, v_all, mask, n, nkv, h, spec.scale, spec.softcap, outs[0])
+            return
         length = total_len if past_key is None else b.op("Max", [total_len, b.dim(past_key, 2, scalar=True)],
                                                          dtype=I64)
         k_all = update_cache(b, past_key, k, past_len, new_len, length, out=outs[1] if keep[0] else None)

@@ -12,8 +12,8 @@ separate MatMuls (which quantizers quantize as any other) and only their bias is
 
 The key padding mask takes the forms of ``Attention``'s: key lengths [B], a raw mask [B, L] or
 [B, S, L]. Declined, with the reason: packed Q/K/V or K/V inputs, keys and values already split into heads
-(4-D), a key/value cache (``past_key``/``past_value``, ``present_*`` read), the ``output_qk`` output, and
-[3B + 2] masks.
+(4-D), the ``output_qk`` output, and [3B + 2] masks. A node with a key/value cache (``past_key``/``past_value``
+given, or ``present_*`` read) is ``lift/ort_multihead_attention_past.py``'s.
 """
 
 from __future__ import annotations
@@ -45,6 +45,12 @@ def hidden_size(t: gs.Tensor) -> int | None:
     return None
 
 
+def cached(node: gs.Node, graph: gs.Graph) -> bool:
+    """Whether ``node`` (a MultiHeadAttention) reads or writes a key/value cache (``past_key``/``past_value`` given,
+    ``present_*`` read): ``lift/ort_multihead_attention_past.py``'s rule, not this one."""
+    return present(node, 6) is not None or present(node, 7) is not None or used(node, 1, graph) or used(node, 2, graph)
+
+
 def _rank(t: gs.Tensor) -> int | None:
     shape = through_casts(t).shape
     return None if shape is None else len(shape)
@@ -72,13 +78,13 @@ class OrtMultiHeadAttention:
             if t.shape is not None and len(t.shape) != 3:
                 return f"input '{t.name}' has rank {len(t.shape)}; only [batch, sequence, hidden] inputs are " \
                        "written back"
-        for index, what in ((6, "past_key"), (7, "past_value"), (8, "past_sequence_length"),
-                            (9, "cache_indirection")):
+        if cached(node, ctx.graph):
+            return NOT_MINE  # a key/value cache: lift/ort_multihead_attention_past.py
+        for index, what in ((8, "past_sequence_length"), (9, "cache_indirection")):
             if present(node, index) is not None:
                 return f"input {index} ({what}) is given; only attention without a key/value cache is written back"
-        for index, what in ((1, "present_key"), (2, "present_value"), (3, "output_qk")):
-            if used(node, index, ctx.graph):
-                return f"output {index} ({what}) is read"
+        if used(node, 3, ctx.graph):
+            return "output 3 (output_qk) is read"
         heads = int(node.attrs.get("num_heads", 0))
         bias, mask = present(node, 3), present(node, 4)
         sizes = [hidden_size(t) for t in (query, key, value)]

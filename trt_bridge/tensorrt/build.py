@@ -33,7 +33,7 @@ from trt_bridge.plugins.registry import register_for_model
 from trt_bridge.tensorrt import import_tensorrt, is_rtx
 from trt_bridge.tensorrt.config import check_typing, configure
 from trt_bridge.tensorrt.costs import COST_TARGET, EngineCosts
-from trt_bridge.tensorrt.decoder_profiles import decoder_profiles
+from trt_bridge.tensorrt.decoder_profiles import decoder_profiles, window_pasts
 from trt_bridge.tensorrt.logger import BuildLogger
 from trt_bridge.tensorrt.network import create_network
 from trt_bridge.tensorrt.options import BuildOptions
@@ -226,7 +226,8 @@ def _compile(trt, path: Path, options: BuildOptions, fill_unnamed: bool = False)
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(path)):
         _raise_rejected(trt, path, [parser.get_error(i) for i in range(parser.num_errors)])
-    chosen = options.profiles or decoder_profiles(network_inputs(network))
+    inputs = network_inputs(network)
+    chosen = options.profiles or decoder_profiles(inputs, window_pasts(path, inputs))
     if chosen and not options.profiles:
         log.info("%s: a decoder: building the default profiles %s", path, ", ".join(p.name for p in chosen))
     profiles = resolve_profiles(network, chosen, path, fill_unnamed or not options.profiles)

@@ -5,7 +5,8 @@ The inputs the generation loop of ``verify`` drives (onnxruntime-genai's and Opt
     input_ids            [batch, seq]             int64 (or int32)
     attention_mask       [batch, past + seq]      ones, one longer each step
     position_ids         [batch, seq]             optional: the positions of the new tokens
-    past_key_values.N.key / .value  [batch, kv_heads, past, head]   the cache; empty (past 0) at prefill
+    past_key_values.N.key / .value  [batch, kv_heads, past, head]   the cache; empty (past 0) at prefill (a
+                                             window cache, ``past_sliding_length``: its capacity at every step)
     use_cache_branch     [1] bool                 optional: Optimum's merged If (False at prefill, True after)
 
 and its outputs ``logits`` [batch, seq, vocab] and ``present.N.key`` / ``.value`` (fed back as the pasts).
@@ -13,6 +14,7 @@ and its outputs ``logits`` [batch, seq, vocab] and ``present.N.key`` / ``.value`
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -124,19 +126,27 @@ def empty_cache_shapes(model: onnx.ModelProto, path: Path, signature: DecoderSig
                        fallback: dict[str, tuple[int, ...]] | None = None) -> dict[str, tuple[int, ...]]:
     """The shape of each past input at prefill (batch 1, past length 0), every other dimension resolved.
 
+    A window cache (a past length named ``*sliding*``: onnxruntime's ``GroupQueryAttention`` with
+    ``sliding_window_cache=1``, onnxruntime-genai's Mistral) holds the same rows at every step, at least the window
+    (onnxruntime refuses fewer): :func:`window_capacity`, or ``fallback``'s.
+
     A symbolic dimension (onnxruntime-genai declares the head size ``kv_cache_dim``) is taken, in this order,
     from the present output's declared shape, from the exporter's config beside the model (genai_config.json,
     config.json: the first free axis is the key/value heads, the last the head size), or from ``fallback`` (the
     other model's shapes: a converted model need not keep the configs beside it).
     """
     outputs = {o.name: _dims(o) for o in model.graph.output}
-    config = None
+    config = window = None
     shapes = {}
     for c in signature.cache:
         present = outputs.get(c.present, ())
         free = [i for i in range(1, len(c.shape)) if i != c.past_axis]
         dims = []
         for axis, dim in enumerate(c.shape):
+            if axis == c.past_axis and "sliding" in str(dim):  # a window cache: as many rows as it holds
+                window = window if window is not None else window_capacity(model, path)
+                dims.append(window or (fallback or {}).get(c.past, (0,) * len(c.shape))[axis])
+                continue
             if axis == 0 or axis == c.past_axis:
                 dims.append(1 if axis == 0 else 0)
                 continue
@@ -155,3 +165,21 @@ def empty_cache_shapes(model: onnx.ModelProto, path: Path, signature: DecoderSig
             dims.append(dim)
         shapes[c.past] = tuple(dims)
     return shapes
+
+
+def window_capacity(model: onnx.ModelProto, path: Path) -> int:
+    """The rows of a window cache, as the loop feeds them: the largest ``local_window_size`` of the model's
+    ``GroupQueryAttention`` nodes with ``sliding_window_cache=1``, else the window (and slack) of the
+    genai_config.json beside it; 0 where neither says (a converted model: the source's is taken)."""
+    windows = [0]
+    for node in model.graph.node:
+        attrs = {a.name: a.i for a in node.attribute}
+        if node.op_type == "GroupQueryAttention" and attrs.get("sliding_window_cache", 0) == 1:
+            windows.append(int(attrs.get("local_window_size", 0)))
+    if max(windows) > 0:
+        return max(windows)
+    try:
+        window = json.loads((path.parent / "genai_config.json").read_text())["model"]["decoder"]["sliding_window"]
+        return int(window["window_size"]) + int(window.get("cache_slack", 0))
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0
