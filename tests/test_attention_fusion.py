@@ -35,6 +35,8 @@ from trt_bridge.ir.types import infer_shapes  # noqa: E402
 from trt_bridge.lift.group_query_attention import GroupQueryAttention  # noqa: E402
 from trt_bridge.lift.ort_multihead_attention import OrtMultiHeadAttention  # noqa: E402
 from trt_bridge.lower.attention_fusion import FLOAT32, fuse_attention, raise_opset  # noqa: E402
+from trt_bridge.lower.precision import to_low_precision  # noqa: E402
+from trt_bridge.runtime.bf16 import emulate_bfloat16  # noqa: E402
 from trt_bridge.tensorrt.decoder_profiles import decoder_profiles, model_inputs_shapes  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "decoders"
@@ -122,6 +124,25 @@ def test_float32_and_softcap_stay_decomposed():
         assert "Softmax" in _ops(out) and "Attention" not in _ops(out) and not result.fused
         assert [r.startswith(reason) for r in result.declined.values()] == [True]
         assert default_opset(out) == 17  # nothing fused: no upgrade
+
+
+def test_a_bfloat16_softcap_attention_stays_decomposed_and_finite():
+    """The mask's lowest score is finite in bfloat16 (float32's lowest rounds to -inf there, which convert refuses as
+    a non-finite constant), and the emulated bfloat16 model computes the source's y."""
+    source = gqa_model(softcap=2.0)
+    out, _ = lifted(source, (GroupQueryAttention(), "gqa"))
+    low, _ = to_low_precision(infer_shapes(out), "bf16")
+    fused, result = fuse_attention(low)
+    assert not result.fused and "softcap" in next(iter(result.declined.values()))
+    assert all(np.isfinite(numpy_helper.to_array(i).astype(np.float32)).all() for i in fused.graph.initializer)
+    batch, new, past, mask = CASES["decode"]
+    rng = np.random.default_rng(4)
+    sizes = {"q": (batch, new, N * H), "k": (batch, new, NKV * H), "v": (batch, new, NKV * H),
+             "past_key": (batch, NKV, past, H), "past_value": (batch, NKV, past, H)}
+    feed = {"attention_mask": np.asarray(mask, np.int64)} | {k: rng.normal(size=z).astype(np.float32)
+                                                             for k, z in sizes.items()}
+    want, got = run_outputs(source, [feed])[0], run_outputs(emulate_bfloat16(fused), [feed])[0]
+    assert snr_db([want[0]], [got[0]]) > 30
 
 
 def _mha16() -> onnx.ModelProto:
