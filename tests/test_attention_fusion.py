@@ -205,6 +205,7 @@ def test_real_decoder_converts_fused_generates_and_builds(tmp_path, kind):
                                quiet=True).generation
     assert result.token_agreement == 1.0 and result.logits_snr_db >= snr, (result.token_agreement,
                                                                            result.logits_snr_db)
-    if kind != "bf16":  # bfloat16 builds as float16 does (measured: prefill 0.9 s, decode 1.0 s)
+    if kind == "fp16":  # bfloat16 builds as float16 does (measured: prefill 0.98 s, decode 0.80 s); the float32
+        # conversion's builds at both profiles: tests/corpus/test_decoder_slice.py (llama-genai-cpu-int4)
         profiles = decoder_profiles(model_inputs_shapes(converted))
         assert_builds_at(out, {p.name: p.shapes for p in profiles})
