@@ -24,8 +24,9 @@ final (after ``--high-precision``), on the exported model::
         v4 [B, N, T, Hv]: MatMul(q4, kᵀ) ─ Mul(scale) [─ Add(additive mask [B, N|1, S|1, T])]
             [─ Cast(float32)] ─ Softmax [─ Cast] ─ MatMul(·, v4) ─ y [B, N, S, Hv]
     After:
-        Reshape(k) ─ Transpose(0,2,1,3) ─┐  (the mask cast to q's type where it differs)
-        q4, v4, mask ───────────── Attention(scale) ─ y
+        Reshape(k) ─ Transpose(0,2,1,3) ─┐  (the mask cast to q's type where it differs, and a mask of one
+        q4, v4, mask ───────────── Attention(scale) ─ y   query row [.., 1, T] expanded to the S rows:
+                                                           onnxruntime 1.32 does not broadcast it)
 
 A Softmax that ``--high-precision`` kept in float32 (the Casts around it) becomes Attention's own softmax: TensorRT's
 kernels accumulate it in float32 (its parser rejects ``softmax_precision``: "Setting softmax precision is not
