@@ -46,6 +46,10 @@ CASES = {
 }
 
 
+#: the conversions whose attention computes in float16: one ONNX Attention-23 node per layer (lower/attention_fusion.py)
+FUSED = ("llama-genai-NvTensorRtRtx-int4", "llama-genai-cpu-fp16")
+
+
 def _model(name: str) -> Path:
     folder = SLICE / name
     return next(p for p in (folder / "model.onnx", folder / "decoder_model_merged.onnx") if p.is_file())
@@ -87,6 +91,9 @@ def test_decoder_converts_drops_in_generates_and_builds(tmp_path, name):
     assert not report.remaining_blockers
     converted = onnx.load(str(out))
     assert all((n.domain or "") in ("", "ai.onnx") for n in converted.graph.node)
+    ops = [n.op_type for n in converted.graph.node]
+    assert ops.count("Attention") == (2 if name in FUSED else 0) and ("Softmax" in ops) != (name in FUSED
+                                                                             or "merged" in name), name
     assert _interface(converted) == _interface(onnx.load(str(source), load_external_data=False))
     # the caches' heads and head size are numbers (onnxruntime-genai's symbolic kv_cache_dim, from its config)
     assert all(d.HasField("dim_value") for v in converted.graph.input if is_past(v.name)

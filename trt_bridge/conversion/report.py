@@ -61,6 +61,9 @@ class ConversionReport:
     #: If branches and Loop/Scan bodies quantized as graphs of their own (convert.bodies): how many, the nodes of
     #: other ops whose bodies stay float, and the body sites left float with their reasons (None: no control flow)
     control_flow: dict | None = None
+    #: lower/attention_fusion.FusionResult as a dict: the Softmax nodes whose attention became one Attention-23
+    #: node (float16/bfloat16), the others with the reason they stay decomposed (None: no attention)
+    attention: dict | None = None
 
     def __bool__(self) -> bool:
         return not self.remaining_blockers
@@ -174,8 +177,14 @@ class ConversionReport:
             lines.append(f"  control flow: {flow['bodies']} If branch(es) and Loop/Scan body(ies) placed"
                          + (f"; the bodies of {len(flow['float_bodies'])} other node(s) left float (e.g. "
                             f"'{flow['float_bodies'][0]}')" if flow["float_bodies"] else ""))
+        if self.attention is not None:
+            fused, declined = self.attention["fused"], self.attention["declined"]
+            reasons = sorted(set(declined.values()))
+            lines.append(f"  attention: {len(fused)} block(s) fused into Attention-23 (TensorRT's dedicated kernels)"
+                         + (f"; {len(declined)} kept decomposed ({reasons[0]}"
+                            + (f"; and {len(reasons) - 1} other reason(s)" if len(reasons) > 1 else "") + ")"
+                            if declined else ""))
         if self.precision is not None:
-
             lines.append("  " + precision_line(self.precision))
             kept = self.precision.get("kept_in_float32")
             if kept:

@@ -41,6 +41,7 @@ from trt_bridge.lift.dynamic_gemm_plugin import DynamicGemmPlugin
 from trt_bridge.lift.float_gemm_plugin import FloatGemmPlugin
 from trt_bridge.lift.fused_dynamic_gemm_plugin import FusedDynamicGemmPlugin
 from trt_bridge.lift.pipeline import lift_model
+from trt_bridge.lower.attention_fusion import ATTENTION_OPSET, AttentionFusion, fuse_attention
 from trt_bridge.lower.layer_precisions import precision_report
 from trt_bridge.lower.precision import to_low_precision
 from trt_bridge.lower.qdq import check_quantizable, lower, needs_opset
@@ -371,8 +372,17 @@ def lower_model(state: Conversion) -> StageResult:
         out_model, kept_fp32 = to_low_precision(out_model, high, state.ranges,
                                                 keep_io_types=options.precision.io_types == "keep", exact=exact)
         out_model = finalize(out_model, default_opset(out_model), check=True, min_opset=19)
+    # the float16/bfloat16 attention as one Attention-23 node (TensorRT's dedicated kernels), once types are final
+    out_model, fusion = fuse_attention(out_model)
+    if fusion.fused:
+        out_model = finalize(out_model, default_opset(out_model), check=True, min_opset=ATTENTION_OPSET)
+        present = {n.name for n in out_model.graph.node}  # a fused Softmax kept in float32 is Attention's now
+        kept_fp32 = None if kept_fp32 is None else [k for k in kept_fp32 if k.node in present]
     state.out_model = out_model
-    return StageResult(changed=len(quantized), records={
+    rules = [RuleHits(rule, nodes) for rule, nodes in state.ctx.fired.items()]
+    return StageResult(changed=len(quantized) + len(fusion.fused), records={
+        "rules": rules + ([RuleHits(AttentionFusion.name, fusion.fused)] if fusion.fused else []),
+        "attention": fusion.to_dict() if fusion.fused or fusion.declined else None,
         "control_flow": inside.to_dict(),
         "quantized": [{k: v for k, v in asdict(q).items() if k != "nodes"} for q in quantized],
         "output_opset": default_opset(out_model),

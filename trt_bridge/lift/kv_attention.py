@@ -30,12 +30,20 @@ key, so no row is empty.
 
 from __future__ import annotations
 
+import ml_dtypes
 import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.ir.graph_builder import GraphBuilder
 
 I64 = np.int64
+
+
+def lowest_score(dtype) -> float:
+    """The score a masked key gets: ``dtype``'s lowest value; for float32 the lowest that bfloat16 also holds
+    (float32's own rounds to -inf in bfloat16, a non-finite constant that ``--high-precision bf16`` refuses)."""
+    dtype = np.dtype(dtype or np.float32)
+    return float(ml_dtypes.finfo(ml_dtypes.bfloat16 if dtype == np.float32 else dtype).min)
 
 
 def split_heads(b: GraphBuilder, x: gs.Tensor, heads: int, size: int) -> gs.Tensor:
@@ -148,7 +156,7 @@ def grouped_attention(b: GraphBuilder, q: gs.Tensor, k: gs.Tensor, v: gs.Tensor,
     scores = b.op("Mul", [b.op("MatMul", [q5, k5]), b.const(scale)])
     if softcap > 0:
         scores = b.op("Mul", [b.op("Tanh", [b.op("Div", [scores, b.const(softcap)])]), b.const(softcap)])
-    scores = b.op("Where", [mask, scores, b.const(np.finfo(b.dtype or np.float32).min)])
+    scores = b.op("Where", [mask, scores, b.const(lowest_score(b.dtype))])
     probs = b.op("Softmax", [scores], {"axis": -1})
     context = b.op("MatMul", [probs, b.unsqueeze(v, [2], b.dtype)])  # [B, Nkv, group, S, H]
     context = b.op("Reshape", [context, b.ints([0, heads, -1, head_size])])

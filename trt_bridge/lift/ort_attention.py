@@ -34,6 +34,7 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.ir.graph_builder import GraphBuilder, present, used
 from trt_bridge.lift.base import NOT_MINE, LiftContext
+from trt_bridge.lift.kv_attention import lowest_score
 
 MS = "com.microsoft"
 #: ops whose output 1 is onnxruntime's 1-D mask index (key lengths per batch entry)
@@ -152,7 +153,7 @@ def write_heads(b: GraphBuilder, q: gs.Tensor, k: gs.Tensor, v: gs.Tensor, spec:
         queries = b.op("Range", [start, b.dim(q, 1, scalar=True), step], dtype=np.int64)
         keys = b.op("Range", [start, b.dim(k, 1, scalar=True), step], dtype=np.int64)
         future = b.op("Greater", [keys, b.unsqueeze(queries, [1], np.int64)], dtype=np.bool_)  # [S, L]
-        scores = b.op("Where", [future, b.const(np.finfo(b.dtype).min), scores])
+        scores = b.op("Where", [future, b.const(lowest_score(b.dtype)), scores])
     probs = b.op("Softmax", [scores], {"axis": -1})
     context = b.op("MatMul", [probs, heads_of(v, hv, [0, 2, 1, 3])])
     b.op("Reshape", [b.op("Transpose", [context], {"perm": [0, 2, 1, 3]}), b.ints([0, 0, spec.sizes[2]])], out=out)
