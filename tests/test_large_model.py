@@ -80,9 +80,11 @@ def test_the_weight_store_changes_no_output_byte_and_leaves_nothing_behind(tmp_p
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     outputs, stored = {}, []
-    put = WeightStore.put
+    put, put_range = WeightStore.put, WeightStore.put_range
     monkeypatch.setattr(WeightStore, "put", lambda self, tensor, payload: (stored.append(tensor.name),
                                                                           put(self, tensor, payload)))
+    monkeypatch.setattr(WeightStore, "put_range", lambda self, tensor, *where: (  # (a deferred source weight)
+        stored.append(tensor.name), put_range(self, tensor, *where)))
     for name, min_bytes in (("stored", 1024), ("held", 1 << 40)):
         monkeypatch.setattr(WeightStore, "MIN_BYTES", min_bytes)
         stored.clear()

@@ -122,15 +122,16 @@ def test_a_consumed_export_writes_the_same_model_and_leaves_the_graph_weightless
 
 
 def test_a_streamed_model_loads_equal_and_is_the_same_bytes_each_time(tmp_path):
-    w = RNG.normal(size=(300, 300)).astype(np.float32)
+    w = RNG.normal(size=(300, 1000)).astype(np.float32)  # 1.2 MB: written as its header, then its raw bytes
     graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])],
                               "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 300])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 300])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 1000])],
                               [numpy_helper.from_array(w, "w"), numpy_helper.from_array(np.ones(3, np.int64), "s")],
                               doc_string="a graph")
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="trt-bridge",
                               doc_string="a model")
     helper.set_model_props(model, {"key": "value"})
+    model.graph.initializer[0].doc_string = "a weight"  # a big tensor's other fields travel with its header
     paths = [tmp_path / "a.onnx", tmp_path / "b.onnx"]
     for path in paths:
         write_streamed(model, path)

@@ -26,6 +26,7 @@ from trt_bridge.conversion.report import FloatLeftover, RuleHits
 from trt_bridge.conversion.support import check_supported
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
 from trt_bridge.ir.commit import Outputs
+from trt_bridge.ir.deferred import import_graph
 from trt_bridge.ir.dynamic_gemm import OP_TYPE as PLUGIN_OP
 from trt_bridge.ir.dynamic_gemm import PLUGIN_VERSION
 from trt_bridge.ir.export import export_model
@@ -115,7 +116,7 @@ def load(state: Conversion) -> StageResult:
     a bad path fails fast."""
     check_paths(state)
     options = state.options
-    model = state.model = load_model(state.model_path, state.declared)
+    model = state.model = load_model(state.model_path, state.declared, defer=True)  # big weights read when used
     check_supported(model, state.model_path)  # an opset onnxruntime cannot run, FP4 Q/DQ
     check_source_values(model, state.model_path)  # scales, FP8 codes, weights (check names the same)
     state.source_nonfinite = nonfinite_count(model)  # -inf attention masks are fine; new ones are overflows
@@ -141,7 +142,7 @@ def lift(state: Conversion) -> StageResult:
     granularity = activations.granularity
     if activations.mode == "static":
         rules = LIFT_RULES
-    elif is_int8(gs.import_onnx(state.model)):  # the plugin takes the dynamic MatMuls it can before the static rules
+    elif is_int8(import_graph(state.model)):  # the plugin takes the dynamic MatMuls it can before the static rules
         rules = (DynamicGemmPlugin(granularity), FusedDynamicGemmPlugin(granularity), *LIFT_RULES)
     else:  # a float model: its MatMuls with constant weights, quantized per column
         rules = (*LIFT_RULES, FloatGemmPlugin(granularity))

@@ -7,8 +7,9 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
+from trt_bridge.ir.deferred import DeferredValues, source_range
 from trt_bridge.ir.derived import DerivedValues
-from trt_bridge.ir.store import WeightStore, storable
+from trt_bridge.ir.store import WeightStore, release_weight, storable
 
 #: constants at least this large are copied once into an exported model (see :func:`export_model`)
 BIG_CONSTANT = 1 << 20
@@ -36,6 +37,10 @@ def export_model(graph: gs.Graph, store: WeightStore | None = None, consume: boo
                     or (store is not None and not storable(values.dtype)):
                 continue
             data_type = onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
+        elif isinstance(values, DeferredValues):  # (its .tensor reads the file: the header says the rest)
+            if store is not None and (values.nbytes < store.MIN_BYTES or not storable(values.header.data_type)):
+                continue
+            data_type = values.header.data_type
         elif isinstance(values, LazyValues) and isinstance(values.tensor, onnx.TensorProto):
             if values.nbytes < (BIG_CONSTANT if store is None else store.MIN_BYTES) \
                     or (store is not None and not storable(values.tensor.data_type)):
@@ -67,12 +72,14 @@ def export_model(graph: gs.Graph, store: WeightStore | None = None, consume: boo
                 store.put_derived(init, values)  # computed when a session needs them, if ever
             else:
                 init.CopyFrom(onnx.numpy_helper.from_array(values.load(), tensor.name))
+        elif store is not None and isinstance(values, DeferredValues):
+            store.put_range(init, *source_range(values.header))  # file to file: never in memory whole
         elif store is not None:
             source = values.tensor if isinstance(values, LazyValues) else None
             store.put(init, source.raw_data if source is not None and source.HasField("raw_data")
                       else np.asarray(values.load() if source is not None else values))
         elif isinstance(values, np.ndarray):  # (consumed only: see above)
-            init.CopyFrom(onnx.numpy_helper.from_array(values, tensor.name))
+            _copy_array(init, values, tensor.name)
         else:
             init.CopyFrom(values.tensor)
             init.name = tensor.name
@@ -81,4 +88,22 @@ def export_model(graph: gs.Graph, store: WeightStore | None = None, consume: boo
         for tensor, values in swapped.values():  # (none: every stand-in is an initializer)
             tensor._values = values
     return model
+
+
+#: numpy types whose values are their raw data as ONNX stores it (no packing, no conversion)
+_RAW_KINDS = "biuf"
+
+
+def _copy_array(init: onnx.TensorProto, values: np.ndarray, name: str) -> None:
+    """``init`` given ``values``: the plain types' bytes taken, a weight store's mapped pages dropped, then handed to
+    the proto (two copies of the weight at a time, not three), the others through ``numpy_helper.from_array``
+    (4-bit packing, bfloat16, FP8)."""
+    array = np.asarray(values)
+    if array.dtype.kind in _RAW_KINDS and array.dtype.isnative and array.dtype.itemsize in (1, 2, 4, 8) \
+            and array.dtype.name != "bfloat16" and onnx.helper.np_dtype_to_tensor_dtype(array.dtype) == init.data_type:
+        data = array.tobytes()
+        release_weight(array)
+        init.raw_data = data
+    else:
+        init.CopyFrom(onnx.numpy_helper.from_array(array, name))
 

@@ -10,6 +10,7 @@ from pathlib import Path
 import onnx
 
 from trt_bridge.errors import ModelLoadError
+from trt_bridge.ir.deferred import defer_external_data
 from trt_bridge.ir.files import check_external_data, check_name_lengths
 from trt_bridge.ir.names import name_nodes, node_label
 from trt_bridge.ir.repair import (
@@ -28,17 +29,18 @@ MIN_QDQ_OPSET = 13  # per-channel QuantizeLinear/DequantizeLinear need `axis`
 
 
 def load_model(path: str | os.PathLike, declared: dict[str, int] | None = None,
-               repairs: list[str] | None = None) -> onnx.ModelProto:
+               repairs: list[str] | None = None, defer: bool = False) -> onnx.ModelProto:
     """Load ``path`` with its external data, checked and with inferred shapes (:func:`validate_model`);
     raise ModelLoadError with the fix on failure. ``repairs`` receives a line per load-time repair
-    (``trt_bridge.ir.repair``)."""
+    (``trt_bridge.ir.repair``). ``defer``: a model with large external data keeps its big weights in their file
+    until they are read (:mod:`trt_bridge.ir.deferred`)."""
     path = Path(path)
     check_name_lengths(path, "model")
     if path.is_dir():
         raise ModelLoadError(f"{path}: is a directory, not an ONNX model file. Give the .onnx file inside it.")
     if not path.is_file():
         raise ModelLoadError(f"{path}: no such file. Check the path to the ONNX model.")
-    model = read_model(path)
+    model = read_model(path, defer=defer)
     if not model.graph.node:
         raise ModelLoadError(f"{path}: the graph has no nodes; nothing to convert.")
     if not model.graph.output:
@@ -49,7 +51,7 @@ def load_model(path: str | os.PathLike, declared: dict[str, int] | None = None,
     return validate_model(model, path, declared=declared, repairs=repairs)
 
 
-def read_model(path: str | os.PathLike, external_data: bool = True) -> onnx.ModelProto:
+def read_model(path: str | os.PathLike, external_data: bool = True, defer: bool = False) -> onnx.ModelProto:
     """The ONNX file ``path`` as it is (no checker, no repairs), with its external data where ``external_data``;
     that data checked first (:func:`~trt_bridge.ir.files.check_external_data`: inside the model's folder, no links,
     regular files, large enough) whether it is read or not. The one way trt-bridge reads a model file."""
@@ -64,7 +66,10 @@ def read_model(path: str | os.PathLike, external_data: bool = True) -> onnx.Mode
     check_external_data(model, path)  # outside the folder, links, pipes, devices, truncated: before reading
     if external_data:
         try:
-            onnx.load_external_data_for_model(model, str(path.parent))
+            if defer:
+                defer_external_data(model, path.parent)
+            else:
+                onnx.load_external_data_for_model(model, str(path.parent))
         except Exception as exc:
             raise ModelLoadError(f"{path}: cannot read its external data ({exc}).") from exc
     return model

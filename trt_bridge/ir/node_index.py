@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
+from trt_bridge.ir.deferred import tensor_array
 from trt_bridge.ir.model import constant_protos
 from trt_bridge.ir.types import elem_types, value_types
 
@@ -43,14 +43,14 @@ class NodeIndex:
         proto = self.constants.get(tensor)
         if proto is None or int(np.prod(proto.dims)) > 8:
             return None
-        return [int(x) for x in numpy_helper.to_array(proto).reshape(-1)]
+        return [int(x) for x in tensor_array(proto).reshape(-1)]
 
     def scalar(self, tensor: str) -> float | None:
         """A one-element constant's value, else None."""
         proto = self.constants.get(tensor)
         if proto is None or int(np.prod(proto.dims)) != 1:
             return None
-        return float(numpy_helper.to_array(proto).astype(np.float64).reshape(-1)[0])
+        return float(tensor_array(proto).astype(np.float64).reshape(-1)[0])
 
     def rank(self, tensor: str) -> int | None:
         if tensor in self.constants:

@@ -11,7 +11,7 @@ import onnx
 from trt_bridge.errors import InternalError, TrtBridgeError
 from trt_bridge.ir.commit import Outputs
 from trt_bridge.ir.files import is_special_file
-from trt_bridge.ir.size import is_large
+from trt_bridge.ir.size import is_large, tensor_bytes
 from trt_bridge.ir.store import store_of
 
 log = logging.getLogger("trt_bridge.ir.model")
@@ -97,15 +97,50 @@ def write_streamed(model: onnx.ModelProto, path: Path) -> None:
     head, graph = _fields_but(model, onnx.ModelProto(), "graph"), _fields_but(model.graph, onnx.GraphProto(),
                                                                                "initializer")
     graph_bytes = graph.SerializeToString()
-    sizes = [t.ByteSize() for t in model.graph.initializer]
+    parts = [_tensor_parts(t) for t in model.graph.initializer]  # (header bytes, raw data bytes or None)
+    sizes = [len(h) if n is None else len(h) + len(_RAW_TAG) + len(_varint(n)) + n for h, n in parts]
     length = len(graph_bytes) + sum(len(_INITIALIZER_TAG) + len(_varint(n)) + n for n in sizes)
     with open(path, "wb") as out:
         out.write(head.SerializeToString())
         out.write(_GRAPH_TAG + _varint(length))
         out.write(graph_bytes)
-        for tensor, size in zip(model.graph.initializer, sizes):
-            out.write(_INITIALIZER_TAG + _varint(size))
-            out.write(tensor.SerializeToString())
+        for tensor, (header, raw), size in zip(model.graph.initializer, parts, sizes):
+            out.write(_INITIALIZER_TAG + _varint(size) + header)
+            if raw is not None:  # the raw bytes, read once (protobuf's own serialization held two copies)
+                data = tensor.raw_data
+                if len(data) != raw:
+                    raise InternalError(f"tensor '{tensor.name}' holds {len(data)} bytes, not the {raw} its shape "
+                                        "and type need")
+                out.write(_RAW_TAG + _varint(raw))
+                out.write(data)
+                del data
+
+
+#: TensorProto's ``raw_data`` field as a length-delimited tag (field 9, wire type 2)
+_RAW_TAG = bytes([9 << 3 | 2])
+#: a tensor's fields besides its raw data (a typed-field tensor is serialized as it is)
+_TYPED = ("float_data", "int32_data", "string_data", "int64_data", "double_data", "uint64_data")
+
+
+def _tensor_parts(tensor: onnx.TensorProto) -> tuple[bytes, int | None]:
+    """A tensor's serialized fields but ``raw_data``, and the raw data's length (None: the whole tensor serialized,
+    a small one or one in typed fields)."""
+    if not tensor.HasField("raw_data") or any(len(getattr(tensor, f)) for f in _TYPED) \
+            or tensor_bytes(tensor) < (1 << 20):
+        return tensor.SerializeToString(), None
+    header = onnx.TensorProto()
+    for field in tensor.DESCRIPTOR.fields:
+        if field.name == "raw_data":
+            continue
+        value = getattr(tensor, field.name)
+        if getattr(field, "is_repeated", None) or getattr(field, "label", None) == 3:
+            getattr(header, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            if tensor.HasField(field.name):
+                getattr(header, field.name).CopyFrom(value)
+        elif tensor.HasField(field.name) if field.has_presence else value:
+            setattr(header, field.name, value)
+    return header.SerializeToString(), tensor_bytes(tensor)
 
 
 def _fields_but(message, into, skipped: str):

@@ -31,6 +31,7 @@ import numpy as np
 import onnx
 
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.ir.deferred import tensor_array
 from trt_bridge.ir.types import skeleton
 
 log = logging.getLogger("trt_bridge.ir.shapes")
@@ -277,7 +278,7 @@ def _constant_values(graph: onnx.GraphProto) -> dict[str, np.ndarray]:
     values = {}
     for init in graph.initializer:
         if init.data_type == onnx.TensorProto.INT64 and len(init.dims) <= 1:
-            values[init.name] = numpy_helper.to_array(init)
+            values[init.name] = tensor_array(init)
     for node in graph.node:
         if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or not node.output:
             continue

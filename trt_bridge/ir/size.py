@@ -61,7 +61,12 @@ def lifted_bytes(model: onnx.ModelProto) -> int:
 def tensor_bytes(tensor: onnx.TensorProto) -> int:
     """The bytes of a tensor's values. Raw data is sized from its shape and type: reading ``raw_data`` (or
     ``ByteSize``) copies the bytes, 50 ms for a 90 MB encoder, which added up over a conversion's sessions."""
-    if tensor.HasField("raw_data") and tensor.data_type not in (0, onnx.TensorProto.STRING):
+    if tensor.data_location == onnx.TensorProto.EXTERNAL:  # (not loaded: its file holds the bytes)
+        length = next((e.value for e in tensor.external_data if e.key == "length"), None)
+        if length is not None:
+            return int(length)
+    if (tensor.HasField("raw_data") or tensor.data_location == onnx.TensorProto.EXTERNAL) \
+            and tensor.data_type not in (0, onnx.TensorProto.STRING):
         count = 1
         for dim in tensor.dims:
             count *= dim

@@ -76,6 +76,21 @@ class WeightStore:
         self._file.seek(offset)
         self._file.write(data)
 
+    def put_range(self, tensor: onnx.TensorProto, path: Path, offset: int, length: int, chunk: int = 64 << 20) -> None:
+        """Copy ``length`` bytes at ``offset`` of the file ``path`` (a deferred source weight:
+        :mod:`trt_bridge.ir.deferred`) into the store, ``chunk`` bytes at a time, and make ``tensor`` refer to them."""
+        start = self._reserve(tensor, length)
+        self._file.seek(start)
+        with open(path, "rb") as source:
+            source.seek(offset)
+            left = length
+            while left:
+                data = source.read(min(chunk, left))
+                if not data:
+                    raise InternalError(f"{path} ends before the {length} bytes of tensor '{tensor.name}'")
+                self._file.write(data)
+                left -= len(data)
+
     def put_derived(self, tensor: onnx.TensorProto, values: DerivedValues) -> None:
         """Make ``tensor`` refer to a range of the file that ``values`` fill when first needed (a session's model,
         :meth:`array`); until then :meth:`attach` gives the graph ``values`` themselves, nothing computed."""

@@ -99,7 +99,8 @@ def declared_types(values) -> dict[str, int]:
 def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` without its large weights: each becomes a graph input of the same type and shape."""
     skeleton = onnx.ModelProto()
-    if payload_bytes(model) < (1 << 20):
+    if payload_bytes(model) < (1 << 20) and not any(t.data_location == onnx.TensorProto.EXTERNAL
+                                                    for t in model.graph.initializer):
         skeleton.CopyFrom(model)
         return skeleton
     for field in ("ir_version", "producer_name", "producer_version", "domain", "model_version", "doc_string"):

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from trt_bridge.errors import UnsupportedPatternError
+from trt_bridge.ir.deferred import tensor_array
 from trt_bridge.ir.model import constant_protos
 from trt_bridge.ir.types import FLOAT_TYPES
 
@@ -57,7 +57,7 @@ def check_source_scales(model: onnx.ModelProto, where) -> None:
             tensor = constants.get(name)
             if tensor is None or tensor.data_type not in FLOAT_TYPES:  # bfloat16 too (ModelOpt's FP8 scales)
                 continue
-            values = numpy_helper.to_array(tensor).astype(np.float64).ravel()
+            values = tensor_array(tensor).astype(np.float64).ravel()
             # an int32 bias's scale is x_scale·w_scale, legitimately below float32's normal range for small
             # scales (onnxruntime's QDQ EfficientNet, MobileViT): lifting folds it into a float bias, so only a
             # NaN, negative or zero one is broken
@@ -108,7 +108,7 @@ def check_source_weights(model: onnx.ModelProto, where) -> None:
                 continue
             seen.add(name)
             try:
-                check_finite_weight(name, numpy_helper.to_array(tensor))
+                check_finite_weight(name, tensor_array(tensor))
             except UnsupportedPatternError as exc:
                 raise UnsupportedPatternError(f"{where}: {node.op_type} '{node.name}' reads {exc}") from None
 
@@ -151,7 +151,7 @@ def check_matmul_nbits(model: onnx.ModelProto, where) -> None:
         tensor = constants.get(node.input[2])
         if tensor is None or tensor.data_type not in FLOAT_TYPES:
             continue
-        values = numpy_helper.to_array(tensor).astype(np.float64).ravel()
+        values = tensor_array(tensor).astype(np.float64).ravel()
         size = np.abs(values)
         broken = values[~np.isfinite(values) | ((size < FLOAT32_TINY) & (size > 0))]
         if broken.size:
@@ -180,12 +180,12 @@ def check_source_codes(model: onnx.ModelProto, where) -> None:
             tensor = constants.get(name)
             if tensor is None or tensor.data_type not in _FLOAT_CODES:
                 continue
-            values = numpy_helper.to_array(tensor).astype(np.float32)
+            values = tensor_array(tensor).astype(np.float32)
             bad = ~np.isfinite(values)
             if bad.any():
                 index = int(np.argmax(bad.ravel()))
                 code = values.reshape(-1)[index:index + 1]
-                raw = numpy_helper.to_array(tensor).reshape(-1)[index:index + 1].view(np.uint8)[0]
+                raw = tensor_array(tensor).reshape(-1)[index:index + 1].view(np.uint8)[0]
                 raise UnsupportedPatternError(
                     f"{where}: DequantizeLinear '{node.name}' reads {onnx.TensorProto.DataType.Name(tensor.data_type)}"
                     f" codes '{name}' holding {int(bad.sum())} non-finite code(s) (e.g. 0x{raw:02X} = {code[0]}); "
@@ -213,7 +213,7 @@ def check_output_finite(model: onnx.ModelProto, source_nonfinite: int, where) ->
         for name in _scale_inputs(node):
             tensor = constants.get(name)
             if tensor is not None and tensor.data_type in FLOAT_TYPES:
-                values = numpy_helper.to_array(tensor).astype(np.float64)
+                values = tensor_array(tensor).astype(np.float64)
                 if not (np.isfinite(values) & (values > 0)).all():
                     raise UnsupportedPatternError(
                         f"{where}: the converted {node.op_type} '{node.name}' would get scale '{name}' = "
@@ -243,7 +243,7 @@ def _nonfinite(model: onnx.ModelProto) -> dict[str, int]:
     for name, tensor in constant_protos(model).items():
         if tensor.data_type in FLOAT_TYPES and \
                 tensor.data_location != onnx.TensorProto.EXTERNAL:
-            values = numpy_helper.to_array(tensor)
+            values = tensor_array(tensor)
             count = int(values.size - np.count_nonzero(np.isfinite(values)))
             if count:
                 found[name] = count

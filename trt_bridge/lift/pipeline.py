@@ -10,6 +10,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from trt_bridge.errors import UnsupportedPatternError
+from trt_bridge.ir.deferred import import_graph
 from trt_bridge.ir.export import export_model
 from trt_bridge.ir.finalize import finalize
 from trt_bridge.ir.model import default_opset
@@ -45,7 +46,7 @@ def lift_graph(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
     changes = prepare(model, where, bf16, declared) if prepared is None else list(prepared)
     if changes:  # the casts' outputs need types and shapes for the passes below
         model = infer_shapes(model)
-    graph = gs.import_onnx(model)
+    graph = import_graph(model)  # (a deferred source's weights read when a rule reads them)
     changes += sanitize(graph)
     fold_constants(graph)
     changes += global_pool.after_folding(graph)

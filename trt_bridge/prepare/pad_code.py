@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from trt_bridge.ir.deferred import tensor_array
 from trt_bridge.prepare.change import Change
 
 log = logging.getLogger("trt_bridge.prepare")
@@ -46,7 +47,7 @@ def retype_pad_codes(model: onnx.ModelProto, elem_types: dict[str, int], where: 
         data, value = elem_types.get(node.input[0]), inits.get(node.input[2])
         if data not in _OTHER or value is None or value.data_type not in _OTHER or value.data_type == data:
             continue
-        codes = numpy_helper.to_array(value)
+        codes = tensor_array(value)
         retyped = codes.view(_OTHER[data])  # the same bits: the code meant, modulo 256
         name = value.name if readers[value.name] == 1 else f"{value.name}_{np.dtype(_OTHER[data]).name}"
         tensor = numpy_helper.from_array(retyped, name)

@@ -47,6 +47,7 @@ from onnx import TensorProto
 
 from trt_bridge.choices import Bf16Policy
 from trt_bridge.errors import UnsupportedPatternError
+from trt_bridge.ir.deferred import tensor_array
 from trt_bridge.ir.types import declared_types, value_types
 from trt_bridge.prepare.change import Change
 
@@ -132,7 +133,7 @@ def convert_bf16(model: onnx.ModelProto, policy: Bf16Policy) -> list[Change]:
             return
         from onnx import numpy_helper
 
-        values = numpy_helper.to_array(t).astype(np.float32)
+        values = tensor_array(t).astype(np.float32)
         if target == TensorProto.FLOAT16:
             finite = values[np.isfinite(values)]
             if finite.size and np.abs(finite).max() > np.finfo(np.float16).max:

@@ -8,10 +8,10 @@ import re
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.formats import INT8, QuantFormat, numpy_code_format
+from trt_bridge.ir.deferred import tensor_array
 from trt_bridge.ir.model import constant_protos
 from trt_bridge.scales.table import ScaleEntry, ScaleTable
 
@@ -184,7 +184,7 @@ class Constants:
         return name in self._protos
 
     def array(self, name: str) -> np.ndarray:
-        return numpy_helper.to_array(self._protos[name])
+        return tensor_array(self._protos[name])
 
     def rank(self, name: str) -> int:
         return len(self._protos[name].dims)

@@ -70,6 +70,7 @@ import onnx
 import onnx_graphsurgeon as gs
 
 from trt_bridge.errors import TrtBridgeError
+from trt_bridge.ir.deferred import import_graph
 from trt_bridge.ir.model import load_model
 from trt_bridge.scales.qat_graph import (
     WeightedOp,
@@ -146,7 +147,7 @@ def import_qat(qat: str | Path | onnx.ModelProto, target: onnx.ModelProto) -> tu
         raise TrtBridgeError(f"{where}: no QuantizeLinear/DequantizeLinear with constant scales found; this is "
                              "not a QAT Q/DQ export. Export the QAT model with its quantizers (e.g. ModelOpt's "
                              "or pytorch-quantization's ONNX export), or calibrate instead.")
-    return _Matcher(where, qat_ops, folded(gs.import_onnx(target)), act_amax, report).run()
+    return _Matcher(where, qat_ops, folded(import_graph(target)), act_amax, report).run()
 
 
 class _Matcher:
