@@ -20,7 +20,16 @@ from trt_bridge.calibrate.ranges import observed_ranges
 from trt_bridge.calibrate.session import HeldOut
 from trt_bridge.calibrate.two_pass import calibrate_graph
 from trt_bridge.checks.rules import is_int8
-from trt_bridge.conversion import bias_correction, bodies, costs, data_choices, give_back, range_choice, runtime_choice
+from trt_bridge.conversion import (
+    bias_correction,
+    bodies,
+    costs,
+    data_choices,
+    give_back,
+    range_choice,
+    runtime_choice,
+    shape_branches,
+)
 from trt_bridge.conversion.options import ConvertOptions, ScalePolicy
 from trt_bridge.conversion.report import FloatLeftover, RuleHits
 from trt_bridge.conversion.support import check_supported
@@ -144,8 +153,10 @@ def lift(state: Conversion) -> StageResult:
         rules = (DynamicGemmPlugin(granularity), FusedDynamicGemmPlugin(granularity), *LIFT_RULES)
     else:  # a float model: its MatMuls with constant weights, quantized per column
         rules = (*LIFT_RULES, FloatGemmPlugin(granularity))
+    decided = shape_branches.specialise(state.model, state.feeds, str(state.model_path))  # nested shape tests
     state.lifted, ctx = lift_model(state.model, state.model_path, state.options.precision.bf16, state.declared,
                                    state.store, rules)
+    ctx.prepared = decided + list(ctx.prepared)
     state.ctx, state.model = ctx, None
     if (activations.mode == "static" and not _has_scale_source(state.options) and not state.options.formats.weights
             and not ctx.annotations.activations and not ctx.annotations.weights and not ctx.in_bodies):  # a float model

@@ -27,6 +27,7 @@ import onnx_graphsurgeon as gs
 from trt_bridge.ir.graphs import graphs
 from trt_bridge.ir.names import NameAllocator
 from trt_bridge.ir.types import skeleton
+from trt_bridge.prepare.branches import move_branch
 from trt_bridge.prepare.change import Change
 
 NAME = "constant-if"
@@ -50,47 +51,28 @@ def _taken(node: gs.Node) -> bool:
     return bool(np.asarray(node.inputs[0].values).reshape(-1)[0])
 
 
-def _names(graph: gs.Graph, skip: gs.Graph | None = None) -> set[str]:
-    """Every tensor and node name of ``graph`` and of the bodies under it, ``skip``'s (and those under it) left out."""
-    found = {n.name for n in graph.nodes} | set(graph.tensors().keys())
-    for node in graph.nodes:
-        for value in node.attrs.values():
-            for sub in value if isinstance(value, list) else [value]:
-                if isinstance(sub, gs.Graph) and sub is not skip:
-                    found |= _names(sub, skip)
-    return found
-
-
 def rewrite(graph: gs.Graph, node: gs.Node, root: gs.Graph) -> Change:
     """Inline the branch ``node`` (an If of ``graph`` that :func:`match` accepted) takes; ``root``: the model's main
     graph (names must be unique across all of it)."""
     which = "then_branch" if _taken(node) else "else_branch"
     branch: gs.Graph = node.attrs[which]
     local = {id(t) for n in branch.nodes for t in n.outputs}
-    others = _names(root, skip=branch)  # every name but the branch's own
-    names = NameAllocator(root)
-    for n in branch.nodes:
-        if n.name in others:
-            n.name = names(f"{n.name}/inlined")
-        for t in n.outputs:
-            if t.name in others:
-                t.name = names(f"{t.name}/inlined")
-    outputs = list(node.outputs)
     given = [id(t) for t in branch.outputs]
+    outputs, values = list(node.outputs), list(branch.outputs)
     node.inputs.clear()
     node.outputs.clear()
     index = graph.nodes.index(node)
     del graph.nodes[index]
-    added = list(branch.nodes)
-    for out, value in zip(outputs, branch.outputs):
+    added = move_branch(graph, index, branch, root)
+    names = NameAllocator(root)
+    for out, value in zip(outputs, values):
         if id(value) in local and given.count(id(value)) == 1 and not value.outputs and len(value.inputs) == 1:
-            producer = value.inputs[0]
+            producer = value.inputs[0]  # the If's output name stays: a graph output keeps its name
             producer.outputs[[i for i, t in enumerate(producer.outputs) if t is value][0]] = out
         else:
-            added.append(gs.Node("Identity", names(f"{node.name}/{out.name}/identity"), inputs=[value],
-                                 outputs=[out]))
-    graph.nodes[index:index] = added
-    branch.nodes.clear()
+            identity = gs.Node("Identity", names(f"{node.name}/{out.name}/identity"), inputs=[value], outputs=[out])
+            graph.nodes.insert(index + len(added), identity)
+            added.append(identity)
     return Change(NAME, node.name, f"If on a constant condition ({which[:4]} taken) inlined: {len(added)} node(s)")
 
 
