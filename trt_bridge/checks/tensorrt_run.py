@@ -113,8 +113,10 @@ def measure_costs(path: Path, compute_capability: str, report: CheckReport, plug
         report.findings.append(Finding(  # a model TensorRT does not build is not ready, whatever else holds
             "tensorrt-build", Severity.BLOCKER, "", "", [], f"TensorRT's parser takes the model, but its builder "
             f"fails for compute capability {compute_capability}: {str(exc).splitlines()[0]}",
-            "no rule rewrites what the builder refused: change the model there (or give the shapes it must take, "
-            "--shapes), and please report it with `trt-bridge build -v`", False))
+            "no rule rewrites what the builder refused: give the shapes the engine must take (--shapes); for an If "
+            "TensorRT cannot build (an If or an LSTM's state inside a branch), hold the input it branches on "
+            "(convert --constant-inputs NAME=VALUE); else change the model there and report it (`trt-bridge build "
+            "-v`)", False))
         return None
 
 

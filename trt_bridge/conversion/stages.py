@@ -23,6 +23,7 @@ from trt_bridge.checks.rules import is_int8
 from trt_bridge.conversion import (
     bias_correction,
     bodies,
+    constant_inputs,
     costs,
     data_choices,
     give_back,
@@ -90,6 +91,7 @@ class Conversion:
     float_copy: Any = None  # with check: a temporary folder holding the lifted float model (its engine costs)
     outputs: Outputs = field(default_factory=Outputs)  # the command's outputs, committed once it has succeeded
     staged: Path | None = None  # the output model as written, before it is committed
+    held: list = field(default_factory=list)  # prepare.change.Change: the inputs --constant-inputs holds
 
 
 def input_files(options: ConvertOptions) -> list[Path]:
@@ -124,6 +126,7 @@ def load(state: Conversion) -> StageResult:
     check_paths(state)
     options = state.options
     model = state.model = load_model(state.model_path, state.declared)
+    state.held = constant_inputs.apply(model, options.source.values(), state.model_path)  # --constant-inputs
     check_supported(model, state.model_path)  # an opset onnxruntime cannot run, FP4 Q/DQ
     check_source_values(model, state.model_path)  # scales, FP8 codes, weights (check names the same)
     state.source_nonfinite = nonfinite_count(model)  # -inf attention masks are fine; new ones are overflows
@@ -156,7 +159,7 @@ def lift(state: Conversion) -> StageResult:
     decided = shape_branches.specialise(state.model, state.feeds, str(state.model_path))  # nested shape tests
     state.lifted, ctx = lift_model(state.model, state.model_path, state.options.precision.bf16, state.declared,
                                    state.store, rules)
-    ctx.prepared = decided + list(ctx.prepared)
+    ctx.prepared = state.held + decided + list(ctx.prepared)
     state.ctx, state.model = ctx, None
     if (activations.mode == "static" and not _has_scale_source(state.options) and not state.options.formats.weights
             and not ctx.annotations.activations and not ctx.annotations.weights and not ctx.in_bodies):  # a float model
