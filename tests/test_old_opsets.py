@@ -100,3 +100,14 @@ def _branch_feeds() -> list[dict[str, np.ndarray]]:
     rng = np.random.default_rng(0)
     return [{"x": rng.normal(0, 1, (1, 1, 20 + i)).astype(np.float32), "flag": np.array(i % 2 == 0)}
             for i in range(4)]
+
+
+def test_constant_inputs_name_an_input_of_one_element(tmp_path, capsys):
+    """--constant-inputs refuses a name that is no input, and an input of more than one element, naming both."""
+    src = save(gru_model(), tmp_path / "aec.onnx")
+    calib = save_feeds(tmp_path / "calib", gru_feeds(2))
+    for flag, message in (("nope=1", "'nope', which is not an input of the model; its inputs are 'x', 'state'"),
+                          ("x=1", "input 'x' has shape [1, 1, None]; only an input of one element")):
+        assert main(["convert", str(src), "-o", str(tmp_path / "o.onnx"), "--calib-data", str(calib),
+                     "--constant-inputs", flag]) == 2
+        assert message in capsys.readouterr().err

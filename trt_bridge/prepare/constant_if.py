@@ -1,21 +1,20 @@
 """An ``If`` whose condition is a constant is the branch it takes, inlined into the graph that holds it::
 
-    Before:                                            After:
-      c = Constant(true)                                 a ─ Conv(W) ─ t ─ Relu ─ y      (then-branch's nodes,
-      a ─┐                                               (names of the branch's own tensors made unique
-         If(c) ─ y                                        model-wide; y keeps the If's output name)
-         ├ then: a ─ Conv(W) ─ t ─ Relu ─ y'   (reads a from outside)
-         └ else: a ─ Transpose ─ ...
+    Before:                                                  After:
+      c = Constant(true)                                       x ─ Conv(W) ─ t ─ Relu ─ y    (y keeps the If's
+      x ─▶ If(c) ─ y, z                                        x ─ Identity ─ z               output names)
+           ├ then: x ─ Conv(W) ─ t ─ Relu ─ y'; z' = x  (reads x from outside)
+           └ else: ...
 
-Exporters leave such Ifs in recurrent and audio models: torch's ``nn.GRU``/``nn.LSTM`` with a batch
-check, Silero VAD's decoder (``If`` on ``Size(Shape(state)) == 3`` nested in the sample-rate ``If``), which
-become constant once shapes are folded. onnx-graphsurgeon's own flattening (``fold_constants(flatten_subgraphs=
-True)``) rebinds the producer of each branch output to the If's output, so a branch tensor that is also read inside
-the branch, or given twice, or that is an outer-scope value or a constant, is left without a producer ("... is not
-output of any previous nodes"), and it renames the outer constants the branch reads. Here every If output is the
-branch output's own producer's output where that is safe (a local tensor produced in the branch, read by nothing
-else, given once), else an ``Identity`` of it; nested bodies move with their nodes (they read tensors as objects, so
-their outer-scope references stay resolved); a branch tensor whose name another graph of the model uses is renamed.
+Exporters leave such Ifs in recurrent and audio models once shapes are folded: torch's batch checks on an RNN's
+state (Silero VAD's decoder: ``If(Cast(Shape(state)[0]))``, nested in its sample-rate ``If``). onnx-graphsurgeon's
+own flattening (``fold_constants(flatten_subgraphs=True)``) rebinds the producer of each branch output to the If's
+output, so a branch tensor that is also read inside the branch, or given twice, or that is an outer-scope value or a
+constant, is left without a producer ("... is not output of any previous nodes"), and it renames the outer constants
+the branch reads. Here every If output is the branch output's own producer's output where that is safe (a local
+tensor produced in the branch, read by nothing else, given once), else an ``Identity`` of it; nested bodies move with
+their nodes (they read tensors as objects, so their outer-scope references stay resolved); a branch tensor whose name
+another graph of the model uses is renamed.
 """
 
 from __future__ import annotations
