@@ -20,6 +20,7 @@ from trt_bridge.conversion.options import (
     RangeOptions,
     ScaleOptions,
     ScalePolicy,
+    SourceOptions,
     option_key,
 )
 from trt_bridge.errors import TrtBridgeError
@@ -107,9 +108,18 @@ def test_a_manifest_refuses_a_runtime_ranges_value(tmp_path):
         load_manifest(tmp_path / "m.yaml")
 
 
+def test_constant_inputs_are_name_value_pairs():
+    assert SourceOptions("sr=16000, gain=0.5").values() == {"sr": 16000.0, "gain": 0.5}
+    assert SourceOptions().values() == {}
+    for bad in ("sr", "sr=fast", "=3", "sr=inf", "sr=1,sr=2"):
+        with pytest.raises(TrtBridgeError, match="--constant-inputs"):
+            SourceOptions(bad)
+
+
 def test_a_manifest_takes_the_options_fields_as_keys(tmp_path):
     keys = {option_key(f) for kind in (CalibrationOptions, ScaleOptions, PlacementOptions, RangeOptions,
-                                       PrecisionOptions, ActivationOptions, FormatOptions) for f in fields(kind)}
+                                       PrecisionOptions, ActivationOptions, FormatOptions, SourceOptions)
+            for f in fields(kind)}
     assert CONVERT_KEYS == keys - {"calib_data", "calib_random", "scale_files", "qat"}
     (tmp_path / "m.onnx").write_bytes(conv_net().SerializeToString())
     (tmp_path / "m.yaml").write_text(

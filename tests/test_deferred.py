@@ -19,7 +19,7 @@ from trt_bridge.choices import FormatOptions
 from trt_bridge.conversion import convert
 from trt_bridge.conversion.options import ConvertOptions
 from trt_bridge.errors import InternalError
-from trt_bridge.ir.model import load_model
+from trt_bridge.ir.model import load_model, read_model
 from trt_bridge.ir.size import tensor_bytes
 
 DECODERS = Path(__file__).resolve().parent / "data" / "decoders"
@@ -89,3 +89,20 @@ def test_a_deferred_tensor_of_a_closed_source_is_an_internal_error(tmp_path, def
     location.value = f"{deferred.DEFERRED}/0000000000000000/model.onnx.data"
     with pytest.raises(InternalError, match="no longer open"):
         deferred.tensor_array(tensor)
+
+
+def test_an_onnxruntime_session_on_a_deferred_model_reads_its_weights(tmp_path, defer_all):
+    from trt_bridge.runtime.session import session
+
+    source = _copy("llama-genai-cpu-int4", tmp_path)
+    model = load_model(source, defer=True)
+    assert any(deferred.is_deferred(t) for t in model.graph.initializer)
+    feeds = {i.name: np.zeros((1, 2, 0, 16), np.float32) for i in model.graph.input if i.name.startswith("past")}
+    feeds.update(input_ids=np.array([[5, 7, 9]], np.int64), attention_mask=np.ones((1, 3), np.int64))  # a prefill
+    whole = read_model(source)  # (as the file holds it: load_model claims an op onnxruntime runs in another domain)
+    want = session(whole).run(None, feeds)
+    model = read_model(source, defer=True)
+    got = session(model).run(None, feeds)
+    for w, g in zip(want, got):
+        np.testing.assert_array_equal(w, g)
+    assert any(deferred.is_deferred(t) for t in model.graph.initializer)  # the model itself stays deferred

@@ -20,8 +20,10 @@ MKDOCS = shutil.which("mkdocs", path=str(Path(sys.executable).parent)) or shutil
 def site(tmp_path_factory) -> Path:
     assert MKDOCS is not None, "mkdocs is not installed: pip install -e '.[dev]' (make test does)"
     out = tmp_path_factory.mktemp("site")
-    result = subprocess.run([MKDOCS, "build", "--strict", "--site-dir", str(out)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    # from another folder than the checkout's root: every include is found relative to mkdocs.yml (issue 38)
+    result = subprocess.run([MKDOCS, "build", "--strict", "-f", str(ROOT / "mkdocs.yml"), "--site-dir", str(out)],
+                            cwd=out.parent, capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert result.returncode == 0, result.stderr[-4000:]
     return out
 
@@ -32,6 +34,15 @@ def test_site_builds_strictly_with_every_page(site):
              "reliability", "results", "corpus", "api", "ARCHITECTURE", "layout", "changelog"]
     assert (site / "index.html").is_file()
     assert [p for p in pages if not (site / p / "index.html").is_file()] == []
+
+
+def test_home_page_lists_the_formats_the_readme_lists(site):
+    """The site's home page and the README name the same formats (the home page said INT8 only)."""
+    formats = ("INT8", "FP8", "INT4 weight-only", "FP4")
+    first = (ROOT / "README.md").read_text().splitlines()[2]
+    assert all(f in first for f in formats)
+    home = re.sub(r"<[^>]+>", "", (site / "index.html").read_text())
+    assert all(f in home for f in formats)
 
 
 def test_api_reference_names_the_public_functions(site):

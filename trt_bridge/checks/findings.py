@@ -15,6 +15,9 @@ PARSER_FIXES = {"no-importer": "lifted by `trt-bridge convert` (`trt-bridge chec
                 "tensorrt-parser": "`trt-bridge check` says whether convert fixes it",
                 "tensorrt-crash": "`trt-bridge check` says whether convert fixes it"}
 
+#: the findings that say TensorRT's builder refused the model (every one a blocker)
+BUILD_RULES = ("tensorrt-build", "tensorrt-profile")
+
 #: in a fix that only works with calibration data (an activation whose source carries no scale TensorRT can use)
 NEEDS_DATA = "needs --calib-data"
 
@@ -131,6 +134,11 @@ class CheckReport:
         if self.parser is not None:
             said = "ok" if self.parser.ok else f"crashed ({self.parser.crash})" if self.parser.crash else "rejects it"
             parser = f"{self.parser.module} {self.parser.version} parser: {said}"
+            failed = [f for f in self.findings if f.rule in BUILD_RULES]
+            if failed:  # the headline says what the builder said, not only the parser
+                parser += f", builder: {'fails' if failed[0].rule == 'tensorrt-build' else 'fails for a profile'}"
+            elif self.costs is not None:
+                parser += f", builder: builds for {self.costs.target.split(',')[0]}"
         return f"{self.model}: {state} ({counts}; {parser})"
 
     def summary(self) -> str:

@@ -110,10 +110,13 @@ def measure_costs(path: Path, compute_capability: str, report: CheckReport, plug
             text = message.split(" failed: ", 1)[-1]
             named.tensorrt = text if not named.tensorrt else f"{named.tensorrt}; {text}"
             return None
-        report.findings.append(Finding(
-            "tensorrt-build", Severity.WARNING, "", "", [], f"TensorRT's parser takes the model, but its builder "
+        report.findings.append(Finding(  # a model TensorRT does not build is not ready, whatever else holds
+            "tensorrt-build", Severity.BLOCKER, "", "", [], f"TensorRT's parser takes the model, but its builder "
             f"fails for compute capability {compute_capability}: {str(exc).splitlines()[0]}",
-            "please report it with `trt-bridge build -v`", False))
+            "no rule rewrites what the builder refused: give the shapes the engine must take (--shapes); for an If "
+            "TensorRT cannot build (an If or an LSTM's state inside a branch), hold the input it branches on "
+            "(convert --constant-inputs NAME=VALUE); else change the model there and report it (`trt-bridge build "
+            "-v`)", False))
         return None
 
 

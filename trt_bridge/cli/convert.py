@@ -17,14 +17,15 @@ from trt_bridge.cli.convert_args import (  # add_parser: as trt_bridge.api build
     PRECISION,
     RANGES,
     SCALES,
+    SOURCE,
     TARGET,
     add_parser,  # noqa: F401
 )
 from trt_bridge.conversion.accuracy import convert_to_target
 from trt_bridge.conversion.options import ConvertOptions
+from trt_bridge.conversion.paths import input_files
 from trt_bridge.conversion.pipeline import convert
 from trt_bridge.conversion.report import ConversionReport
-from trt_bridge.conversion.stages import input_files
 from trt_bridge.ir.commit import Outputs
 
 
@@ -33,7 +34,7 @@ def options_from_args(args: argparse.Namespace) -> ConvertOptions:
     calibration, ranges, placement = CALIBRATION.parse(args), RANGES.parse(args), PLACEMENT.parse(args)
     return ConvertOptions(calibration=calibration, scales=SCALES.parse(args), placement=placement, ranges=ranges,
                           precision=PRECISION.parse(args), activations=ACTIVATIONS.parse(args),
-                          formats=FORMATS.parse(args),
+                          formats=FORMATS.parse(args), source=SOURCE.parse(args),
                           check=not args.skip_check, progress=not args.quiet)
 
 

@@ -38,6 +38,7 @@ from trt_bridge.conversion.options import (
     RangeOptions,
     ScaleOptions,
     ScalePolicy,
+    SourceOptions,
 )
 from trt_bridge.errors import TrtBridgeError
 
@@ -257,6 +258,21 @@ class FormatArgs:
                              compute_capability=getattr(args, "compute_capability", None))
 
 
+class SourceArgs:
+    """--constant-inputs: :class:`SourceOptions`."""
+
+    def add_to(self, parser: argparse.ArgumentParser) -> None:
+        group = parser.add_argument_group("source")
+        group.add_argument("--constant-inputs", metavar="NAME=VALUE[,...]",
+                           help="inputs the output holds as these constants (e.g. sr=16000): the Ifs that branch on "
+                                "them are inlined, one output per value (TensorRT builds no If whose branches hold an "
+                                "LSTM's state or another If, as Silero VAD's sample-rate If does); calibration feeds "
+                                "leave them out")
+
+    def parse(self, args: argparse.Namespace) -> SourceOptions:
+        return SourceOptions(constant_inputs=args.constant_inputs)
+
+
 DESCRIPTION = """\
 Rewrite an ONNX model into TensorRT-ready explicit quantization: symmetric int8
 QuantizeLinear/DequantizeLinear with zero point 0, per-channel int8 weights, float bias.
@@ -274,9 +290,9 @@ examples:
 """
 
 
-CALIBRATION, SCALES, PLACEMENT, RANGES, TARGET, PRECISION, ACTIVATIONS, FORMATS = (
+CALIBRATION, SCALES, PLACEMENT, RANGES, TARGET, PRECISION, ACTIVATIONS, FORMATS, SOURCE = (
     CalibrationArgs(), ScaleArgs(), PlacementArgs(), RangeArgs(), AccuracyTargetArgs(), PrecisionArgs(),
-    ActivationArgs(), FormatArgs())
+    ActivationArgs(), FormatArgs(), SourceArgs())
 
 
 def add_parser(sub) -> None:
@@ -286,7 +302,7 @@ def add_parser(sub) -> None:
     p.add_argument("-o", "--output", type=Path,
                    help="output model (default: MODEL.int8.onnx beside the input; .fp8/.int4 with --fp8/--int4)")
     FORMATS.add_to(p)
-    for group in (CALIBRATION, SCALES, PLACEMENT, RANGES, TARGET, PRECISION, ACTIVATIONS):
+    for group in (CALIBRATION, SCALES, PLACEMENT, RANGES, TARGET, PRECISION, ACTIVATIONS, SOURCE):
         group.add_to(p)
     p.add_argument("--report", type=Path, metavar="JSON", help="write the conversion report as JSON (as --json FILE)")
     p.add_argument("--skip-check", action="store_true",

@@ -26,10 +26,10 @@ def keep_float(lifted: onnx.ModelProto) -> tempfile.TemporaryDirectory:
 
 
 def against_float(costs, float_copy: tempfile.TemporaryDirectory | None, large: bool,
-                  target: str | None = None) -> dict | None:
+                  target: str | None = None, profiles: tuple = ()) -> dict | None:
     """The report's ``costs``: ``costs`` (the written model's, :class:`~trt_bridge.tensorrt.costs.EngineCosts` or
     None) against the float model in ``float_copy``'s (None: not kept), built for the same ``target`` (convert's
-    --compute-capability; None: ``COST_TARGET``)."""
+    --compute-capability; None: ``COST_TARGET``) and ``profiles`` (the check's)."""
     if costs is None:
         if float_copy is not None:
             float_copy.cleanup()
@@ -37,7 +37,7 @@ def against_float(costs, float_copy: tempfile.TemporaryDirectory | None, large: 
     reference, why = None, "a model over 2 GB is not built twice" if large else ""
     if float_copy is not None:
         with float_copy:
-            reference = costs_or_none(Path(float_copy.name) / "float.onnx", target or COST_TARGET)
+            reference = costs_or_none(Path(float_copy.name) / "float.onnx", target or COST_TARGET, profiles=profiles)
         why = "" if reference is not None else "TensorRT could not build the float model"
     text = costs.against(reference) if reference is not None else costs.text()
     return {"target": costs.target, "output": costs.to_dict(),

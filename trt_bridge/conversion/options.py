@@ -152,6 +152,37 @@ class ActivationOptions:
 
 
 @dataclass(frozen=True)
+class SourceOptions:
+    """What the source is taken as: ``constant_inputs`` ("NAME=VALUE[,NAME=VALUE]") are inputs the output holds as
+    those constants (``--constant-inputs``; conversion/constant_inputs.py), so the Ifs that branch on them are
+    inlined: one model per value, where TensorRT builds no If whose branches hold what it cannot nest."""
+
+    constant_inputs: str | None = None
+
+    def __post_init__(self) -> None:
+        self.values()
+
+    def values(self) -> dict[str, float]:
+        """Input name → its constant value."""
+        found: dict[str, float] = {}
+        for item in (self.constant_inputs or "").split(","):
+            if not item.strip():
+                continue
+            name, equals, text = item.partition("=")
+            try:
+                value = float(text)
+            except ValueError:
+                value = float("nan")
+            if not equals or not name.strip() or value != value or value in (float("inf"), float("-inf")):
+                raise TrtBridgeError(f"--constant-inputs {self.constant_inputs}: give NAME=VALUE pairs separated by "
+                                     "commas, each VALUE a finite number (e.g. sr=16000).")
+            if name.strip() in found:
+                raise TrtBridgeError(f"--constant-inputs {self.constant_inputs}: '{name.strip()}' is given twice.")
+            found[name.strip()] = value
+        return found
+
+
+@dataclass(frozen=True)
 class ConvertOptions:
     """Every option of a conversion (``trt-bridge convert``'s flags but -o, --report, --json and the accuracy
     target), by concern."""
@@ -163,6 +194,7 @@ class ConvertOptions:
     precision: PrecisionOptions = field(default_factory=PrecisionOptions)
     activations: ActivationOptions = field(default_factory=ActivationOptions)
     formats: FormatOptions = field(default_factory=FormatOptions)
+    source: SourceOptions = field(default_factory=SourceOptions)
     check: bool = True  # run `trt-bridge check` on the output (with TensorRT's parser when installed)
     progress: bool = True
 

@@ -202,6 +202,8 @@ class ConversionReport:
             for finding in self.check["findings"]:
                 where = f"{finding['op']} '{finding['node']}'" if finding["node"] else "model"
                 lines.append(f"    [{finding['rule']}] {where}: {finding['why']}")
+                if finding["severity"] == "blocker" and not finding["fixable"] and finding["fix"]:
+                    lines.append(f"      what to do: {finding['fix']}")  # convert could not: the user can
         if self.costs is not None:
             lines.append(f"  {self.cost_line()}")
         lines.append(f"  total {sum(self.seconds.values()):.2f} s")

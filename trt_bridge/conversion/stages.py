@@ -15,13 +15,23 @@ from trt_bridge.annotations import drop_layers
 from trt_bridge.calibrate import CalibMethod, model_inputs, open_feeds
 from trt_bridge.calibrate.apply import apply_ranges, float_where_infinite, nonfinite_values
 from trt_bridge.calibrate.awq import apply_awq
-from trt_bridge.calibrate.feed_sources import source_path
 from trt_bridge.calibrate.ranges import observed_ranges
 from trt_bridge.calibrate.session import HeldOut
 from trt_bridge.calibrate.two_pass import calibrate_graph
 from trt_bridge.checks.rules import is_int8
-from trt_bridge.conversion import bias_correction, bodies, costs, data_choices, give_back, range_choice, runtime_choice
+from trt_bridge.conversion import (
+    bias_correction,
+    bodies,
+    constant_inputs,
+    costs,
+    data_choices,
+    give_back,
+    range_choice,
+    runtime_choice,
+    shape_branches,
+)
 from trt_bridge.conversion.options import ConvertOptions, ScalePolicy
+from trt_bridge.conversion.paths import check_paths
 from trt_bridge.conversion.report import FloatLeftover, RuleHits
 from trt_bridge.conversion.support import check_supported
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
@@ -30,7 +40,6 @@ from trt_bridge.ir.deferred import import_graph
 from trt_bridge.ir.dynamic_gemm import OP_TYPE as PLUGIN_OP
 from trt_bridge.ir.dynamic_gemm import PLUGIN_VERSION
 from trt_bridge.ir.export import export_model
-from trt_bridge.ir.files import check_writable, inside_folder, same_file
 from trt_bridge.ir.finalize import finalize
 from trt_bridge.ir.model import default_opset, load_model
 from trt_bridge.ir.size import RELEASE_BYTES, lifted_bytes, payload_bytes, release_memory, too_large
@@ -83,25 +92,7 @@ class Conversion:
     float_copy: Any = None  # with check: a temporary folder holding the lifted float model (its engine costs)
     outputs: Outputs = field(default_factory=Outputs)  # the command's outputs, committed once it has succeeded
     staged: Path | None = None  # the output model as written, before it is committed
-
-
-def input_files(options: ConvertOptions) -> list[Path]:
-    """Every file a conversion reads besides the model itself: feeds, a loader script, scale files, a QAT file."""
-    return [source_path(spec) for spec in (options.calibration.data, *options.scales.files, options.scales.qat)
-            if spec is not None]
-
-
-def check_paths(state: Conversion) -> None:
-    """The output must be writable, and neither the model nor (with its ``.data`` file) any file it reads."""
-    model_path, output_path = state.model_path, state.output_path
-    check_writable(output_path, "output model")  # first: a link loop or a dangling link before it is resolved
-    if output_path.resolve() == model_path.resolve():
-        raise TrtBridgeError(f"the output path {output_path} is the input model; choose another with -o.")
-    for target in (output_path, output_path.with_name(output_path.name + ".data")):
-        for source in input_files(state.options):
-            if same_file(target, source) or inside_folder(target, source):
-                raise TrtBridgeError(f"the output model {output_path} would overwrite {source}, which this "
-                                     "conversion reads; choose another output path with -o.")
+    held: list = field(default_factory=list)  # prepare.change.Change: the inputs --constant-inputs holds
 
 
 def _has_scale_source(options: ConvertOptions) -> bool:
@@ -114,9 +105,10 @@ def _has_scale_source(options: ConvertOptions) -> bool:
 def load(state: Conversion) -> StageResult:
     """Load and check the source; open (and check) the calibration data and any scale files before any work, so
     a bad path fails fast."""
-    check_paths(state)
+    check_paths(state.model_path, state.output_path, state.options)
     options = state.options
     model = state.model = load_model(state.model_path, state.declared, defer=True)  # big weights read when used
+    state.held = constant_inputs.apply(model, options.source.values(), state.model_path)  # --constant-inputs
     check_supported(model, state.model_path)  # an opset onnxruntime cannot run, FP4 Q/DQ
     check_source_values(model, state.model_path)  # scales, FP8 codes, weights (check names the same)
     state.source_nonfinite = nonfinite_count(model)  # -inf attention masks are fine; new ones are overflows
@@ -146,8 +138,10 @@ def lift(state: Conversion) -> StageResult:
         rules = (DynamicGemmPlugin(granularity), FusedDynamicGemmPlugin(granularity), *LIFT_RULES)
     else:  # a float model: its MatMuls with constant weights, quantized per column
         rules = (*LIFT_RULES, FloatGemmPlugin(granularity))
+    decided = shape_branches.specialise(state.model, state.feeds, str(state.model_path))  # nested shape tests
     state.lifted, ctx = lift_model(state.model, state.model_path, state.options.precision.bf16, state.declared,
                                    state.store, rules)
+    ctx.prepared = state.held + decided + list(ctx.prepared)
     state.ctx, state.model = ctx, None
     if (activations.mode == "static" and not _has_scale_source(state.options) and not state.options.formats.weights
             and not ctx.annotations.activations and not ctx.annotations.weights and not ctx.in_bodies):  # a float model

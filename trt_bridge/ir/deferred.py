@@ -141,3 +141,17 @@ def import_graph(model: onnx.ModelProto) -> gs.Graph:
             tensor._values = DeferredValues(values.tensor)
             tensor.data_location = None  # (an array a rule gives it is exported with its data, not as a reference)
     return graph
+
+
+def with_data(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` itself, or (where it has deferred tensors) a copy holding their data: what a reader that takes a
+    whole model (an onnxruntime session) is given."""
+    if not any(is_deferred(t) for t in model.graph.initializer):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    for tensor in copy.graph.initializer:
+        if is_deferred(tensor):
+            tensor.CopyFrom(loaded(tensor))
+    return copy
+

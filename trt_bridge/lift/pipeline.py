@@ -20,6 +20,7 @@ from trt_bridge.lift import LIFT_RULES, leftover_blockers, lift
 from trt_bridge.lift.base import LiftRule
 from trt_bridge.lift.block_quantize_dequantize import QUARK_DOMAINS
 from trt_bridge.prepare import global_pool, sanitize
+from trt_bridge.prepare.constant_if import inline_constant_ifs, refresh_shapes
 from trt_bridge.prepare.model import prepare
 from trt_bridge.prepare.types import Bf16Policy
 from trt_bridge.runtime.session import quiet_default_logger
@@ -48,7 +49,7 @@ def lift_graph(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
         model = infer_shapes(model)
     graph = import_graph(model)  # (a deferred source's weights read when a rule reads them)
     changes += sanitize(graph)
-    fold_constants(graph)
+    changes += fold_constants(graph)
     changes += global_pool.after_folding(graph)
     ctx = lift(graph, rules)
     changes += global_pool.after_folding(graph)  # where a quantizer's custom op (Quark's BFP) hid the shapes
@@ -78,12 +79,22 @@ def lift_model(model: onnx.ModelProto, where: str | Path = "model", bf16: Bf16Po
     return finalize(lifted, source_opset), lifting.ctx
 
 
-def fold_constants(graph: gs.Graph) -> None:
+def fold_constants(graph: gs.Graph) -> list:
     """Fold constant subgraphs (a Reshape/Transpose of a weight) in place; Q/DQ stay (exact integer data), and
-    so do AMD Quark's custom ops (onnxruntime cannot run them: one in the subgraph would stop all folding)."""
+    so do AMD Quark's custom ops (onnxruntime cannot run them: one in the subgraph would stop all folding). An If
+    whose condition folds to a constant is inlined by ``prepare.constant_if`` (onnx-graphsurgeon's own flattening
+    leaves dangling names in nested bodies), and the graph folded again. Returns the Ifs inlined (``Change``)."""
     quiet_default_logger()  # onnx-graphsurgeon folds in an onnxruntime session of default options
-    graph.fold_constants(should_exclude_node=lambda n: n.op in NO_FOLD or (n.domain or "") in QUARK_DOMAINS
-                         ).cleanup()
+    changes: list = []
+    for _ in range(4):  # an inlined branch can make a nested If's condition constant in turn
+        graph.fold_constants(should_exclude_node=lambda n: n.op in NO_FOLD or (n.domain or "") in QUARK_DOMAINS,
+                             flatten_subgraphs=False).cleanup()
+        inlined = inline_constant_ifs(graph)
+        if not inlined:
+            break
+        changes += inlined
+        refresh_shapes(graph)
+    return changes
 
 
 def blocker_message(path: Path, blockers, declined) -> str:

@@ -25,6 +25,7 @@ from trt_bridge.prepare.global_pool import GlobalAveragePool
 from trt_bridge.prepare.identity import RemoveIdentity
 from trt_bridge.prepare.ort_fused import DefuseOrtOps
 from trt_bridge.prepare.qdq_domain import StandardQDQDomain
+from trt_bridge.prepare.squeeze_axes import SqueezeAxes
 
 
 class SanitizePass(Protocol):
@@ -52,6 +53,8 @@ class SanitizePass(Protocol):
 #:   but RemoveDropout.
 #: - GlobalAveragePool writes an AveragePool whose window covers its whole input as the global op
 #:   (an exporter's idiom that TensorRT refuses for windows of 100,000 elements or more).
+#: - SqueezeAxes writes the axes of a Squeeze without them (opset 9/11 exports) from the inferred shape: TensorRT
+#:   fixes ranks when it builds and refuses such a Squeeze on dynamic shapes.
 #: - RemoveIdentity last: it collapses the Identity chains left by the exporter and by
 #:   the passes above, and decides alone how a graph output keeps its name.
 #: The type passes (``types.py``: bfloat16 rewriting, then a Cast wherever inputs contradict
@@ -63,6 +66,7 @@ SANITIZE_PASSES: tuple[SanitizePass, ...] = (
     RemoveDropout(),
     FoldCastChains(),
     GlobalAveragePool(),
+    SqueezeAxes(),
     RemoveIdentity(),
 )
 
@@ -82,4 +86,4 @@ def sanitize(graph: gs.Graph, passes: tuple[SanitizePass, ...] = SANITIZE_PASSES
 
 
 __all__ = ["SANITIZE_PASSES", "Change", "DefuseOrtOps", "FoldCastChains", "GlobalAveragePool", "RemoveDropout",
-           "RemoveIdentity", "SanitizePass", "StandardQDQDomain", "sanitize"]
+           "RemoveIdentity", "SanitizePass", "SqueezeAxes", "StandardQDQDomain", "sanitize"]

@@ -31,6 +31,7 @@ from typing import Any, TypeVar
 import onnx
 
 from trt_bridge.formats import FP8, code_types
+from trt_bridge.ir.deferred import with_data
 from trt_bridge.ir.dynamic_gemm import decompose, disabled_optimizers, has_plugin_nodes
 from trt_bridge.ir.model import read_model
 from trt_bridge.ir.types import holds_codes
@@ -47,7 +48,7 @@ def session(model: str | Path | onnx.ModelProto | bytes, simulate_qdq: bool = Tr
     options.log_severity_level = 3
     if simulate_qdq:
         options.add_session_config_entry("session.disable_quant_qdq", "1")
-    model = _bfloat16_emulated(model)
+    model = _bfloat16_emulated(with_data(model) if isinstance(model, onnx.ModelProto) else model)
     if isinstance(model, onnx.ModelProto):
         model = model.SerializeToString()
     elif isinstance(model, Path):
@@ -155,10 +156,13 @@ def create_session(model, options, providers=("CPUExecutionProvider",), exact: b
     optimizations only fuse and fold, so the model computes the same without them.
 
     ``exact``: uint8 × int8 integer ops run on uint8 weights (:mod:`trt_bridge.runtime.exact_integer`), for
-    measuring what a model computes; timing (``bench``) runs the model's own ops.
+    measuring what a model computes; timing (``bench``) runs the model's own ops. A model whose big weights are
+    deferred (:mod:`trt_bridge.ir.deferred`) is given a copy that holds them.
     """
     import onnxruntime as ort
 
+    if isinstance(model, onnx.ModelProto):
+        model = with_data(model)
     if isinstance(model, (str, os.PathLike)):  # onnxruntime reads the file's external data itself: checked first
         read_model(model, external_data=False)
     if owns_process():  # the command line: onnxruntime's own log lines stay off stderr (see above)

@@ -68,11 +68,12 @@ def engine_costs(path: str | Path, compute_capability: str = COST_TARGET, module
 
 
 def costs_or_none(path: str | Path, compute_capability: str, plugins: tuple[str, ...] = (),
-                  shapes: dict[str, tuple[int, ...]] | None = None) -> EngineCosts | None:
+                  shapes: dict[str, tuple[int, ...]] | None = None,
+                  profiles: tuple[Profile, ...] = ()) -> EngineCosts | None:
     """:func:`engine_costs`, or None (logged) where no TensorRT builder is installed or it fails on the model: for
     reports that show costs beside what they measure (verify, bench)."""
     try:
-        return engine_costs(path, compute_capability, shapes=shapes, plugins=plugins)
+        return engine_costs(path, compute_capability, shapes=shapes, plugins=plugins, profiles=profiles)
     except MissingDependencyError:
         return None
     except EngineBuildError as exc:
