@@ -12,7 +12,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from trt_bridge.annotations import QMAX, ScaleSource, Site, WeightSpec
 from trt_bridge.errors import InternalError, UnsupportedPatternError
-from trt_bridge.formats import FP4, INT4, INT8, QuantFormat, broadcast_param, numpy_code_format
+from trt_bridge.formats import FP4, FP8, INT4, INT8, QuantFormat, broadcast_param, numpy_code_format
 from trt_bridge.ir.store import release_weight
 from trt_bridge.ir.tensorrt_ops import output_channel_axis
 from trt_bridge.ir.values import FLOAT32_TINY, check_finite_weight
@@ -86,14 +86,32 @@ def lift_block_weight(ctx: LiftContext, tensor: gs.Tensor, values: np.ndarray, z
                                 f"'{tensor.name}' do not fit int4 once centred on their zero points (and turned "
                                 f"with a negative scale): clipped or re-quantized INT4, whichever is nearer, in "
                                 f"blocks of {block}")
-        else:  # 8-bit blocks: TensorRT's INT8 takes no blocks; per channel keeps more than 4 bits would
-            spec = WeightSpec(const.name, [], axis, origin)
-            ctx.approximate(rule, origin, f"block-wise {values.dtype} weights (block_size "
-                            f"{block}) of '{tensor.name}' re-quantized as int8 per output channel, the nearest form "
-                            "TensorRT builds")
+        else:  # 8-bit blocks: TensorRT takes no 8-bit blocks; per channel keeps more than 4 bits would
+            fmt, why = _per_channel_form(values, zero_point, scale, axis, along, block, ftype)
+            spec = WeightSpec(const.name, [], axis, origin, format=fmt)
+            ctx.approximate(rule, origin, f"block-wise {values.dtype} weights (block_size {block}) of "
+                            f"'{tensor.name}' re-quantized as {fmt.label} per output channel, the nearest form "
+                            f"TensorRT builds{why}")
     spec.sites.append(site)
     ctx.annotations.add_weight(spec)
     return const
+
+
+def _per_channel_form(values, zero_point, scale, axis: int, along: int, block: int, ftype) -> tuple[QuantFormat, str]:
+    """The per-channel format nearer to an 8-bit block weight: FP8 E4M3 codes keep FP8 where FP8 per channel is the
+    nearer (a floating format spans the blocks' different scales; TensorRT builds an FP8 weight-only DequantizeLinear
+    and keeps its weights FP8), else INT8; integer codes INT8. Returns the format and what was measured."""
+    if np.asarray(values).dtype != FP8.dtype:
+        return INT8, ""
+    weight = _block_floats(values, zero_point, scale, along, block, np.float64)
+    noise = {}
+    for fmt in (FP8, INT8):
+        codes, scales = quantize_weight(weight, axis, np.float32, fmt)
+        noise[fmt] = float(np.sum((dequantize(codes, scales, axis).astype(np.float64) - weight) ** 2))
+    signal = float(np.sum(weight ** 2)) or 1.0
+    db = {fmt: 10 * np.log10(signal / max(n, 1e-300)) for fmt, n in noise.items()}
+    fmt = FP8 if noise[FP8] <= noise[INT8] else INT8
+    return fmt, f" (the weight's SNR: FP8 {db[FP8]:.1f} dB, INT8 {db[INT8]:.1f} dB)"
 
 
 def _centred(values: np.ndarray, zero_point: np.ndarray, along: int, block: int) -> np.ndarray:
