@@ -56,6 +56,24 @@ def _rank(t: gs.Tensor) -> int | None:
     return None if shape is None else len(shape)
 
 
+def attention_spec(node: gs.Node, query: gs.Tensor, mask: gs.Tensor | None, heads: int,
+                   sizes: list[int]) -> AttentionSpec | str:
+    """A MultiHeadAttention node's spec (its key padding mask's form, causality, scale, filter value), or why its
+    mask is not written back."""
+    form = None
+    if mask is not None:
+        rank = _rank(mask)
+        form = "lengths" if rank == 1 else mask_form(mask, query)
+        batch = query.shape[0] if query.shape is not None else None
+        if rank == 1 and isinstance(batch, int) and through_casts(mask).shape[0] == 3 * batch + 2:
+            return f"key_padding_mask '{mask.name}' has the [3B + 2] form, which is not written back"
+        if form not in ("lengths", "raw2d", "raw3d"):
+            return form
+    scale = float(node.attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(sizes[0] // heads))
+    return AttentionSpec(heads, tuple(sizes), bool(int(node.attrs.get("unidirectional", 0))), scale,
+                         float(node.attrs.get("mask_filter_value", -10000.0)), form)
+
+
 @dataclass(frozen=True)
 class MultiHeadAttentionMatch:
     node: gs.Node
@@ -94,19 +112,8 @@ class OrtMultiHeadAttention:
             sizes = [s if s is not None else bias_values[0] // 3 for s in sizes]
         if heads <= 0 or any(s is None for s in sizes) or sizes[0] != sizes[1] or any(s % heads for s in sizes):
             return f"hidden sizes {sizes} of query, key, value do not split into num_heads={heads} heads"
-        form = None
-        if mask is not None:
-            rank = _rank(mask)
-            form = "lengths" if rank == 1 else mask_form(mask, query)
-            batch = query.shape[0] if query.shape is not None else None
-            if rank == 1 and isinstance(batch, int) and through_casts(mask).shape[0] == 3 * batch + 2:
-                return f"key_padding_mask '{mask.name}' has the [3B + 2] form, which is not written back"
-            if form not in ("lengths", "raw2d", "raw3d"):
-                return form
-        scale = float(node.attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(sizes[0] // heads))
-        spec = AttentionSpec(heads, tuple(sizes), bool(int(node.attrs.get("unidirectional", 0))), scale,
-                             float(node.attrs.get("mask_filter_value", -10000.0)), form)
-        return MultiHeadAttentionMatch(node, spec)
+        spec = attention_spec(node, query, mask, heads, sizes)
+        return spec if isinstance(spec, str) else MultiHeadAttentionMatch(node, spec)
 
     def rewrite(self, ctx: LiftContext, match: MultiHeadAttentionMatch) -> None:
         node, spec = match.node, match.spec

@@ -37,8 +37,8 @@ import onnx_graphsurgeon as gs
 from trt_bridge.ir.graph_builder import GraphBuilder, present, used
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.kv_attention import I64, merge_heads, split_heads
-from trt_bridge.lift.ort_attention import MS, AttentionSpec, mask_form, through_casts
-from trt_bridge.lift.ort_multihead_attention import cached, hidden_size
+from trt_bridge.lift.ort_attention import MS, AttentionSpec
+from trt_bridge.lift.ort_multihead_attention import attention_spec, cached, hidden_size
 
 
 @dataclass(frozen=True)
@@ -99,19 +99,8 @@ class OrtMultiHeadAttentionPast:
                                                              ((shape[1], heads), (shape[3], size // heads)))):
                 return (f"past '{present(node, index).name}' has shape {list(shape)}, expected [batch, "
                         f"num_heads={heads}, past length, head size={size // heads}]")
-        form, mask = None, present(node, 4)
-        if mask is not None:
-            rank = None if through_casts(mask).shape is None else len(through_casts(mask).shape)
-            form = "lengths" if rank == 1 else mask_form(mask, query)
-            batch = query.shape[0] if query.shape is not None else None
-            if rank == 1 and isinstance(batch, int) and through_casts(mask).shape[0] == 3 * batch + 2:
-                return f"key_padding_mask '{mask.name}' has the [3B + 2] form, which is not written back"
-            if form not in ("lengths", "raw2d", "raw3d"):
-                return form
-        scale = float(node.attrs.get("scale", 0.0)) or 1.0 / float(np.sqrt(sizes[0] // heads))
-        spec = AttentionSpec(heads, tuple(sizes), bool(int(node.attrs.get("unidirectional", 0))), scale,
-                             float(node.attrs.get("mask_filter_value", -10000.0)), form)
-        return PastMultiHeadAttentionMatch(node, spec)
+        spec = attention_spec(node, query, present(node, 4), heads, sizes)
+        return spec if isinstance(spec, str) else PastMultiHeadAttentionMatch(node, spec)
 
     def rewrite(self, ctx: LiftContext, match: PastMultiHeadAttentionMatch) -> None:
         node, spec = match.node, match.spec
