@@ -79,9 +79,16 @@ def test_a_builder_view_counts_the_layers_as_that_builder_runs_them():
                                   "FP32 24, INT8-W 2; 4 INT8 convolution(s) in FP32 (not in TensorRT-RTX's support "
                                   "matrix); 2 INT8 GEMM(s) as INT8 weight-only")
     assert headline_note(rtx) == "TensorRT-RTX runs 4 in float and 2 weight-only of the 6 INT8 layer(s)"
-    assert rtx["alternatives"].startswith("of the model's 6 INT8 layer(s), TensorRT-RTX runs 4 in float and 2 as "
-                                          "INT8 weight-only")
-    assert all(f in rtx["alternatives"] for f in ("--int4", "--fp8 (FP8 GEMMs, 8.9+)", "FP4 GEMMs (12.0"))
+    assert rtx["alternatives"] == (
+        "of the model's 6 INT8 layer(s), TensorRT-RTX runs 4 in float and 2 weight-only (its support matrix has no "
+        "W8A8 INT8 and no quantized convolutions); the GEMM forms it runs quantized are --int4 (INT4 weight-only, "
+        "compute capability 8.6+), --fp8 (FP8, 8.9+) and FP4 (12.0, from an NVFP4 source); it runs convolutions in "
+        "float in every format (--high-precision fp16: in FP16); datacenter TensorRT runs INT8 as INT8")
+    gemms = builder_view({"groups": [{"precision": "int4-w", "op": "gemm", "float": "fp32", "count": 3},
+                                     {"precision": "int8", "op": "convolution", "float": "fp16", "count": 2}]},
+                         "tensorrt_rtx", "8.9", used=True)  # --int4: the GEMMs as asked, the convolutions not
+    assert headline_note(gemms) == "TensorRT-RTX runs 2 in float of the 5 quantized layer(s)"
+    assert "--int4" not in gemms["alternatives"] and "convolutions in float" in gemms["alternatives"]
     turing = builder_view(PRECISIONS, "tensorrt_rtx", "7.5")
     assert turing["counts"] == {"fp16": 2, "fp32": 24} and turing["run_quantized"] == 0
     # datacenter TensorRT the builder here: its view alone; none ran: both
@@ -98,8 +105,8 @@ def w8a8(tmp_path_factory):
     src = save(samples.conv_net(), root / "float.onnx")
     np.savez(root / "calib.npz", x=samples.image_feeds(4, 0))
     out = root / "model.int8.onnx"
-    report = convert(quantize_dynamic(src, root / "dynamic.onnx"), out, ConvertOptions(calibration=CalibrationOptions(data=str(root / "calib.npz")),
-                                              progress=False))
+    options = ConvertOptions(calibration=CalibrationOptions(data=str(root / "calib.npz")), progress=False)
+    report = convert(quantize_dynamic(src, root / "dynamic.onnx"), out, options)
     return src, out, report
 
 
@@ -140,7 +147,7 @@ def test_check_states_each_builder_in_its_summary_and_json(w8a8):
     summary = report.summary()
     assert "as datacenter TensorRT runs them: FP32 11, INT8 4; as the model asks: 3 INT8 convolution(s), 1 INT8 " \
            "GEMM(s)" in summary
-    assert "warning: of the model's 4 INT8 layer(s), TensorRT-RTX runs 3 in float and 1 as INT8 weight-only" in summary
+    assert "warning: of the model's 4 INT8 layer(s), TensorRT-RTX runs 3 in float and 1 weight-only" in summary
 
     # for an RTX 30 laptop (8.6) the GEMM stays weight-only; for Ampere 8.0 (not in the matrix's WoQ rows) in float;
     # no parser ran: no builder is "used", so the headline names none

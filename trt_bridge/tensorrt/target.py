@@ -248,7 +248,8 @@ def headline_note(view: dict) -> str | None:
     other = [g for g in view["groups"] if g["runs_as"] != g["precision"]]
     if not other:
         return None
-    asked = "/".join(dict.fromkeys(g["precision"].upper() for g in view["groups"]))
+    kinds = {g["precision"] for g in view["groups"]}
+    asked = kinds.pop().upper() if len(kinds) == 1 else "quantized"
     floats = sum(g["count"] for g in other if not g["quantized"])
     weights = sum(g["count"] for g in other if g["quantized"])
     said = " and ".join([*([f"{floats} in float"] if floats else []),
@@ -257,16 +258,24 @@ def headline_note(view: dict) -> str | None:
 
 
 def _alternatives(view: dict) -> str | None:
-    """For TensorRT-RTX running some INT8 (W8A8) layers in float or weight-only: what it runs quantized instead."""
-    int8 = [g for g in view["groups"] if g["precision"] == "int8" and g["runs_as"] != "int8"]
-    if not int8 or view["module"] != "tensorrt_rtx":
+    """For TensorRT-RTX running some quantized layers in float or weight-only (W8A8 INT8 GEMMs, quantized
+    convolutions): the forms it runs quantized instead. None for a builder that runs them as the model asks."""
+    other = [g for g in view["groups"] if g["runs_as"] != g["precision"] and g["op"] != "plugin"]
+    if not other or view["module"] != "tensorrt_rtx":
         return None
-    total = sum(g["count"] for g in view["groups"] if g["precision"] == "int8")
-    floats = sum(g["count"] for g in int8 if not g["quantized"])
-    weights = sum(g["count"] for g in int8 if g["quantized"])
+    asked = "/".join(dict.fromkeys(g["precision"].upper() for g in other))
+    floats = sum(g["count"] for g in other if not g["quantized"])
+    weights = sum(g["count"] for g in other if g["quantized"])
     said = " and ".join([*([f"{floats} in float"] if floats else []),
-                         *([f"{weights} as INT8 weight-only"] if weights else [])])
-    return (f"of the model's {total} INT8 layer(s), {view['builder']} runs {said} (W8A8 INT8 and INT8 "
-            "convolutions are not in its support matrix): the forms it runs quantized are --int4 (INT4 weight-only "
-            "GEMMs, compute capability 8.6+), --fp8 (FP8 GEMMs, 8.9+) and FP4 GEMMs (12.0, from an NVFP4 source); "
-            "datacenter TensorRT runs them as INT8")
+                         *([f"{weights} weight-only"] if weights else [])])
+    total = sum(g["count"] for g in view["groups"] if g["precision"] in {g["precision"] for g in other})
+    text = [f"of the model's {total} {asked} layer(s), {view['builder']} runs {said} (its support matrix has no "
+            "W8A8 INT8 and no quantized convolutions)"]
+    if any(g["op"] == "gemm" for g in other):
+        text.append("the GEMM forms it runs quantized are --int4 (INT4 weight-only, compute capability 8.6+), --fp8 "
+                    "(FP8, 8.9+) and FP4 (12.0, from an NVFP4 source)")
+    if any(g["op"] == "convolution" for g in other):
+        text.append("it runs convolutions in float in every format (--high-precision fp16: in FP16)")
+    if any(g["precision"] == "int8" for g in other):
+        text.append("datacenter TensorRT runs INT8 as INT8")
+    return "; ".join(text)
