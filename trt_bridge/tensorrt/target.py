@@ -275,7 +275,7 @@ def _alternatives(view: dict) -> str | None:
         text.append("the GEMM forms it runs quantized are --int4 (INT4 weight-only, compute capability 8.6+), --fp8 "
                     "(FP8, 8.9+) and FP4 (12.0, from an NVFP4 source)")
     if any(g["op"] == "convolution" for g in other):
-        text.append("it runs convolutions in float in every format (--high-precision fp16: in FP16)")
+        text.append("it runs convolutions in float in every format (--high-precision fp16 writes those it can in FP16)")
     if any(g["precision"] == "int8" for g in other):
         text.append("datacenter TensorRT runs INT8 as INT8")
     return "; ".join(text)
