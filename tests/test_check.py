@@ -49,7 +49,7 @@ def test_mixed_types_finding_and_fix(tmp_path):
         "      convert: quantizes it with --int8 --calib-data DATA (TensorRT placement, calibrated activation scales, "
         "per-channel weights)",
         "  every blocker is fixed by `trt-bridge convert`",
-        "  layers by precision (as TensorRT will run them): FP16 3, FP32 1",
+        "  layers by precision (as the model's types ask): FP16 3, FP32 1",
     ]
     with_parser = check_model(src)
     finding = with_parser.findings[0]

@@ -29,7 +29,7 @@ import numpy as np
 from trt_bridge.calibrate import model_inputs, open_feeds
 from trt_bridge.checks.findings import NEEDS_DATA, CheckReport, Finding, Severity, TensorInfo
 from trt_bridge.checks.rules import CHECK_RULES, is_int8, tensor_info
-from trt_bridge.checks.targets import model_formats, target_findings
+from trt_bridge.checks.targets import builder_views, model_formats, target_findings
 from trt_bridge.checks.tensorrt_run import measure_costs, probe
 from trt_bridge.errors import CalibrationDataError, UnsupportedPatternError
 from trt_bridge.formats import INT8
@@ -133,6 +133,8 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
         report.parser = probe(path, report, node_names, nodes, options.plugins)
         if options.costs and report.parser is not None and report.parser.ok and not beyond:
             report.costs = measure_costs(path, options.costs, report, options.plugins, options.profiles)
+    report.builders = builder_views(precisions, report.parser.module if report.parser else None, target,
+                                    options.compute_capability)
     report.seconds = time.perf_counter() - start
     return report
 

@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from trt_bridge.lower.layer_precisions import precision_line, quantized_precision
 from trt_bridge.tensorrt.costs import EngineCosts
 from trt_bridge.tensorrt.parse import ParserError
+from trt_bridge.tensorrt.target import headline_note
 
 #: what convert does about the parser's errors on a model ``trt-bridge build`` is given (by their rule)
 PARSER_FIXES = {"no-importer": "lifted by `trt-bridge convert` (`trt-bridge check` says how)",
@@ -90,6 +91,9 @@ class CheckReport:
     precisions: dict | None = None  # layers by the precision TensorRT runs them in (precision.layer_precisions)
     #: what the engine costs on the target (an ahead-of-time build, tensorrt.costs.EngineCosts); None: not measured
     costs: EngineCosts | None = None
+    #: the layers as each builder runs them (checks.targets.builder_views: datacenter TensorRT, and TensorRT-RTX
+    #: unless datacenter TensorRT is the one here; each marked ``used`` when its parser ran); None: not read
+    builders: list[dict] | None = None
 
     @property
     def blockers(self) -> list[Finding]:
@@ -139,7 +143,8 @@ class CheckReport:
                 parser += f", builder: {'fails' if failed[0].rule == 'tensorrt-build' else 'fails for a profile'}"
             elif self.costs is not None:
                 parser += f", builder: builds for {self.costs.target.split(',')[0]}"
-        return f"{self.model}: {state} ({counts}; {parser})"
+        notes = [note for view in self.builders or () if view["used"] and (note := headline_note(view))]
+        return f"{self.model}: {state} ({counts}; {parser})" + "".join(f"; {note}" for note in notes)
 
     def summary(self) -> str:
         lines = [self.headline()]
@@ -153,6 +158,10 @@ class CheckReport:
             lines.append(f"  {len(unfixable)} blocker(s) `trt-bridge convert` cannot fix (see above)")
         if self.precisions is not None:
             lines.append("  " + precision_line(self.precisions))
+        for view in [v for v in self.builders or () if v["quantized_layers"]]:  # float layers: as the model asks
+            lines.append("  " + view["line"])
+            if view["alternatives"]:
+                lines.append("  warning: " + view["alternatives"])
         if self.costs is not None:
             lines.append(f"  costs ({self.costs.target}): {self.costs.text()}")
         return "\n".join(lines)

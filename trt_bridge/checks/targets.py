@@ -4,7 +4,8 @@ TensorRT runs FP8 Q/DQ on compute capability 8.9 and newer, INT4 weight-only on 
 newer (:attr:`trt_bridge.formats.QuantFormat.min_compute`); TensorRT-RTX refuses to build them for older targets
 (FP4 for SM 8.9: "no implementation"). ``check`` names the precisions the model's layers run in
 (:func:`trt_bridge.lower.layer_precisions.layer_precisions`, else its Q/DQ's code types for a model over 2 GB) and
-holds each to the target: ``--compute-capability``, else the ``--costs`` build's.
+holds each to the target: ``--compute-capability``, else the ``--costs`` build's. :func:`builder_views` says what
+each builder runs those layers as (:func:`trt_bridge.tensorrt.target.builder_view`).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import onnx
 from trt_bridge.checks.findings import Finding, Severity
 from trt_bridge.choices import compute_capability
 from trt_bridge.formats import FORMATS, INT4, INT8, QuantFormat, code_format
+from trt_bridge.tensorrt.target import builder_view
 
 #: layer_precisions' names → the format each runs in
 _PRECISIONS = {"int8": INT8, "fp8": FORMATS["fp8"], "int4": INT4, "int4-w": INT4, "fp4": FORMATS["fp4"],
@@ -58,3 +60,17 @@ def target_findings(formats: dict[QuantFormat, int], target: str | None, layers:
             f"only: the target is compute capability {cc:g} (--compute-capability; build for {fmt.min_compute:g} "
             "or newer to keep it)", fix, fmt.activations))
     return findings
+
+
+def builder_views(precisions: dict | None, used: str | None, target: str | None,
+                  compute_capability: str | None) -> list[dict] | None:
+    """The layers as datacenter TensorRT runs them, and as TensorRT-RTX does unless datacenter TensorRT is the
+    builder ``used`` (the module whose parser ran; None: none ran, both are shown). TensorRT-RTX's are for
+    ``target`` (the check's target or its costs build's), datacenter TensorRT's for ``compute_capability``
+    (--compute-capability; None: the GPU it runs on). None for a model whose layers are not read (over 2 GB)."""
+    if precisions is None:
+        return None
+    views = [builder_view(precisions, "tensorrt", compute_capability, used == "tensorrt")]
+    if used != "tensorrt":
+        views.append(builder_view(precisions, "tensorrt_rtx", target, used == "tensorrt_rtx"))
+    return views

@@ -47,7 +47,7 @@ def check(state: Conversion) -> StageResult:
         "check": {**checked.to_dict(), "headline": checked.headline()}, "costs": costs.against_float(
             checked.costs, state.float_copy, state.store is not None, state.options.formats.compute_capability,
             profiles),
-        "remaining_blockers": [f"{f.where}: {f.why}" for f in checked.blockers]})
+        "remaining_blockers": [f"{f.where}: {f.why}" for f in checked.blockers], "builders": checked.builders})
 
 
 def feed_profiles(state: Conversion) -> tuple[Profile, ...]:

@@ -64,6 +64,9 @@ class ConversionReport:
     #: lower/attention_fusion.FusionResult as a dict: the Softmax nodes whose attention became one Attention-23
     #: node (float16/bfloat16), the others with the reason they stay decomposed (None: no attention)
     attention: dict | None = None
+    #: the layers as each builder runs them (the check's, checks.targets.builder_views: datacenter TensorRT, and
+    #: TensorRT-RTX unless datacenter TensorRT is the one here; None: not checked, or the layers not read)
+    builders: list[dict] | None = None
 
     def __bool__(self) -> bool:
         return not self.remaining_blockers
@@ -190,6 +193,10 @@ class ConversionReport:
             if kept:
                 lines.append(f"  kept in float32 under --high-precision {self.precision['high_precision']}: "
                              f"{len(kept)} node(s) (see the JSON report for why)")
+        for view in [v for v in self.builders or () if v["quantized_layers"]]:
+            lines.append(f"  {view['line']}")
+            if view["alternatives"]:  # TensorRT-RTX runs W8A8 INT8 in float or weight-only: a warning, not a refusal
+                lines.append(f"  warning: {view['alternatives']}")
         if self.accuracy is not None:
             lines.append(f"  {self.accuracy['summary']}")
             for probe in self.accuracy["probes"]:

@@ -4,6 +4,11 @@ Under strong typing TensorRT runs every layer in the type the ONNX gives it: a w
 is dequantized runs in the precision of the codes (int8/uint8: INT8, float8: FP8, int4: INT4, float4: FP4), one
 whose weight alone is dequantized from int4 INT4 weight-only (INT4-W; from float4 FP4-W), trt-bridge's
 DynamicInt8Gemm plugin INT8 (its GEMM is int8 × int8), any other layer in its output's type (FP32, FP16, BF16).
+
+That is what the model's types ask for; what each builder runs them as (datacenter TensorRT runs W8A8 INT8
+convolutions and GEMMs, TensorRT-RTX INT8 only as weight-only GEMMs) is
+:func:`trt_bridge.tensorrt.target.builder_view`'s, from the ``groups`` here: the layers by precision, kind of op
+(``convolution``, ``gemm``, ``plugin``, ``other``) and the float type they compute in.
 """
 
 from __future__ import annotations
@@ -40,34 +45,50 @@ def layer_precisions(model: onnx.ModelProto) -> dict:
     names = {onnx.TensorProto.FLOAT: "fp32", onnx.TensorProto.FLOAT16: "fp16", onnx.TensorProto.BFLOAT16: "bf16",
              onnx.TensorProto.DOUBLE: "fp64"}
     layers: dict[str, str] = {}
+    groups: dict[tuple[str, str, str], int] = {}  # (precision, kind of op, float type) → layers
     for node in nodes:
         if node.op_type in SKIP or not node.output or any(
                 a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in node.attribute):
             continue
-        src = producer.get(node.input[0]) if node.input else None
-        if is_plugin_node(node):
-            layers[node.name] = "int8"
-            continue
-        if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":  # onnxruntime's 4-bit weights
-            bits = next((a.i for a in node.attribute if a.name == "bits"), 4)
-            layers[node.name] = "int4-w" if bits <= 4 else "int8"
-            continue
-        if node.op_type in WEIGHTED_OPS and src is not None and src.op_type == "DequantizeLinear":
-            layers[node.name] = CODE_PRECISIONS.get(_code_type(src, types), "int8")
-            continue
-        weight = producer.get(node.input[1]) if node.op_type in WEIGHTED_OPS and len(node.input) > 1 else None
-        four = CODE_PRECISIONS.get(_code_type(weight, types)) if weight is not None and \
-            weight.op_type == "DequantizeLinear" else None
-        if four in ("int4", "fp4"):
-            layers[node.name] = f"{four}-w"  # 4-bit weights, activations in float: INT4 (FP4) weight-only
-            continue
         kind = names.get(types.get(node.output[0], 0))
-        if kind is not None:
-            layers[node.name] = kind
+        precision = _precision(node, producer, types) or kind
+        if precision is not None:
+            layers[node.name] = precision
+            key = (precision, op_kind(node), kind or "fp32")
+            groups[key] = groups.get(key, 0) + 1
     counts: dict[str, int] = {}
     for kind in layers.values():
         counts[kind] = counts.get(kind, 0) + 1
-    return {"counts": dict(sorted(counts.items())), "layers": layers}
+    return {"counts": dict(sorted(counts.items())), "layers": layers,
+            "groups": [{"precision": p, "op": op, "float": f, "count": n} for (p, op, f), n in sorted(groups.items())]}
+
+
+def op_kind(node: onnx.NodeProto) -> str:
+    """What kind of layer a builder's support matrix lists ``node`` as: ``convolution``, ``gemm`` (MatMul, Gemm,
+    MatMulNBits), ``plugin`` (trt-bridge's DynamicInt8Gemm, its own int8 kernel) or ``other``."""
+    if is_plugin_node(node):
+        return "plugin"
+    if node.op_type in ("Conv", "ConvTranspose"):
+        return "convolution"
+    return "gemm" if node.op_type in ("MatMul", "Gemm", "MatMulNBits") else "other"
+
+
+def _precision(node: onnx.NodeProto, producer: dict, types: dict[str, int]) -> str | None:
+    """The quantized precision ``node`` runs in (None: it computes in its output's float type)."""
+    if is_plugin_node(node):
+        return "int8"
+    if node.op_type == "MatMulNBits" and node.domain == "com.microsoft":  # onnxruntime's 4-bit weights
+        bits = next((a.i for a in node.attribute if a.name == "bits"), 4)
+        return "int4-w" if bits <= 4 else "int8"
+    if node.op_type not in WEIGHTED_OPS:
+        return None
+    src = producer.get(node.input[0]) if node.input else None
+    if src is not None and src.op_type == "DequantizeLinear":
+        return CODE_PRECISIONS.get(_code_type(src, types), "int8")
+    weight = producer.get(node.input[1]) if len(node.input) > 1 else None
+    four = CODE_PRECISIONS.get(_code_type(weight, types)) if weight is not None and \
+        weight.op_type == "DequantizeLinear" else None
+    return f"{four}-w" if four in ("int4", "fp4") else None  # 4-bit weights, activations in float: weight-only
 
 
 #: a Q/DQ code type → the precision TensorRT runs the layer it feeds in (the format nearest the codes: uint8 INT8, any
@@ -92,9 +113,10 @@ def quantized_precision(precisions: dict | None) -> str:
 
 
 def precision_line(precisions: dict) -> str:
-    """The one-line summary of :func:`layer_precisions` that ``convert`` and ``check`` print."""
+    """The one-line summary of :func:`layer_precisions` that ``convert`` and ``check`` print (what each builder
+    runs them as follows it: :func:`trt_bridge.tensorrt.target.builder_view`)."""
     counts = precisions["counts"]
-    return "layers by precision (as TensorRT will run them): " + (
+    return "layers by precision (as the model's types ask): " + (
         ", ".join(f"{k.upper()} {v}" for k, v in counts.items()) or "none")
 
 
