@@ -149,17 +149,20 @@ def test_attention_inside_an_if_stays_decomposed_for_tensorrt(optimum16, tmp_pat
         _builds(fused, path)
 
 
-#: Optimum source → convert's options, Attention nodes wanted, least logits SNR against the source (2 × 16 steps)
-DECODERS = {"fp16": ("llama-optimum-int4-b32-qdq", {"high_precision": "fp16"}, 2, 55.0),  # measured 62.2 dB (4 × 16)
-            "bf16": ("llama-optimum-int4-b32-qdq", {"high_precision": "bf16"}, 2, 33.0),  # 39.2 dB
-            "fp32": ("llama-optimum-int4-b32-qdq", {}, 0, 100.0)}
+#: Optimum source → convert's options, Attention nodes wanted, least greedy agreement and logits SNR against the
+#: source (2 × 16 steps)
+DECODERS = {"fp16": ("llama-optimum-int4-b32-qdq", {"high_precision": "fp16"}, 2, 1.0, 55.0),  # measured 62.7 dB
+            "bf16": ("llama-optimum-int4-b32-qdq", {"high_precision": "bf16"}, 2, 1.0, 33.0),  # 39.2 dB (4 × 16)
+            # activations quantized per inference, the decomposed form: 93.8 % / 32.9 dB
+            "qdyn-fp16": ("llama-optimum-qdyn-u8", {"high_precision": "fp16"}, 2, 0.9, 30.0),  # 96.9 % / 33.0 dB
+            "fp32": ("llama-optimum-int4-b32-qdq", {}, 0, 1.0, 100.0)}
 
 
 @pytest.mark.parametrize("kind", list(DECODERS))
 def test_optimum_decoder_converts_fused_generates_and_builds(tmp_path, kind):
     """The grouped heads go in ungrouped (repeat_kv's Expands gone: Attention groups the 4 query heads over the 2
     key/value heads itself), the float32 cache cast to float16 on the way in."""
-    name, options, attention, snr = DECODERS[kind]
+    name, options, attention, agreement, snr = DECODERS[kind]
     source, out = DATA / name / "model.onnx", tmp_path / "converted" / "model.onnx"
     report = trt_bridge.convert(source, out, skip_check=True, quiet=True, **options).to_dict()
     converted = onnx.load(str(out), load_external_data=False)
@@ -174,6 +177,6 @@ def test_optimum_decoder_converts_fused_generates_and_builds(tmp_path, kind):
     else:
         assert set(report["attention"]["declined"].values()) == {FLOAT32}
     generation = trt_bridge.verify(source, out, prompts=2, steps=16, costs="off", quiet=True).generation
-    assert generation.token_agreement == 1.0 and generation.logits_snr_db >= snr, generation
+    assert generation.token_agreement >= agreement and generation.logits_snr_db >= snr, generation
     if kind == "fp16":  # bfloat16 builds as float16 does (measured: prefill 0.58 s, decode 0.50 s)
         _builds(converted, out)

@@ -12,10 +12,10 @@ rewrite, so that the version converter, from an opset below 21, sees the decompo
       else: … MatMul ─ Add ─ Softmax ─ MatMul …  →  else: … Attention …      (opset 23; ``bodies=True`` only)
 
 TensorRT-RTX 1.7.1 builds no ``Attention`` inside an ``If`` branch (its Myelin backend fails: "Called with unknown
-input tensor or sequence name '(Unnamed Layer* N) [ElementWise]_output'", with or without a mask, whatever
-computes the inputs; the same node in the main graph builds), while the decomposed form builds there. So by
-default an attention inside a body stays decomposed, reported with :data:`IN_BODY`; ``bodies=True`` fuses it
-(onnxruntime runs it, computing the source's values).
+input tensor or sequence name '(Unnamed Layer* N) [ElementWise]_output'", with or without a mask or
+``TRT_decomposable``, whatever computes the inputs; the same node in the main graph builds), while the decomposed
+form builds there. So by default an attention inside a body stays decomposed, reported with :data:`IN_BODY`;
+``bodies=True`` fuses it (onnxruntime runs it, computing the source's values).
 """
 
 from __future__ import annotations
