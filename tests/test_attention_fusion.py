@@ -34,7 +34,8 @@ from trt_bridge.ir.model import default_opset  # noqa: E402
 from trt_bridge.ir.types import infer_shapes  # noqa: E402
 from trt_bridge.lift.group_query_attention import GroupQueryAttention  # noqa: E402
 from trt_bridge.lift.ort_multihead_attention import OrtMultiHeadAttention  # noqa: E402
-from trt_bridge.lower.attention_fusion import FLOAT32, fuse_attention, raise_opset  # noqa: E402
+from trt_bridge.lower.attention_fusion import FLOAT32, raise_opset  # noqa: E402
+from trt_bridge.lower.attention_pass import fuse_attention  # noqa: E402
 from trt_bridge.lower.precision import to_low_precision  # noqa: E402
 from trt_bridge.runtime.bf16 import emulate_bfloat16  # noqa: E402
 from trt_bridge.tensorrt.decoder_profiles import decoder_profiles, model_inputs_shapes  # noqa: E402

@@ -51,7 +51,8 @@ from trt_bridge.lift.dynamic_gemm_plugin import DynamicGemmPlugin
 from trt_bridge.lift.float_gemm_plugin import FloatGemmPlugin
 from trt_bridge.lift.fused_dynamic_gemm_plugin import FusedDynamicGemmPlugin
 from trt_bridge.lift.pipeline import lift_model
-from trt_bridge.lower.attention_fusion import ATTENTION_OPSET, AttentionFusion, fuse_attention
+from trt_bridge.lower.attention_fusion import ATTENTION_OPSET
+from trt_bridge.lower.attention_pass import fuse_attention
 from trt_bridge.lower.layer_precisions import precision_report
 from trt_bridge.lower.precision import to_low_precision
 from trt_bridge.lower.qdq import check_quantizable, lower, needs_opset
@@ -376,7 +377,7 @@ def lower_model(state: Conversion) -> StageResult:
     state.out_model = out_model
     rules = [RuleHits(rule, nodes) for rule, nodes in state.ctx.fired.items()]
     return StageResult(changed=len(quantized) + len(fusion.fused), records={
-        "rules": rules + ([RuleHits(AttentionFusion.name, fusion.fused)] if fusion.fused else []),
+        "rules": rules + [RuleHits(rule, nodes) for rule, nodes in fusion.by_rule.items()],
         "attention": fusion.to_dict() if fusion.fused or fusion.declined else None,
         "control_flow": inside.to_dict(),
         "quantized": [{k: v for k, v in asdict(q).items() if k != "nodes"} for q in quantized],

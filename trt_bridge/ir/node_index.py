@@ -32,6 +32,32 @@ class NodeIndex:
         self.shapes = {name: t.tensor_type.shape for name, t in value_types(model).items()
                        if t.tensor_type.HasField("shape")}
 
+    @classmethod
+    def of_body(cls, body: onnx.GraphProto, outer: NodeIndex, value_info=()) -> NodeIndex:
+        """The index of a control-flow body (an ``If`` branch): its own nodes, readers and outputs, the constants,
+        types and shapes of its scope (the outer graph's, then its own; ``value_info``: its tensors' inferred
+        types where the body holds none)."""
+        ix = cls.__new__(cls)
+        ix.nodes = list(body.node)
+        ix.producer = {o: i for i, n in enumerate(ix.nodes) for o in n.output if o}
+        ix.readers = {}
+        for i, n in enumerate(ix.nodes):
+            for name in (*n.input, *body_reads(n)):
+                ix.readers.setdefault(name, []).append(i)
+        ix.outputs = {o.name for o in body.output}
+        ix.constants = dict(outer.constants)
+        ix.constants.update({t.name: t for t in body.initializer})
+        ix.constants.update({n.output[0]: a.t for n in body.node if n.op_type == "Constant" and n.output
+                             for a in n.attribute if a.name == "value" and a.type == onnx.AttributeProto.TENSOR})
+        ix.types, ix.shapes = dict(outer.types), dict(outer.shapes)
+        for v in (*value_info, *body.value_info, *body.input, *body.output):
+            if v.type.HasField("tensor_type"):
+                ix.types[v.name] = v.type.tensor_type.elem_type
+                if v.type.tensor_type.HasField("shape"):
+                    ix.shapes[v.name] = v.type.tensor_type.shape
+        ix.types.update({t.name: t.data_type for t in body.initializer})
+        return ix
+
     def node(self, tensor: str, op: str) -> tuple[int, onnx.NodeProto] | None:
         i = self.producer.get(tensor)
         if i is None or self.nodes[i].op_type != op or (self.nodes[i].domain or "") not in ("", "ai.onnx"):
@@ -76,9 +102,10 @@ def body_reads(node: onnx.NodeProto) -> set[str]:
     return names
 
 
-def drop_unused(model: onnx.ModelProto) -> None:
-    """Remove the nodes and initializers nothing reads any more (the fused blocks' constants and shape inputs)."""
-    g = model.graph
+def drop_unused(model: onnx.ModelProto | onnx.GraphProto) -> None:
+    """Remove the nodes and initializers nothing reads any more (the fused blocks' constants and shape inputs), from
+    a model's main graph or from a graph (a control-flow body: what it does not read may be read outside)."""
+    g = model.graph if isinstance(model, onnx.ModelProto) else model
     while True:
         read = {o.name for o in g.output}
         for n in g.node:

@@ -7,7 +7,8 @@ ONNX at any opset, which onnxruntime runs to compare and calibrate, and which Te
 but as separate layers. TensorRT-RTX 1.7 builds a one-output ``Attention``-23 in float16 and bfloat16 (GQA as 4-D
 query heads over fewer key/value heads, dynamic sequence and past lengths); float32 ``Attention`` fails to build
 without ``TRT_decomposable``, so a float32 attention keeps the decomposed form. This rule runs once the types are
-final (after ``--high-precision``), on the exported model::
+final (after ``--high-precision``), on the exported model (:mod:`trt_bridge.lower.attention_pass` offers it each
+Softmax first, then :mod:`trt_bridge.lower.torch_attention_fusion`, torch's exported form)::
 
     Before (grouped, lift/kv_attention.py):
         q [B, N, S, H] ─ Reshape [B, Nkv, N/Nkv, S, H] ─────────────┐
@@ -47,8 +48,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from trt_bridge.ir.model import default_opset
-from trt_bridge.ir.node_index import NodeIndex, drop_unused
+from trt_bridge.ir.node_index import NodeIndex
 from trt_bridge.ir.size import is_large
 
 ATTENTION_OPSET = 23
@@ -83,11 +83,13 @@ class AttentionBlock:
 
 @dataclass
 class FusionResult:
-    """What :func:`fuse_attention` did: the Softmax nodes fused (by name) and the others with their reasons."""
+    """What :func:`trt_bridge.lower.attention_pass.fuse_attention` did: the Softmax nodes fused (by name) and the
+    others with their reasons."""
 
     fused: list[str] = field(default_factory=list)
     declined: dict[str, str] = field(default_factory=dict)
     opset: tuple[int, int] | None = None  # (from, to) where the opset was raised
+    by_rule: dict[str, list[str]] = field(default_factory=dict)  # rule name → the Softmax nodes it fused
 
     def to_dict(self) -> dict:
         return {"fused": list(self.fused), "declined": dict(self.declined),
@@ -182,8 +184,7 @@ class AttentionFusion:
                               tuple(sorted(nodes)), rank or 0, ix.types.get(mask, 0) if mask else 0,
                               bool(mask) and ix.dim(mask, (rank or 2) - 2) == 1)
 
-    def rewrite(self, model: onnx.ModelProto, block: AttentionBlock) -> None:
-        g = model.graph
+    def rewrite(self, g: onnx.GraphProto, block: AttentionBlock) -> None:
         base = block.softmax.rpartition("/")[0] or block.softmax
         new: list[onnx.NodeProto] = []
 
@@ -274,50 +275,6 @@ def _per_head(ix: NodeIndex, q4: str, kt: str, v4: str, context: str):
         return None
     more = [tk[0]] if len(ix.readers.get(kt, [])) == 1 and kt not in ix.outputs else []
     return (q4, tk[1].input[0], v4, True, context), more
-
-
-def fuse_attention(model: onnx.ModelProto) -> tuple[onnx.ModelProto, FusionResult]:
-    """``model`` with every decomposed float16/bfloat16 attention the lift rules wrote as one ``Attention``-23 node
-    (the opset raised to 23 where one is), and what was fused or declined (by Softmax node)."""
-    rule, result = AttentionFusion(), FusionResult()
-    blocks = _matches(model, rule, result)
-    if not blocks:
-        return model, result
-    source = default_opset(model)
-    if source < ATTENTION_OPSET:
-        try:
-            raised = raise_opset(model, source)
-        except Exception as exc:  # noqa: BLE001 - onnx's converter on an op it has no adapter for: stay decomposed
-            why = f"the model's opset {source} cannot be raised to {ATTENTION_OPSET} for Attention: {exc}"
-            result.declined.update({b.softmax: why.splitlines()[0] for b in blocks})
-            return model, result
-        model, result.opset = raised, (source, ATTENTION_OPSET)
-        blocks = _matches(model, rule, FusionResult())
-    for block in sorted(blocks, key=lambda b: b.nodes[-1], reverse=True):  # later blocks first: indices hold
-        rule.rewrite(model, block)
-        result.fused.append(block.softmax)
-    result.fused.sort()
-    drop_unused(model)
-    return model, result
-
-
-def _matches(model: onnx.ModelProto, rule: AttentionFusion, result: FusionResult) -> list[AttentionBlock]:
-    ix = NodeIndex(model)
-    blocks = []
-    taken: set[int] = set()
-    for i, node in enumerate(ix.nodes):
-        if node.op_type not in rule.op_types or (node.domain or "") not in ("", "ai.onnx"):
-            continue
-        found = rule.match(ix, i)
-        if isinstance(found, str):
-            if found != NOT_ATTENTION:
-                result.declined[node.name] = found
-        elif taken & set(found.nodes):
-            result.declined[node.name] = "it shares nodes with another attention"
-        else:
-            taken.update(found.nodes)
-            blocks.append(found)
-    return blocks
 
 
 def raise_opset(model: onnx.ModelProto, source: int) -> onnx.ModelProto:
