@@ -96,11 +96,25 @@ class FusionResult:
                 "opset": list(self.opset) if self.opset else None}
 
 
-def _attr(node: onnx.NodeProto, name: str, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            return helper.get_attribute_value(a)
-    return default
+def node_attr(node: onnx.NodeProto, name: str, default=None):
+    """The value of ``node``'s attribute ``name`` (``default`` where it has none)."""
+    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def softmax_probs(ix: NodeIndex, index: int) -> tuple[list[int], str, list[int]] | str:
+    """From the Softmax at ``index`` through an optional Cast: (the chain's node indices, the probabilities' tensor,
+    its readers); or why the Softmax is not over the keys."""
+    softmax = ix.nodes[index]
+    axis = int(node_attr(softmax, "axis", -1))
+    if axis != -1 and axis != (ix.rank(softmax.output[0]) or 0) - 1:
+        return f"Softmax over axis {axis}, not the keys (the last)"
+    chain, probs = [index], softmax.output[0]
+    readers = ix.readers.get(probs, [])
+    if len(readers) == 1 and ix.nodes[readers[0]].op_type == "Cast":
+        chain.append(readers[0])
+        probs = ix.nodes[readers[0]].output[0]
+        readers = ix.readers.get(probs, [])
+    return chain, probs, readers
 
 
 class AttentionFusion:
@@ -111,17 +125,10 @@ class AttentionFusion:
 
     def match(self, ix: NodeIndex, index: int) -> AttentionBlock | str:
         softmax = ix.nodes[index]
-        chain = [index]
-        axis = int(_attr(softmax, "axis", -1))
-        if axis != -1 and axis != (ix.rank(softmax.output[0]) or 0) - 1:
-            return f"Softmax over axis {axis}, not the keys (the last)"
-        # forward: [Cast] ─ MatMul(probs, v)
-        probs = softmax.output[0]
-        readers = ix.readers.get(probs, [])
-        if len(readers) == 1 and ix.nodes[readers[0]].op_type == "Cast":
-            chain.append(readers[0])
-            probs = ix.nodes[readers[0]].output[0]
-            readers = ix.readers.get(probs, [])
+        found = softmax_probs(ix, index)  # forward: [Cast] ─ MatMul(probs, v)
+        if isinstance(found, str):
+            return found
+        chain, probs, readers = found
         if len(readers) != 1 or ix.nodes[readers[0]].op_type != "MatMul" or ix.nodes[readers[0]].input[0] != probs:
             return NOT_ATTENTION
         chain.append(readers[0])
@@ -246,9 +253,9 @@ def _grouped(ix: NodeIndex, q5: str, k5: str, v5: str, context: str):
     if reshape is None or transpose is None or unsq_v is None:
         return None
     unsq_k = ix.node(transpose[1].input[0], "Unsqueeze")
-    if list(_attr(transpose[1], "perm", [])) != [0, 1, 2, 4, 3] or unsq_k is None:
+    if list(node_attr(transpose[1], "perm", [])) != [0, 1, 2, 4, 3] or unsq_k is None:
         return None
-    if any(ix.ints(n.input[1]) != [2] if len(n.input) > 1 else list(_attr(n, "axes", [])) != [2]
+    if any(ix.ints(n.input[1]) != [2] if len(n.input) > 1 else list(node_attr(n, "axes", [])) != [2]
            for _, n in (unsq_k, unsq_v)):
         return "the keys or values are not unsqueezed at axis 2"
     shape = ix.ints(reshape[1].input[1])
@@ -271,7 +278,7 @@ def _per_head(ix: NodeIndex, q4: str, kt: str, v4: str, context: str):
     tq, tk, tv = ix.node(q4, "Transpose"), ix.node(kt, "Transpose"), ix.node(v4, "Transpose")
     if tq is None or tk is None or tv is None:
         return None
-    if [list(_attr(n, "perm", [])) for _, n in (tq, tk, tv)] != [[0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3]]:
+    if [list(node_attr(n, "perm", [])) for _, n in (tq, tk, tv)] != [[0, 2, 1, 3], [0, 2, 3, 1], [0, 2, 1, 3]]:
         return None
     more = [tk[0]] if len(ix.readers.get(kt, [])) == 1 and kt not in ix.outputs else []
     return (q4, tk[1].input[0], v4, True, context), more

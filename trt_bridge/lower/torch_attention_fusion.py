@@ -41,7 +41,7 @@ import onnx
 from onnx import helper
 
 from trt_bridge.ir.node_index import NodeIndex
-from trt_bridge.lower.attention_fusion import FLOAT32, LOW, NOT_ATTENTION
+from trt_bridge.lower.attention_fusion import FLOAT32, LOW, NOT_ATTENTION, node_attr, softmax_probs
 
 #: the decline of scores that are not torch's MatMul(q, Transpose(k)) form (the other rule's reason stands)
 OTHER_FORM = "not torch's scaled_dot_product_attention form"
@@ -69,10 +69,6 @@ class TorchAttentionBlock:
     shapes: tuple[int, ...] = ()  # Shape nodes of the repeated keys that read the keys themselves now
 
 
-def _attr(node: onnx.NodeProto, name: str, default=None):
-    return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
-
-
 class TorchAttentionFusion:
     name = "torch-attention-fusion"
     op_types = ("Softmax",)
@@ -81,17 +77,10 @@ class TorchAttentionFusion:
 
     def match(self, ix: NodeIndex, index: int) -> TorchAttentionBlock | str:
         softmax = ix.nodes[index]
-        chain = [index]
-        axis = int(_attr(softmax, "axis", -1))
-        if axis != -1 and axis != (ix.rank(softmax.output[0]) or 0) - 1:
-            return f"Softmax over axis {axis}, not the keys (the last)"
-        # forward: [Cast] [─ Where(IsNaN(p), 0, p)] ─ MatMul(p, v)
-        probs = softmax.output[0]
-        readers = ix.readers.get(probs, [])
-        if len(readers) == 1 and ix.nodes[readers[0]].op_type == "Cast":
-            chain.append(readers[0])
-            probs = ix.nodes[readers[0]].output[0]
-            readers = ix.readers.get(probs, [])
+        found = softmax_probs(ix, index)  # forward: [Cast] [─ Where(IsNaN(p), 0, p)] ─ MatMul(p, v)
+        if isinstance(found, str):
+            return found
+        chain, probs, readers = found
         guard = _nan_guard(ix, probs, readers)
         if guard is not None:
             chain += guard
@@ -122,7 +111,7 @@ class TorchAttentionFusion:
         kt, scale_k = _scaled(ix, product.input[1], chain)
         kt = _through_cast(ix, kt, chain)
         transpose = ix.node(kt, "Transpose")
-        if transpose is None or list(_attr(transpose[1], "perm", [])) != [0, 1, 3, 2]:
+        if transpose is None or list(node_attr(transpose[1], "perm", [])) != [0, 1, 3, 2]:
             return OTHER_FORM
         chain.append(transpose[0])
         k = _through_cast(ix, transpose[1].input[0], chain)
@@ -270,7 +259,7 @@ def _repeat(ix: NodeIndex, rep: str):
     unsq = ix.node(expand[1].input[0], "Unsqueeze") if expand is not None else None
     if unsq is None:
         return None
-    axes = ix.ints(unsq[1].input[1]) if len(unsq[1].input) > 1 else list(_attr(unsq[1], "axes", []))
+    axes = ix.ints(unsq[1].input[1]) if len(unsq[1].input) > 1 else list(node_attr(unsq[1], "axes", []))
     x = unsq[1].input[0]
     kv, heads, pieces = ix.dim(x, 1), ix.dim(rep, 1), _pieces(ix, expand[1].input[1])
     if axes != [2] or not kv or not heads or heads % kv or pieces is None or len(pieces) != 5 \
