@@ -11,6 +11,8 @@ external data stays resident until the conversion has lifted every weight from i
     tensor_array(t)                       the values (read from the file for a deferred tensor)
     loaded(t)                             a standalone TensorProto with the data
     import_graph(model)                   gs.import_onnx, its deferred constants read when they are (DeferredValues)
+    with_data(model)                      a copy holding every deferred tensor's data (an onnxruntime session's)
+    source_range(t)                       (file, offset, length): the weight store copies file to file
 
 The file was checked when the model was read (:func:`trt_bridge.ir.files.check_external_data`: inside the model's
 folder, a regular file, long enough) and is not written while the command runs (its outputs never overwrite an
