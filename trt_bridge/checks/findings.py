@@ -143,6 +143,8 @@ class CheckReport:
                 parser += f", builder: {'fails' if failed[0].rule == 'tensorrt-build' else 'fails for a profile'}"
             elif self.costs is not None:
                 parser += f", builder: builds for {self.costs.target.split(',')[0]}"
+            elif any(f.rule == "tensorrt-profiles-apart" for f in self.findings):
+                parser += ", builder: builds each profile alone"
         notes = [note for view in self.builders or () if view["used"] and (note := headline_note(view))]
         return f"{self.model}: {state} ({counts}; {parser})" + "".join(f"; {note}" for note in notes)
 

@@ -13,7 +13,7 @@ from trt_bridge.ir.model import load_model
 from trt_bridge.ir.save import save_model
 from trt_bridge.lift.pipeline import lift_model
 from trt_bridge.plugins.registry import PluginFileError
-from trt_bridge.tensorrt.build import EngineBuildError, ProfileBuildError, engine_costs
+from trt_bridge.tensorrt.build import EngineBuildError, ProfileBuildError, ProfilesApartError, engine_costs
 from trt_bridge.tensorrt.costs import EngineCosts
 from trt_bridge.tensorrt.parse import CRASH, parse
 from trt_bridge.tensorrt.profiles import Profile
@@ -90,6 +90,15 @@ def measure_costs(path: Path, compute_capability: str, report: CheckReport, plug
             f"for {', '.join(exc.builds)}): the engine's costs were not measured, and `trt-bridge build` here "
             "cannot make its engine", f"nothing to change: build the engine on the target (datacenter TensorRT on "
             f"a {exc.target} GPU: `trt-bridge build MODEL -o ENGINE` there)", True))
+        return None
+    except ProfilesApartError as exc:  # every profile builds: one engine each
+        report.findings.append(Finding(
+            "tensorrt-profiles-apart", Severity.WARNING, "", "", [],
+            f"TensorRT's builder builds the profiles {', '.join(repr(n) for n in exc.built)} each alone for compute "
+            f"capability {compute_capability}, not together in one engine (the engine's costs were not measured): "
+            f"{str(exc).split(' alone but not together in one engine ', 1)[-1].split('; build one engine', 1)[0]}",
+            "nothing to change in the model: build one engine per profile (`trt-bridge build MODEL -o ENGINE "
+            "--min-shapes/--opt-shapes/--max-shapes` for each)", True))
         return None
     except ProfileBuildError as exc:
         for failed in exc.failed:

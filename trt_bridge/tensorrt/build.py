@@ -131,6 +131,15 @@ class ProfileBuildError(EngineBuildError):
         self.failed, self.built = failed, built
 
 
+class ProfilesApartError(EngineBuildError):
+    """TensorRT's builder builds each of several profiles alone, not together in one engine (TensorRT-RTX 1.7.1 and
+    an Optimum merged decoder's ``If`` at prefill and decode): ``built`` names them."""
+
+    def __init__(self, message: str, built: list[str]):
+        super().__init__(message)
+        self.built = built
+
+
 class ModelRejectedError(EngineBuildError):
     """TensorRT's ONNX parser rejects the model; ``errors``: what it says, node by node
     (:func:`trt_bridge.checks.findings.parser_findings` makes ``trt-bridge check``'s findings of them)."""
@@ -296,6 +305,13 @@ def _name_failing_profiles(trt, builder, network, logger, path, options, strongl
             building.append(named)
         except EngineBuildError as exc:
             failing.append((named, str(exc).split(" failed: ", 1)[-1]))
+    if not failing and len(building) > 1:
+        raise ProfilesApartError(
+            f"{path}: TensorRT's builder ({trt.__name__} {trt.__version__}) builds each of the profiles "
+            f"{', '.join(repr(p.name) for p in building)} alone but not together in one engine "
+            f"({(said[0] if said else 'TensorRT gave no reason').splitlines()[0][:200]}); build one engine "
+            "per profile (trt-bridge build with --min-shapes/--opt-shapes/--max-shapes for each).",
+            [p.name for p in building])
     if not failing or not building:
         return
     names = ", ".join(f"'{p.name}' ({p.text()})" for p, _ in failing)
