@@ -26,6 +26,13 @@ reader is, a QuantizeLinear quantizes its input in the type it arrives in, so Te
 kernels. Graph inputs and outputs keep their types (the model stays a drop-in replacement) unless ``--io-types``.
 Every node kept in float32 is reported with its reason.
 
+Control flow: the main graph first, then each If branch as a model of its own
+(:mod:`trt_bridge.lower.body_precision`): its interface is the outer values it reads, in the types the graph around
+gives them (a Cast at the branch's entry where it computes in float16), and its outputs, in their source types (so
+the If's outputs, and a merged decoder's graph outputs, keep theirs); the branch's own census (sensitive ops, shape
+and position arithmetic, ranges) stays float32 and is reported as ``<If>/<branch>: <node>``. A Loop or Scan is
+refused by name (its body's state types are part of its interface).
+
 bfloat16 is the same rewrite with the type changed afterwards: every float16 tensor, constant, scale and
 Cast becomes bfloat16, each constant rounded from its original float32 value (never through float16, whose
 range clamp bfloat16 does not need). bfloat16 has float32's range, so no layer is kept for its range.
