@@ -306,17 +306,48 @@ def test_nested_if_branches_are_each_quantized(tmp_path):
     assert_tensorrt_ready(out)
 
 
-def test_float16_with_control_flow_is_refused_clearly(tmp_path):
-    """--high-precision fp16 does not retype what the bodies read yet: a one-line error, nothing written."""
+def test_float16_inside_the_branches(tmp_path):
+    """--high-precision fp16 retypes inside both If branches (lower/body_precision.py): each branch's Convs and
+    MatMul read float16, the model's inputs and outputs keep float32, and both sample rates follow the float model."""
     from trt_bridge.conversion.options import PrecisionOptions
-    from trt_bridge.errors import UnsupportedPatternError
 
     src = save(vad_model(), tmp_path / "vad.onnx")
-    out = tmp_path / "vad.int8.onnx"
-    with pytest.raises(UnsupportedPatternError, match="control flow .If 'If_0'.*--high-precision fp32"):
-        convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(_calib(tmp_path))),
-                                         precision=PrecisionOptions(high_precision="fp16"), progress=False))
-    assert not out.exists()
+    out = tmp_path / "vad.fp16.onnx"
+    report = convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(_calib(tmp_path))),
+                                              precision=PrecisionOptions(high_precision="fp16"), progress=False))
+    assert not report.remaining_blockers
+    converted = assert_qdq_contract(out)
+    assert [v.type.tensor_type.elem_type for v in converted.graph.output] == \
+        [v.type.tensor_type.elem_type for v in onnx.load(str(src)).graph.output]
+    for branch in _branches(converted):
+        casts = [a.i for n in branch.node if n.op_type == "Cast" for a in n.attribute if a.name == "to"]
+        assert TensorProto.FLOAT16 in casts, branch.name
+    for rate in (16000, 8000):
+        feeds = _held_out(rate)
+        snr = snr_db(run_ort(src, feeds), run_ort(out, feeds))
+        assert np.isfinite(snr) and snr > 25, (rate, snr)
+
+
+def test_float16_refuses_a_loop_by_name():
+    """A Loop's body carries its state across iterations: the float16 pass names it and says what to do."""
+    from trt_bridge.errors import UnsupportedPatternError
+    from trt_bridge.lower.precision import to_low_precision
+
+    body = helper.make_graph([helper.make_node("Add", ["s_in", "x"], ["s_out"]),
+                              helper.make_node("Identity", ["c_in"], ["c_out"])], "body",
+                             [helper.make_tensor_value_info("i", TensorProto.INT64, []),
+                              helper.make_tensor_value_info("c_in", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("s_in", TensorProto.FLOAT, [2])],
+                             [helper.make_tensor_value_info("c_out", TensorProto.BOOL, []),
+                              helper.make_tensor_value_info("s_out", TensorProto.FLOAT, [2])])
+    graph = helper.make_graph([helper.make_node("Loop", ["n", "c", "x"], ["y"], "the_loop", body=body)], "loop",
+                              [helper.make_tensor_value_info("n", TensorProto.INT64, []),
+                               helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                               helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    with pytest.raises(UnsupportedPatternError, match="a Loop .'the_loop'.*If branches only.*--high-precision fp32"):
+        to_low_precision(model, "fp16")
 
 
 def test_check_says_convert_lifts_the_dynamic_branches(dynamic_vad):

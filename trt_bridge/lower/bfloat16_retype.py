@@ -12,21 +12,36 @@ import onnx
 
 
 def float_constants(model: onnx.ModelProto) -> dict:
-    """The float32 values of ``model``'s top-level initializers (by name) and node attribute tensors (by node
-    name, attribute and index), before the float16 converter rounds and clamps them."""
+    """The float32 values of ``model``'s initializers (by name) and node attribute tensors (by node name, attribute
+    and index), before the float16 converter rounds and clamps them; those of a control-flow body keyed the same
+    behind its path (:func:`body_path` steps)."""
     found: dict = {}
-    for init in model.graph.initializer:
-        if init.data_type == onnx.TensorProto.FLOAT:
-            found[init.name] = init
-    for node in model.graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == onnx.TensorProto.FLOAT:
-                found[(node.name, attr.name, 0)] = attr.t
-            for i, t in enumerate(attr.tensors):
-                if t.data_type == onnx.TensorProto.FLOAT:
-                    found[(node.name, attr.name, i)] = t
+
+    def walk(graph: onnx.GraphProto, path: tuple) -> None:
+        def key(*rest):
+            return rest[0] if not path and len(rest) == 1 else (rest if not path else (path, *rest))
+        for init in graph.initializer:
+            if init.data_type == onnx.TensorProto.FLOAT:
+                found[key(init.name)] = init
+        for node in graph.node:
+            for attr in node.attribute:
+                if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == onnx.TensorProto.FLOAT:
+                    found[key(node.name, attr.name, 0)] = attr.t
+                for i, t in enumerate(attr.tensors):
+                    if t.data_type == onnx.TensorProto.FLOAT:
+                        found[key(node.name, attr.name, i)] = t
+                for j, body in enumerate([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                    walk(body, body_path(path, node, attr, j))
+
+    walk(model.graph, ())
     # copies: the converter rewrites these protos in place
-    return {key: onnx.numpy_helper.to_array(t).copy() for key, t in found.items()}
+    return {k: onnx.numpy_helper.to_array(t).copy() for k, t in found.items()}
+
+
+def body_path(path: tuple, node: onnx.NodeProto, attr: onnx.AttributeProto, index: int) -> tuple:
+    """The path of body ``index`` of ``node``'s attribute ``attr`` inside the graph at ``path`` (the float16 pass
+    keeps node names, so a body's path is the same before and after it)."""
+    return (*path, (node.name, attr.name, index))
 
 
 def _bfloat16_tensor(values: np.ndarray, name: str) -> onnx.TensorProto:
@@ -50,29 +65,31 @@ def retype_float16(model: onnx.ModelProto, originals: dict, interface: dict[str,
             values = onnx.numpy_helper.to_array(t).astype(np.float32)
         t.CopyFrom(_bfloat16_tensor(values, t.name))
 
-    def retype_graph(graph: onnx.GraphProto, top: bool) -> None:
+    def retype_graph(graph: onnx.GraphProto, path: tuple) -> None:
+        top = not path
+
+        def key(*rest):
+            return rest[0] if top and len(rest) == 1 else (rest if top else (path, *rest))
         for init in graph.initializer:
             base = init.name[:-len("_bf16")] if init.name.endswith("_bf16") else None
-            key = init.name if init.name in originals or base not in originals else base
-            retype_tensor(init, key if top else None)
+            name = init.name if key(init.name) in originals or key(base) not in originals else base
+            retype_tensor(init, key(name))
         for node in graph.node:
             for attr in node.attribute:
                 if attr.name in ("to", "dtype") and attr.type == onnx.AttributeProto.INT and attr.i == f16:
                     attr.i = bf16
                 if attr.type == onnx.AttributeProto.TENSOR:
-                    retype_tensor(attr.t, (node.name, attr.name, 0) if top else None)
+                    retype_tensor(attr.t, key(node.name, attr.name, 0))
                 for i, t in enumerate(attr.tensors):
-                    retype_tensor(t, (node.name, attr.name, i) if top else None)
-                if attr.type == onnx.AttributeProto.GRAPH:
-                    retype_graph(attr.g, False)
-                for sub in attr.graphs:
-                    retype_graph(sub, False)
+                    retype_tensor(t, key(node.name, attr.name, i))
+                for j, body in enumerate([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
+                    retype_graph(body, body_path(path, node, attr, j))
         for v in (*graph.value_info, *graph.input, *graph.output):
             tt = v.type.tensor_type
             if tt.elem_type == f16 and not (top and interface.get(v.name) == f16):
                 tt.elem_type = bf16
 
-    retype_graph(model.graph, True)
+    retype_graph(model.graph, ())
     _keep_interface(model, {k: v for k, v in interface.items() if v == f16})
 
 

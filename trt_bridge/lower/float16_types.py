@@ -36,6 +36,7 @@ from __future__ import annotations
 import numpy as np
 import onnx
 
+from trt_bridge.ir.node_index import body_reads
 from trt_bridge.ir.types import value_types
 from trt_bridge.lower.type_groups import (
     ATTRIBUTE_TYPED,
@@ -56,10 +57,13 @@ MOVERS = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "
 
 
 def assign_float16(model: onnx.ModelProto, high: set[str], keep_io_types: bool = True, suffix: str = "fp16",
-                   saturate: set[str] = frozenset()) -> None:
+                   saturate: set[str] = frozenset(), reserved: set[str] = frozenset()) -> None:
     """Give ``model`` (opset ≥ 19, main graph only, node names unique) its float16 part in place (module doc).
     ``high``: node names kept in float32; ``saturate``: of those, the nodes whose float32 results are clipped to
-    float16's range where a float16 reader casts them (values float16 would turn into ±inf)."""
+    float16's range where a float16 reader casts them (values float16 would turn into ±inf); ``reserved``: names
+    the new tensors and nodes must not take (those of the graphs around an If branch). A tensor a control-flow
+    body reads keeps its name (its Cast is not bypassed, its initializer not dropped); the bodies themselves are
+    :mod:`trt_bridge.lower.body_precision`'s."""
     g = model.graph
     nodes = list(g.node)  # one wrapper per node: the passes below key on id(node)
     types = {name: t.tensor_type.elem_type for name, t in value_types(model).items() if t.HasField("tensor_type")}
@@ -132,7 +136,7 @@ def assign_float16(model: onnx.ModelProto, high: set[str], keep_io_types: bool =
             low[id(n)] = False
 
     _rewrite(model, nodes, groups, low, chosen, types, inits, constant_nodes, readers, io_type, suffix, saturate,
-             opsets)
+             opsets, reserved)
 
 
 def _computed(tensor: str, producer: dict, io_type: dict) -> bool:
@@ -154,10 +158,11 @@ def _choose_outputs(node: onnx.NodeProto, node_groups, is_low: bool, chosen: dic
 
 
 def _rewrite(model, nodes, groups, low, chosen, types, inits, constant_nodes, readers, io_type, suffix, saturate,
-             opsets) -> None:
+             opsets, reserved) -> None:
     g = model.graph
     taken = {o for n in nodes for o in n.output} | {i.name for i in g.input} | set(inits) | \
-        {n.name for n in nodes}
+        {n.name for n in nodes} | set(reserved)
+    in_bodies = {name for n in nodes for name in body_reads(n)}  # read by a control-flow body: keep the name
 
     def fresh(base: str) -> str:
         name = base
@@ -271,8 +276,8 @@ def _rewrite(model, nodes, groups, low, chosen, types, inits, constant_nodes, re
         if v.name in io_type and types.get(v.name) in RETYPEABLE:
             v.type.tensor_type.elem_type = io_type[v.name]
     del g.node[:]
-    g.node.extend(_drop_noop_casts(nodes, {**types, **chosen}, {o.name for o in g.output}))
-    used = {i for n in g.node for i in n.input} | {o.name for o in g.output}
+    g.node.extend(_drop_noop_casts(nodes, {**types, **chosen}, {o.name for o in g.output} | in_bodies))
+    used = {i for n in g.node for i in n.input} | {o.name for o in g.output} | in_bodies
     for init in [i for i in g.initializer if i.name not in used]:
         g.initializer.remove(init)
     del g.value_info[:]

@@ -26,6 +26,13 @@ reader is, a QuantizeLinear quantizes its input in the type it arrives in, so Te
 kernels. Graph inputs and outputs keep their types (the model stays a drop-in replacement) unless ``--io-types``.
 Every node kept in float32 is reported with its reason.
 
+Control flow: the main graph first, then each If branch as a model of its own
+(:mod:`trt_bridge.lower.body_precision`): its interface is the outer values it reads, in the types the graph around
+gives them (a Cast at the branch's entry where it computes in float16), and its outputs, in their source types (so
+the If's outputs, and a merged decoder's graph outputs, keep theirs); the branch's own census (sensitive ops, shape
+and position arithmetic, ranges) stays float32 and is reported as ``<If>/<branch>: <node>``. A Loop or Scan is
+refused by name (its body's state types are part of its interface).
+
 bfloat16 is the same rewrite with the type changed afterwards: every float16 tensor, constant, scale and
 Cast becomes bfloat16, each constant rounded from its original float32 value (never through float16, whose
 range clamp bfloat16 does not need). bfloat16 has float32's range, so no layer is kept for its range.
@@ -43,10 +50,18 @@ from dataclasses import dataclass
 import onnx
 
 from trt_bridge.choices import HighPrecision
-from trt_bridge.errors import UnsupportedPatternError
 from trt_bridge.ir.model import default_opset
 from trt_bridge.ir.types import declared_types, elem_types, infer_shapes, value_types
 from trt_bridge.lower.bfloat16_retype import float_constants, retype_float16
+from trt_bridge.lower.body_precision import (
+    all_nodes,
+    branch_model,
+    graph_names,
+    outer_types,
+    put_back,
+    refuse_loops,
+    subgraphs,
+)
 from trt_bridge.lower.float16_types import assign_float16
 
 log = logging.getLogger("trt_bridge.lower.precision")
@@ -79,13 +94,8 @@ def to_low_precision(model: onnx.ModelProto, kind: HighPrecision | str, ranges: 
     kind = HighPrecision(kind)
     if kind is HighPrecision.FP32:
         return model, []
-    flow = next((n for n in model.graph.node if any(
-        a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)), None)
-    if flow is not None:  # the float16 pass retypes the main graph only: a body would read retyped outer tensors
-        raise UnsupportedPatternError(
-            f"--high-precision {kind.value}: the model has control flow ({flow.op_type} '{flow.name}'), whose bodies "
-            f"read tensors of the main graph that the {kind.value} pass does not retype in them yet; convert with "
-            "--high-precision fp32 (the default).")
+    refuse_loops(model, kind.value)  # If branches are converted (body_precision); Loop/Scan bodies are not
+    _name_nodes(model)
     op_of = {n.name: n.op_type for n in model.graph.node}
     kept = [KeptInFloat32(node, op_of[node], f"INT8 layer compensating the re-centred '{tensor}' (or its grid "
                                              "computed per inference): its bias c·ΣW and weight scales stay exact")
@@ -99,18 +109,11 @@ def to_low_precision(model: onnx.ModelProto, kind: HighPrecision | str, ranges: 
     opset = max(19, source)
     # opset 22 gave bfloat16 to Conv, pooling and most activations: upgrade where that lets a layer run in it
     if opset < BF16_OPSET and any(_lacks_bfloat16(n, opset) and not _lacks_bfloat16(n, BF16_OPSET)
-                                  for n in model.graph.node):
+                                  for n in all_nodes(model.graph)):
         opset = BF16_OPSET
     if opset != source:
         model = version_converter.convert_version(model, opset)
-    extra, taken = list(kept), {k.node for k in kept}
-    for n in model.graph.node:
-        if n.name in taken or n.op_type in ("QuantizeLinear", "DequantizeLinear"):
-            continue
-        if _lacks_bfloat16(n, opset):
-            extra.append(KeptInFloat32(n.name, n.op_type, f"{n.op_type} has no bfloat16 type in ONNX opset {opset}"))
-        elif n.op_type in TENSORRT_NO_BF16:
-            extra.append(KeptInFloat32(n.name, n.op_type, TENSORRT_NO_BF16[n.op_type]))
+    extra = list(kept) + bfloat16_kept(model.graph.node, opset, {k.node for k in kept})
     originals = float_constants(model)
     converted, kept = to_float16(model, None, keep_io_types, scale_suffix="bf16", extra=extra)
     retype_float16(converted, originals, interface if keep_io_types else {})
@@ -121,6 +124,20 @@ BF16_OPSET = 22
 #: ops ONNX types in bfloat16 that TensorRT does not build in it (TensorRT-RTX 1.7: "Could not infer output
 #: types for operation: deconv" for a bfloat16 ConvTranspose)
 TENSORRT_NO_BF16 = {"ConvTranspose": "TensorRT builds no bfloat16 ConvTranspose (deconvolution)"}
+
+
+def bfloat16_kept(nodes, opset: int, taken: set[str]) -> list[KeptInFloat32]:
+    """The nodes of ``nodes`` (but ``taken``) that stay float32 under bfloat16: no bfloat16 type in ONNX at
+    ``opset``, or none in TensorRT."""
+    extra = []
+    for n in nodes:
+        if n.name in taken or n.op_type in ("QuantizeLinear", "DequantizeLinear"):
+            continue
+        if _lacks_bfloat16(n, opset):
+            extra.append(KeptInFloat32(n.name, n.op_type, f"{n.op_type} has no bfloat16 type in ONNX opset {opset}"))
+        elif n.op_type in TENSORRT_NO_BF16:
+            extra.append(KeptInFloat32(n.name, n.op_type, TENSORRT_NO_BF16[n.op_type]))
+    return extra
 
 
 def _lacks_bfloat16(node: onnx.NodeProto, opset: int) -> bool:
@@ -141,11 +158,13 @@ def _lacks_bfloat16(node: onnx.NodeProto, opset: int) -> bool:
 
 
 def to_float16(model: onnx.ModelProto, ranges: dict[str, float] | None = None, keep_io_types: bool = True,
-               scale_suffix: str = "fp16", extra: list[KeptInFloat32] = ()) -> tuple[onnx.ModelProto,
-                                                                                 list[KeptInFloat32]]:
-    """``model`` (a lowered INT8 Q/DQ model, opset ≥ 13) with its float part in float16 (see the module doc).
+               scale_suffix: str = "fp16", extra: list[KeptInFloat32] = (), reserved: set[str] = frozenset(),
+               around: dict[str, onnx.TypeProto] | None = None) -> tuple[onnx.ModelProto, list[KeptInFloat32]]:
+    """``model`` (a lowered INT8 Q/DQ model, opset ≥ 13) with its float part in float16 (see the module doc),
+    the main graph first, then each If branch (:mod:`trt_bridge.lower.body_precision`).
     ``ranges``: tensor → largest magnitude seen on the calibration feeds; ``extra``: more nodes to keep in
-    float32, with their reasons."""
+    float32, with their reasons (of any graph); ``reserved``, ``around``: the names and types of the graphs around
+    ``model`` (a branch's)."""
     from onnx import version_converter
 
     ranges = ranges or {}
@@ -153,8 +172,9 @@ def to_float16(model: onnx.ModelProto, ranges: dict[str, float] | None = None, k
         model = version_converter.convert_version(model, 19)
     _name_nodes(model)
     model = infer_shapes(model)
-    kept: list[KeptInFloat32] = list(extra)
-    high = {k.node for k in extra}
+    names = {n.name for n in model.graph.node}
+    kept: list[KeptInFloat32] = [k for k in extra if k.node in names]  # (a branch's: those of its own nodes)
+    high = {k.node for k in kept}
     shape_nodes = _shape_computation(model)
     positions = integer_arithmetic(model)
     floats = {name for name, t in elem_types(model).items() if t in (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16)}
@@ -188,14 +208,40 @@ def to_float16(model: onnx.ModelProto, ranges: dict[str, float] | None = None, k
     saturate = {n.name for n in model.graph.node if n.name in positions and n.op_type in INTEGER_ARITHMETIC} \
         if scale_suffix == "fp16" else set()
     # (a plugin node's attributes, its exact weights, scales and bias, are left as they are: its I/O is float16)
-    assign_float16(model, high, keep_io_types, scale_suffix, saturate)
+    assign_float16(model, high, keep_io_types, scale_suffix, saturate, reserved)
+    if any(True for _ in subgraphs(model.graph)):
+        kept += _float16_branches(model, ranges, scale_suffix, extra, set(reserved) | graph_names(model.graph),
+                                  outer_types(model, around or {}))
     return model, kept
 
 
+def _float16_branches(model: onnx.ModelProto, ranges: dict[str, float], scale_suffix: str,
+                      extra: list[KeptInFloat32], reserved: set[str], types: dict[str, onnx.TypeProto]
+                      ) -> list[KeptInFloat32]:
+    """Each If branch of ``model``'s main graph through :func:`to_float16`, as a model whose interface is the
+    outer values it reads and its outputs, in their types (:mod:`trt_bridge.lower.body_precision`)."""
+    kept = []
+    for node, attr, branch in list(subgraphs(model.graph)):
+        if node.op_type != "If":  # refused before (refuse_loops); another domain's body stays as it is
+            continue
+        sub, outer = branch_model(model, node, branch, types)
+        names = {n.name for n in all_nodes(sub.graph)}
+        inside = [k for k in extra if k.node in names]
+        if scale_suffix == "bf16":
+            inside += bfloat16_kept(all_nodes(sub.graph), default_opset(sub), {k.node for k in inside})
+        converted, found = to_float16(sub, ranges, True, scale_suffix, inside, reserved, types)
+        put_back(branch, converted, outer)
+        prefix = f"{node.name}/{attr.name}: "
+        kept += [KeptInFloat32(prefix + k.node, k.op, k.reason) for k in found]
+    return kept
+
+
 def _name_nodes(model: onnx.ModelProto) -> None:
-    """Give every unnamed node a unique name (the float16 pass keeps nodes in float32 by name)."""
-    taken = {n.name for n in model.graph.node if n.name}
-    for k, node in enumerate(model.graph.node):
+    """Give every unnamed node (of the main graph and of its bodies) a unique name (the float16 pass keeps nodes
+    in float32 by name)."""
+    nodes = list(all_nodes(model.graph))
+    taken = {n.name for n in nodes if n.name}
+    for k, node in enumerate(nodes):
         if not node.name:
             name = f"{node.op_type}_{k}"
             while name in taken:
