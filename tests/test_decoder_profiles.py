@@ -104,3 +104,24 @@ def test_a_window_cache_holds_its_capacity_at_both_profiles():
     inputs = model_inputs_shapes(onnx.load(str(mistral), load_external_data=False))
     assert window_pasts(mistral, inputs) == {f"past_key_values.{i}.{kv}" for i in (0, 1) for kv in ("key", "value")}
     assert window_pasts(mistral, {"x": (-1, 3)}) == frozenset()  # no past: the model is not read
+
+
+def test_profiles_that_build_only_apart_are_a_warning_not_a_blocker(tmp_path):
+    """TensorRT-RTX 1.7.1 builds an Optimum merged decoder at prefill and at decode, each alone, but not both in
+    one engine (Myelin: "the producer does not dominate the use"): check says so and the model stays ready."""
+    from trt_bridge.cli import main as cli_main
+    from trt_bridge.conversion import convert
+    from trt_bridge.conversion.options import ConvertOptions
+
+    source = Path(__file__).resolve().parent / "data" / "decoders" / "llama-optimum-merged-int4-b32" / \
+        "decoder_model_merged.onnx"
+    out = tmp_path / "decoder_model_merged.onnx"
+    convert(source, out, ConvertOptions(progress=False, check=False))
+    report = tmp_path / "check.json"
+    assert cli_main(["check", str(out), "--json", str(report), "-q"]) == 0
+    import json
+
+    found = json.loads(report.read_text())
+    apart = [f for f in found["findings"] if f["rule"] == "tensorrt-profiles-apart"]
+    assert len(apart) == 1 and apart[0]["severity"] == "warning" and "'prefill', 'decode'" in apart[0]["why"]
+    assert not [f for f in found["findings"] if f["severity"] == "blocker"]
