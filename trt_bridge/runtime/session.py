@@ -17,6 +17,9 @@ integer math (:func:`trt_bridge.ir.dynamic_gemm.decompose`), the reference the p
 The integer ops of a quantized source (``MatMulInteger``, ``ConvInteger``, ``QLinearConv``, ...) saturate the
 same way on those CPUs; they run with their int8 weights offset to uint8
 (:mod:`trt_bridge.runtime.exact_integer`), which onnxruntime computes exactly everywhere.
+
+TensorRT's dynamic FP4 activations (``TRT_FP4DynamicQuantize``, domain ``trt``) run as their exact emulation in
+standard ops (:func:`trt_bridge.runtime.fp4_dynamic.fp4_dynamic_emulated`), then FP4 weights as their float values.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ from trt_bridge.ir.types import holds_codes
 from trt_bridge.runtime.bf16 import emulate_bfloat16, has_bfloat16
 from trt_bridge.runtime.exact_integer import exact_integer, has_saturating_ops
 from trt_bridge.runtime.fp4 import fp4_dequantized, has_float4_codes
+from trt_bridge.runtime.fp4_dynamic import fp4_dynamic_emulated, has_fp4_dynamic
 from trt_bridge.runtime.process import owns_process
 
 
@@ -172,6 +176,8 @@ def create_session(model, options, providers=("CPUExecutionProvider",), exact: b
     if isinstance(model, bytes):  # parsed once for the looks below, not once per look
         model = parsed = onnx.ModelProto.FromString(model)
     model, disabled = _plugins_decomposed(model)
+    dynamic = _loaded_if(model, has_fp4_dynamic)  # TensorRT's dynamic FP4 activations (runtime/fp4_dynamic.py)
+    model = model if dynamic is None else fp4_dynamic_emulated(dynamic)
     fp4 = _loaded_if(model, has_float4_codes)  # no FP4 kernel: its weights' float values (runtime/fp4.py)
     model = model if fp4 is None else fp4_dequantized(fp4)
     if exact:

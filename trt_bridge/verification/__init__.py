@@ -31,6 +31,7 @@ from trt_bridge.choices import check_bound
 from trt_bridge.errors import CalibrationDataError, TrtBridgeError
 from trt_bridge.ir.model import load_model, read_model
 from trt_bridge.plugins.registry import register_for_engine
+from trt_bridge.runtime.fp4_dynamic import has_fp4_dynamic
 from trt_bridge.runtime.session import session
 from trt_bridge.tensorrt import gpu_present, import_tensorrt, is_rtx
 from trt_bridge.tensorrt.build import costs_or_none
@@ -89,6 +90,8 @@ class VerifyReport:
     costs: dict[str, EngineCosts] | None = None
     #: a decoder's generation loop (then ``feeds`` counts its prompts and ``outputs`` holds its logits)
     generation: GenerationReport | None = None
+    #: the models (paths) onnxruntime ran through an emulation of TensorRT-only ops (runtime/fp4_dynamic.py)
+    emulated: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
@@ -121,6 +124,9 @@ class VerifyReport:
                       f"{gen.prompts} prompt(s) x {gen.steps} step(s), prompts {gen.source}"]
         lines += ["  " + line for line in (gen.lines() if gen else [])]
         lines += ["  " + m.line() for m in self.outputs]
+        if self.emulated:
+            lines.append(f"  compared an emulation: ran {', '.join(self.emulated)}'s TRT_FP4DynamicQuantize "
+                         "through onnxruntime as its exact emulation in standard ops, not TensorRT's kernels")
         if self.per_layer is not None:
 
             loc = self.per_layer
@@ -165,7 +171,8 @@ def _verify(reference: Path, candidate: Path, options: VerifyOptions) -> VerifyR
             results.save(options.save_outputs)
         except OSError as exc:
             raise TrtBridgeError(f"cannot write {options.save_outputs}: {exc.strerror or exc}.") from exc
-    report = VerifyReport(str(reference), str(candidate), options.engine, len(feeds))
+    report = VerifyReport(str(reference), str(candidate), options.engine, len(feeds),
+                          emulated=_emulated(reference, candidate))
     for runner in (CANDIDATE, ENGINE):
         if runner in results.keys():
             report.outputs += _compare(results[REFERENCE], results[runner], runner, options.top_k)
@@ -182,6 +189,11 @@ def _verify(reference: Path, candidate: Path, options: VerifyOptions) -> VerifyR
     report.costs = _costs(reference, candidate, options)
     report.seconds = time.perf_counter() - start
     return report
+
+
+def _emulated(*paths: Path) -> list[str]:
+    """Those of ``paths`` that onnxruntime runs through the emulation of TensorRT's dynamic FP4 quantization."""
+    return [str(path) for path in paths if has_fp4_dynamic(read_model(path, external_data=False))]
 
 
 def _decoders(reference: Path, candidate: Path, options: VerifyOptions):
@@ -207,7 +219,8 @@ def _verify_decoder(reference: Path, candidate: Path, decoders, options: VerifyO
                              "--prompts, --steps, --prompt-length).")
     generation = replace(options.generation or GenerationOptions(), data=options.data, seed=options.seed)
     gen, logits = compare_generation(reference, candidate, *decoders, generation, options.top_k)
-    report = VerifyReport(str(reference), str(candidate), None, gen.prompts, [logits], generation=gen)
+    report = VerifyReport(str(reference), str(candidate), None, gen.prompts, [logits], generation=gen,
+                          emulated=_emulated(reference, candidate))
     apply_gates(list(options.gates), report.outputs)
     report.costs = _costs(reference, candidate, options)
     report.seconds = time.perf_counter() - start
