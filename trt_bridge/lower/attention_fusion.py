@@ -117,6 +117,22 @@ def softmax_probs(ix: NodeIndex, index: int) -> tuple[list[int], str, list[int]]
     return chain, probs, readers
 
 
+def value_product(ix: NodeIndex, probs: str, readers: list[int]) -> int | None:
+    """The index of ``probs``' one reader where it is ``MatMul(probs, v)``, else None."""
+    if len(readers) != 1 or ix.nodes[readers[0]].op_type != "MatMul" or ix.nodes[readers[0]].input[0] != probs:
+        return None
+    return readers[0]
+
+
+def through_cast(ix: NodeIndex, tensor: str, chain: list[int]) -> str:
+    """What ``tensor`` is a Cast of (the Cast's index added to ``chain``), or ``tensor`` itself."""
+    cast = ix.node(tensor, "Cast")
+    if cast is None:
+        return tensor
+    chain.append(cast[0])
+    return cast[1].input[0]
+
+
 class AttentionFusion:
     name = "attention-fusion"
     op_types = ("Softmax",)
@@ -129,15 +145,11 @@ class AttentionFusion:
         if isinstance(found, str):
             return found
         chain, probs, readers = found
-        if len(readers) != 1 or ix.nodes[readers[0]].op_type != "MatMul" or ix.nodes[readers[0]].input[0] != probs:
+        if (reader := value_product(ix, probs, readers)) is None:
             return NOT_ATTENTION
-        chain.append(readers[0])
-        context, v_in = ix.nodes[readers[0]].output[0], ix.nodes[readers[0]].input[1]
-        # backward: [Cast] ─ [mask] ─ Mul(scale) ─ MatMul(q, kᵀ)
-        x = softmax.input[0]
-        if (cast := ix.node(x, "Cast")) is not None:
-            chain.append(cast[0])
-            x = cast[1].input[0]
+        chain.append(reader)
+        context, v_in = ix.nodes[reader].output[0], ix.nodes[reader].input[1]
+        x = through_cast(ix, softmax.input[0], chain)  # backward: [Cast] ─ [mask] ─ Mul(scale) ─ MatMul(q, kᵀ)
         mask, kind = None, "none"
         if (where := ix.node(x, "Where")) is not None:
             i, n = where

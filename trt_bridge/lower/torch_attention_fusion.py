@@ -41,7 +41,15 @@ import onnx
 from onnx import helper
 
 from trt_bridge.ir.node_index import NodeIndex
-from trt_bridge.lower.attention_fusion import FLOAT32, LOW, NOT_ATTENTION, node_attr, softmax_probs
+from trt_bridge.lower.attention_fusion import (
+    FLOAT32,
+    LOW,
+    NOT_ATTENTION,
+    node_attr,
+    softmax_probs,
+    through_cast,
+    value_product,
+)
 
 #: the decline of scores that are not torch's MatMul(q, Transpose(k)) form (the other rule's reason stands)
 OTHER_FORM = "not torch's scaled_dot_product_attention form"
@@ -86,15 +94,12 @@ class TorchAttentionFusion:
             chain += guard
             probs = ix.nodes[guard[-1]].output[0]
             readers = ix.readers.get(probs, [])
-        if len(readers) != 1 or ix.nodes[readers[0]].op_type != "MatMul" or ix.nodes[readers[0]].input[0] != probs:
+        if (reader := value_product(ix, probs, readers)) is None:
             return NOT_ATTENTION
-        chain.append(readers[0])
-        out, v_in = ix.nodes[readers[0]].output[0], ix.nodes[readers[0]].input[1]
+        chain.append(reader)
+        out, v_in = ix.nodes[reader].output[0], ix.nodes[reader].input[1]
         # backward: [Cast] ─ [Add(mask)] ─ [Mul|Div(scale)] ─ MatMul(q [· √s], kᵀ [· √s])
-        x = softmax.input[0]
-        if (cast := ix.node(x, "Cast")) is not None:
-            chain.append(cast[0])
-            x = cast[1].input[0]
+        x = through_cast(ix, softmax.input[0], chain)
         mask = None
         if (add := ix.node(x, "Add")) is not None:
             side = [j for j in (0, 1) if _scores(ix, add[1].input[j]) is not None]
@@ -109,13 +114,13 @@ class TorchAttentionFusion:
         chain += nodes + [i]
         q, scale_q = _scaled(ix, product.input[0], chain)
         kt, scale_k = _scaled(ix, product.input[1], chain)
-        kt = _through_cast(ix, kt, chain)
+        kt = through_cast(ix, kt, chain)
         transpose = ix.node(kt, "Transpose")
         if transpose is None or list(node_attr(transpose[1], "perm", [])) != [0, 1, 3, 2]:
             return OTHER_FORM
         chain.append(transpose[0])
-        k = _through_cast(ix, transpose[1].input[0], chain)
-        v = _through_cast(ix, v_in, chain)
+        k = through_cast(ix, transpose[1].input[0], chain)
+        v = through_cast(ix, v_in, chain)
         dtype = ix.types.get(product.output[0])
         if dtype not in LOW:
             return FLOAT32 if dtype == onnx.TensorProto.FLOAT else f"scores of element type {dtype}"
@@ -206,14 +211,6 @@ def _scaled(ix: NodeIndex, tensor: str, chain: list[int]) -> tuple[str, float]:
             chain.append(mul[0])
             return mul[1].input[1 - j], c
     return tensor, 1.0
-
-
-def _through_cast(ix: NodeIndex, tensor: str, chain: list[int]) -> str:
-    cast = ix.node(tensor, "Cast")
-    if cast is None:
-        return tensor
-    chain.append(cast[0])
-    return cast[1].input[0]
 
 
 def _same_dim(ix: NodeIndex, a: str, i: int, b: str, j: int) -> bool:
