@@ -128,32 +128,22 @@ def _tensor_parts(tensor: onnx.TensorProto) -> tuple[bytes, int | None]:
     if not tensor.HasField("raw_data") or any(len(getattr(tensor, f)) for f in _TYPED) \
             or tensor_bytes(tensor) < (1 << 20):
         return tensor.SerializeToString(), None
-    header = onnx.TensorProto()
-    for field in tensor.DESCRIPTOR.fields:
-        if field.name == "raw_data":
-            continue
-        value = getattr(tensor, field.name)
-        if getattr(field, "is_repeated", None) or getattr(field, "label", None) == 3:
-            getattr(header, field.name).extend(value)
-        elif field.type == field.TYPE_MESSAGE:
-            if tensor.HasField(field.name):
-                getattr(header, field.name).CopyFrom(value)
-        elif tensor.HasField(field.name) if field.has_presence else value:
-            setattr(header, field.name, value)
-    return header.SerializeToString(), tensor_bytes(tensor)
+    return _fields_but(tensor, onnx.TensorProto(), "raw_data").SerializeToString(), tensor_bytes(tensor)
 
 
 def _fields_but(message, into, skipped: str):
-    """``into`` given every field ``message`` has set but ``skipped`` (their contents copied)."""
-    for field, value in message.ListFields():
+    """``into`` given every field ``message`` has set but ``skipped``, which is never read (a tensor's ``raw_data``
+    would be copied by reading it)."""
+    for field in message.DESCRIPTOR.fields:
         if field.name == skipped:
             continue
         if getattr(field, "is_repeated", None) or getattr(field, "label", None) == 3:  # (3: LABEL_REPEATED)
-            getattr(into, field.name).extend(value)
-        elif field.type == field.TYPE_MESSAGE:
-            getattr(into, field.name).CopyFrom(value)
-        else:
-            setattr(into, field.name, value)
+            getattr(into, field.name).extend(getattr(message, field.name))
+        elif message.HasField(field.name) if field.has_presence else getattr(message, field.name):
+            if field.type == field.TYPE_MESSAGE:
+                getattr(into, field.name).CopyFrom(getattr(message, field.name))
+            else:
+                setattr(into, field.name, getattr(message, field.name))
     return into
 
 
