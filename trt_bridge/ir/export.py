@@ -28,30 +28,11 @@ def export_model(graph: gs.Graph, store: WeightStore | None = None, consume: boo
     weight's bytes leave it once copied into the model (protobuf frees a TensorProto's bytes only with the whole
     TensorProto: clearing its ``raw_data`` freed nothing), so the weights are held about once, not twice."""
     swapped = {}
+    limit = BIG_CONSTANT if store is None else store.MIN_BYTES
     for tensor in graph.tensors().values():
         values = getattr(tensor, "_values", None)
-        if not isinstance(tensor, gs.Constant):
-            continue
-        if isinstance(values, DerivedValues):  # (its .tensor computes the values: ask nothing else of it)
-            if values.nbytes < (BIG_CONSTANT if store is None else store.MIN_BYTES) \
-                    or (store is not None and not storable(values.dtype)):
-                continue
-            data_type = onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
-        elif isinstance(values, DeferredValues):  # (its .tensor reads the file: the header says the rest)
-            if store is not None and (values.nbytes < store.MIN_BYTES or not storable(values.header.data_type)):
-                continue
-            data_type = values.header.data_type
-        elif isinstance(values, LazyValues) and isinstance(values.tensor, onnx.TensorProto):
-            if values.nbytes < (BIG_CONSTANT if store is None else store.MIN_BYTES) \
-                    or (store is not None and not storable(values.tensor.data_type)):
-                continue
-            data_type = values.tensor.data_type
-        elif store is not None and isinstance(values, np.ndarray) and values.nbytes >= store.MIN_BYTES \
-                and storable(values.dtype):
-            data_type = onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
-        elif consume and isinstance(values, np.ndarray) and values.nbytes >= BIG_CONSTANT and values.dtype != object:
-            data_type = onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
-        else:
+        data_type = _large_type(values, store is not None or consume) if isinstance(tensor, gs.Constant) else None
+        if data_type is None or values.nbytes < limit or (store is not None and not storable(data_type)):
             continue
         stand_in = onnx.TensorProto(name=tensor.name, data_type=data_type, dims=values.shape)
         swapped[tensor.name] = (tensor, values)
@@ -88,6 +69,23 @@ def export_model(graph: gs.Graph, store: WeightStore | None = None, consume: boo
         for tensor, values in swapped.values():  # (none: every stand-in is an initializer)
             tensor._values = values
     return model
+
+
+def _large_type(values, arrays: bool) -> int | None:
+    """The ONNX type of a constant's values that the export copies itself (None: onnx-graphsurgeon exports it):
+    derived, deferred and TensorProto-held values without reading them, and numpy arrays where ``arrays``."""
+    if isinstance(values, DerivedValues):  # (its .tensor computes the values: ask nothing else of it)
+        return onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
+    if isinstance(values, DeferredValues):  # (its .tensor reads the file: the header says the rest)
+        return values.header.data_type
+    if isinstance(values, LazyValues) and isinstance(values.tensor, onnx.TensorProto):
+        return values.tensor.data_type
+    if arrays and isinstance(values, np.ndarray) and values.dtype != object:
+        try:
+            return onnx.helper.np_dtype_to_tensor_dtype(values.dtype)
+        except (KeyError, ValueError, TypeError):  # a type ONNX has no tensor of: onnx-graphsurgeon's to say
+            return None
+    return None
 
 
 #: numpy types whose values are their raw data as ONNX stores it (no packing, no conversion)
