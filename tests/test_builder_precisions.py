@@ -84,7 +84,7 @@ def test_a_builder_view_counts_the_layers_as_that_builder_runs_them():
         "W8A8 INT8 and no quantized convolutions); the GEMM forms it runs quantized are --int4 (INT4 weight-only, "
         "compute capability 8.6+), --fp8 (FP8, 8.9+) and FP4 (12.0, from an NVFP4 source); it runs convolutions in "
         "float in every format (--high-precision fp16 writes those it can in FP16); datacenter TensorRT runs INT8 as "
-        "INT8")
+        "INT8; convert --trt-module tensorrt_rtx writes only the forms TensorRT-RTX runs")
     gemms = builder_view({"groups": [{"precision": "int4-w", "op": "gemm", "float": "fp32", "count": 3},
                                      {"precision": "int8", "op": "convolution", "float": "fp16", "count": 2}]},
                          "tensorrt_rtx", "8.9", used=True)  # --int4: the GEMMs as asked, the convolutions not

@@ -87,6 +87,10 @@ class PlacementOptions:
                                          f"{exc}") from exc
 
 
+#: the TensorRT modules a conversion can be written for (--trt-module)
+TRT_MODULES = ("tensorrt", "tensorrt_rtx")
+
+
 @dataclass(frozen=True)
 class FormatOptions:
     """``--int8``/``--fp8`` (activations and their layers' weights), ``--int4`` (MatMul/Gemm weights in blocks) and
@@ -98,8 +102,13 @@ class FormatOptions:
     #: the GPU the output must run on (--compute-capability X.Y): FP4 sources stay FP4 for 10.0 and newer, else
     #: INT4 blocks; also the target of convert's own check. None: no target (FP4 approximated)
     compute_capability: str | None = None
+    #: the TensorRT the engine is built with (--trt-module): tensorrt_rtx writes only the quantized forms its support
+    #: matrix runs (conversion/builder_forms.py); None or tensorrt: datacenter TensorRT's (W8A8 INT8 everywhere)
+    trt_module: str | None = None
 
     def __post_init__(self) -> None:
+        if self.trt_module is not None and self.trt_module not in TRT_MODULES:
+            raise TrtBridgeError(f"--trt-module {self.trt_module}: choose {' or '.join(TRT_MODULES)}.")
         if self.compute_capability is not None:
             compute_capability(self.compute_capability)  # a bad value fails before any work
         if self.activations is not None and self.activations not in ACTIVATION_FORMATS:

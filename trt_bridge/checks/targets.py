@@ -18,7 +18,7 @@ from trt_bridge.formats import FORMATS, INT4, INT8, QuantFormat, code_format
 from trt_bridge.tensorrt.target import builder_view
 
 #: layer_precisions' names → the format each runs in
-_PRECISIONS = {"int8": INT8, "fp8": FORMATS["fp8"], "int4": INT4, "int4-w": INT4, "fp4": FORMATS["fp4"],
+_PRECISIONS = {"int8": INT8, "int8-w": INT8, "fp8": FORMATS["fp8"], "int4": INT4, "int4-w": INT4, "fp4": FORMATS["fp4"],
                "fp4-w": FORMATS["fp4"]}
 
 

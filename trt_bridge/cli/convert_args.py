@@ -15,6 +15,7 @@ from pathlib import Path
 from trt_bridge.choices import (
     BLOCK_SIZE,
     FEED_LIMIT,
+    TRT_MODULES,
     Bf16Policy,
     CalibMethod,
     FormatOptions,
@@ -252,10 +253,17 @@ class FormatArgs:
                                 "weights stay FP4 for 10.0 and newer, else become INT4 blocks (reported); the output's "
                                 "check holds its precisions to it (FP8 below 8.9, FP4 below 10.0: a blocker) and "
                                 "builds its costs for it (default: no target; the check's costs build for 8.9)")
+        group.add_argument("--trt-module", choices=TRT_MODULES, default=None,
+                           help="the TensorRT the engine will be built with. tensorrt_rtx writes only the quantized "
+                                "forms TensorRT-RTX's support matrix runs: its INT8 GEMMs weight-only, the layers it "
+                                "runs in float (every quantized convolution, FP8 below 8.9) given back to float, "
+                                "each reported; tensorrt (datacenter TensorRT, the default form): W8A8 INT8 "
+                                "convolutions and GEMMs")
 
     def parse(self, args: argparse.Namespace) -> FormatOptions:
         return FormatOptions(activations=args.precision, weights=args.weights, block_size=args.block_size,
-                             compute_capability=getattr(args, "compute_capability", None))
+                             compute_capability=getattr(args, "compute_capability", None),
+                             trt_module=getattr(args, "trt_module", None))
 
 
 class SourceArgs:

@@ -43,6 +43,7 @@ from trt_bridge.calibrate.feeds import FeedSource
 from trt_bridge.calibrate.observers import CalibMethod
 from trt_bridge.calibrate.session import CalibrationResult, calibrate
 from trt_bridge.conversion import runtime_choice
+from trt_bridge.conversion.builder_forms import builder_forms
 from trt_bridge.conversion.options import ConvertOptions
 from trt_bridge.ir.export import export_model
 from trt_bridge.ir.graphs import graphs
@@ -129,6 +130,8 @@ def quantize_bodies(graph: gs.Graph, annotations: Annotations, options: ConvertO
         placement = place(body, mine, options.placement, feeds is not None)
         # --fp8 quantizes the bodies in FP8 too; --int4 their MatMul weights (a branch without one refuses nothing)
         assign_formats(body, mine, options.formats, placement=options.placement, body=True)
+        forms = builder_forms(body, mine, options.formats.trt_module, options.formats.compute_capability, body=True)
+        result.left_in_float.extend(LeftInFloat("", c.tensor, c.reason) for c in forms if c.format == "float")
         result.left_in_float.extend(placement.left_in_float)
         placed.append((body, mine, placement))
     result.bodies = len(placed)

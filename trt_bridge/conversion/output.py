@@ -43,10 +43,13 @@ def check(state: Conversion) -> StageResult:
     profiles = feed_profiles(state)
     checked = check_model(state.staged, replace(options, profiles=profiles))
     checked.rename(state.staged, state.output_path)  # the report names the output, not where it was staged
+    formats = state.options.formats
+    against = costs.against_float(checked.costs, state.float_copy, state.store is not None,
+                                  formats.compute_capability, profiles)
+    if against is not None:
+        against["larger_than_float"] = costs.larger_than_float(against, checked.builders, formats.trt_module)
     return StageResult(changed=0, records={
-        "check": {**checked.to_dict(), "headline": checked.headline()}, "costs": costs.against_float(
-            checked.costs, state.float_copy, state.store is not None, state.options.formats.compute_capability,
-            profiles),
+        "check": {**checked.to_dict(), "headline": checked.headline()}, "costs": against,
         "remaining_blockers": [f"{f.where}: {f.why}" for f in checked.blockers], "builders": checked.builders})
 
 

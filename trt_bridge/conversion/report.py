@@ -77,7 +77,8 @@ class ConversionReport:
     def cost_line(self) -> str:
         """The engine's costs against the float model's and what adds to them (the summary's costs line)."""
         runtime = len((self.runtime_ranges or {}).get("tensors") or ())
-        given = len((self.given_back or {}).get("layers") or ())
+        given = len((self.given_back or {}).get("layers") or ()) + sum(  # and those --trt-module gave back
+            1 for c in self.formats if c["kind"] == "layer" and c["format"] == "float")
         float_note = f" (float: {self.costs['float_missing']})" if self.costs.get("float_missing") else ""
         return (f"costs ({self.costs['target']}): {self.costs['summary']}{float_note}; {runtime} activation(s) "
                 f"ranged in each inference, {given} layer(s) given back to float")
@@ -213,5 +214,7 @@ class ConversionReport:
                     lines.append(f"      what to do: {finding['fix']}")  # convert could not: the user can
         if self.costs is not None:
             lines.append(f"  {self.cost_line()}")
+            if self.costs.get("larger_than_float"):
+                lines.append(f"  warning: {self.costs['larger_than_float']}")
         lines.append(f"  total {sum(self.seconds.values()):.2f} s")
         return "\n".join(lines)

@@ -30,6 +30,7 @@ from trt_bridge.conversion import (
     runtime_choice,
     shape_branches,
 )
+from trt_bridge.conversion.builder_forms import builder_forms
 from trt_bridge.conversion.options import ConvertOptions, ScalePolicy
 from trt_bridge.conversion.paths import check_paths
 from trt_bridge.conversion.report import FloatLeftover, RuleHits
@@ -184,6 +185,8 @@ def place_quantizers(state: Conversion) -> StageResult:
         apply(state.graph, ctx.annotations, state.imported, calibrating=feeds is not None)
         share_imported(ctx.annotations, state.placement.shared_scales)  # a group's members the file does not name
     formats = assign_formats(state.graph, ctx.annotations, options.formats, ctx.approximate, options.placement)
+    formats += builder_forms(state.graph, ctx.annotations, options.formats.trt_module,  # TensorRT-RTX's forms
+                             options.formats.compute_capability, where=str(state.model_path))
     check_quantizable(state.graph, ctx.annotations)
     left = [FloatLeftover(x.node, "", f"'{x.tensor}': {x.reason}") for x in state.placement.left_in_float]
     return StageResult(changed=len(ctx.annotations.activations), records={

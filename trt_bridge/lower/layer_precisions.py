@@ -2,7 +2,7 @@
 
 Under strong typing TensorRT runs every layer in the type the ONNX gives it: a weighted op whose data input
 is dequantized runs in the precision of the codes (int8/uint8: INT8, float8: FP8, int4: INT4, float4: FP4), one
-whose weight alone is dequantized from int4 INT4 weight-only (INT4-W; from float4 FP4-W), trt-bridge's
+whose weight alone is dequantized from int4 INT4 weight-only (INT4-W; from float4 FP4-W, from int8 INT8-W), trt-bridge's
 DynamicInt8Gemm plugin INT8 (its GEMM is int8 × int8), any other layer in its output's type (FP32, FP16, BF16).
 
 That is what the model's types ask for; what each builder runs them as (datacenter TensorRT runs W8A8 INT8
@@ -88,15 +88,15 @@ def _precision(node: onnx.NodeProto, producer: dict, types: dict[str, int]) -> s
     weight = producer.get(node.input[1]) if len(node.input) > 1 else None
     four = CODE_PRECISIONS.get(_code_type(weight, types)) if weight is not None and \
         weight.op_type == "DequantizeLinear" else None
-    return f"{four}-w" if four in ("int4", "fp4") else None  # 4-bit weights, activations in float: weight-only
+    return f"{four}-w" if four in ("int8", "int4", "fp4") else None  # activations in float: weight-only
 
 
 #: a Q/DQ code type → the precision TensorRT runs the layer it feeds in (the format nearest the codes: uint8 INT8, any
 #: float8 FP8, uint4 INT4; 16-bit codes TensorRT does not take: check names them)
 CODE_PRECISIONS = {t: code_format(t).nearest.name for t in CODE_TYPES if code_format(t).name not in ("int16", "uint16")}
 #: the quantized precisions, in the order a headline names them, and how it names them
-QUANTIZED = ("int8", "fp8", "int4-w", "int4", "fp4-w", "fp4")
-HEADLINE = {"int4-w": "INT4 weight-only", "fp4-w": "FP4 weight-only"}
+QUANTIZED = ("int8", "int8-w", "fp8", "int4-w", "int4", "fp4-w", "fp4")
+HEADLINE = {"int8-w": "INT8 weight-only", "int4-w": "INT4 weight-only", "fp4-w": "FP4 weight-only"}
 
 
 def _code_type(dq: onnx.NodeProto, types: dict[str, int]) -> int:

@@ -164,11 +164,13 @@ SUPPORT: dict[tuple[str, str, str], Runs] = {
     ("tensorrt", "int8", "plugin"): _PLUGIN,
     ("tensorrt", "fp8", "convolution"): Runs("fp8", FP8.min_compute, "FP8" + _UNVERIFIED),
     ("tensorrt", "fp8", "gemm"): Runs("fp8", FP8.min_compute, "FP8"),
+    ("tensorrt", "int8-w", "gemm"): Runs("int8-w", INT4.min_compute, "INT8 weight-only GEMM" + _UNVERIFIED),
     ("tensorrt", "int4-w", "gemm"): Runs("int4-w", INT4.min_compute, "INT4 weight-only GEMM"),
     ("tensorrt", "int4", "gemm"): Runs("int4-w", INT4.min_compute, "INT4 is weight-only: activations in float"),
     ("tensorrt", "fp4", "gemm"): Runs("fp4", FP4.min_compute, "NVFP4"),
     ("tensorrt", "fp4-w", "gemm"): Runs("fp4-w", FP4.min_compute, "FP4 weight-only GEMM" + _UNVERIFIED),
     ("tensorrt_rtx", "int8", "gemm"): Runs("int8-w", 8.6, "its INT8 WoQ GEMM; the activation's Q/DQ in float"),
+    ("tensorrt_rtx", "int8-w", "gemm"): Runs("int8-w", 8.6, "its INT8 WoQ GEMM"),
     ("tensorrt_rtx", "int8", "plugin"): _PLUGIN,
     ("tensorrt_rtx", "fp8", "gemm"): Runs("fp8", 8.9, "FP8 GEMM"),
     ("tensorrt_rtx", "int4-w", "gemm"): Runs("int4-w", 8.6, "INT4 WoQ GEMM"),
@@ -278,4 +280,5 @@ def _alternatives(view: dict) -> str | None:
         text.append("it runs convolutions in float in every format (--high-precision fp16 writes those it can in FP16)")
     if any(g["precision"] == "int8" for g in other):
         text.append("datacenter TensorRT runs INT8 as INT8")
+    text.append("convert --trt-module tensorrt_rtx writes only the forms TensorRT-RTX runs")
     return "; ".join(text)
