@@ -141,7 +141,7 @@ def test_assign_formats_follows_the_flags_and_the_layers():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"activations": "int4"}, "choose int8 or fp8"),
+    ({"activations": "int4"}, "choose int8, fp8 or fp4"),
     ({"weights": "fp8"}, "only int4"),
     ({"block_size": 48}, "power of two"),
 ])

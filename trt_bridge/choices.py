@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-from trt_bridge.errors import TrtBridgeError
+from trt_bridge.errors import OptionError, TrtBridgeError
 
 #: the most feeds a source gives by default (``convert --calib-max``): a data loader that yields forever stops there
 FEED_LIMIT = 512
@@ -21,7 +21,7 @@ GRANULARITIES = ("tensor", "token")
 #: what --block-size takes by default: TensorRT's INT4 weight-only kernels take 32, 64 or 128 (ModelOpt's default)
 BLOCK_SIZE = 128
 #: the formats --int8/--fp8 name for activations
-ACTIVATION_FORMATS = ("int8", "fp8")
+ACTIVATION_FORMATS = ("int8", "fp8", "fp4")
 #: the formats a weight-only flag names
 WEIGHT_ONLY_FORMATS = ("int4",)
 
@@ -111,8 +111,15 @@ class FormatOptions:
             raise TrtBridgeError(f"--trt-module {self.trt_module}: choose {' or '.join(TRT_MODULES)}.")
         if self.compute_capability is not None:
             compute_capability(self.compute_capability)  # a bad value fails before any work
+        if self.activations == "fp4" and (self.compute_capability is None
+                                          or compute_capability(self.compute_capability) < 10.0):
+            said = ("no --compute-capability was given" if self.compute_capability is None
+                    else f"--compute-capability {self.compute_capability} runs no FP4")
+            raise OptionError(f"--fp4 (NVFP4 W4A4) runs on compute capability 10.0 and newer (B200 10.0, RTX "
+                              f"50-series 12.0), and {said}: add --compute-capability 10.0 or 12.0, or use --fp8 "
+                              "(8.9+) or --int4 (INT4 weight-only, 7.5+).")
         if self.activations is not None and self.activations not in ACTIVATION_FORMATS:
-            raise TrtBridgeError(f"precision {self.activations}: choose int8 or fp8 (--int8, --fp8).")
+            raise TrtBridgeError(f"precision {self.activations}: choose int8, fp8 or fp4 (--int8, --fp8, --fp4).")
         if self.weights is not None and self.weights not in WEIGHT_ONLY_FORMATS:
             raise TrtBridgeError(f"weights {self.weights}: only int4 (--int4) is a weight-only format.")
         check_bound("block_size", self.block_size)

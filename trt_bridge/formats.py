@@ -59,6 +59,12 @@ class QuantFormat:
     def runs_on(self, compute: float) -> bool:
         return compute >= self.min_compute
 
+    def __copy__(self) -> QuantFormat:
+        return self  # one instance per format: the stages compare formats with ``is``, copies of annotations too
+
+    def __deepcopy__(self, memo) -> QuantFormat:
+        return self
+
 
 INT8_QMAX = 127
 
@@ -158,3 +164,28 @@ def code_limits(dtype) -> tuple[float, float]:
             info = ml_dtypes.finfo(dtype)
             return float(-info.max), float(info.max)
     return float(info.min), float(info.max)
+
+
+def nvfp4_scales(scale: np.ndarray) -> np.ndarray:
+    """FP4 block scales made NVFP4's two levels (TensorRT's FP4 GEMMs take FP8 E4M3 block scales under one FP32
+    global scale): g = max / 448, each block's scale rounded to g · FP8(scale / g); returned as their float32
+    products, which :func:`nvfp4_split` writes back exactly. A block scale under FP8's range becomes its smallest
+    subnormal's, never 0 (a zero scale would make its codes infinite)."""
+    scale = np.asarray(scale, np.float32)
+    g = np.float32(scale.max() / FP8.qmax) if scale.size and scale.max() > 0 else np.float32(1.0)
+    tiny = np.float32(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).smallest_subnormal)
+    s8 = np.maximum(scale / g, tiny).astype(ml_dtypes.float8_e4m3fn)
+    return (s8.astype(np.float32) * g).astype(np.float32)
+
+
+def nvfp4_split(scale: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """FP4 block scales as NVFP4's two levels: (FP8 E4M3 block scales, a 0-d float32 global scale) whose product
+    is ``scale`` exactly, or None where no such pair gives it back (a source's own float32 block scales)."""
+    scale = np.asarray(scale, np.float32)
+    if not scale.size or not np.all(np.isfinite(scale)) or scale.max() <= 0:
+        return None
+    g = np.float32(scale.max() / FP8.qmax)
+    s8 = (scale / g).astype(ml_dtypes.float8_e4m3fn)
+    if not np.array_equal(s8.astype(np.float32) * g, scale):
+        return None
+    return s8, np.asarray(g, np.float32)

@@ -15,6 +15,7 @@ import onnx_graphsurgeon as gs
 from onnx import TensorProto
 
 from trt_bridge.checks.findings import Finding, Severity, TensorInfo
+from trt_bridge.checks.nvfp4 import FP4_DYNAMIC, in_fp4_dynamic, two_level_values
 from trt_bridge.errors import MissingDependencyError
 from trt_bridge.ir.dynamic_gemm import InvalidGemmNode, is_plugin_node, node_arrays
 from trt_bridge.ir.tensorrt_ops import (
@@ -145,6 +146,8 @@ class NoImporter:
     def find(self, node, graph, opset):
         if node.op in NO_IMPORTER:
             return _finding(self.name, node, f"TensorRT's ONNX parser has no importer for {node.op}")
+        if node.domain == "trt" and node.op == FP4_DYNAMIC:  # TensorRT's own op: an FP4 activation (targets')
+            return None
         if (node.domain or "") not in ("", "ai.onnx") and not is_plugin_node(node):
             if node.domain == "com.microsoft" and (rtx_imports_contrib(node.op, _outputs(node))
                                                    or _rotary_crash(node)):
@@ -164,7 +167,7 @@ class QDQZeroPoint:
     name = "qdq-zero-point"
 
     def find(self, node, graph, opset):
-        if node.op not in QDQ:
+        if node.op not in QDQ or in_fp4_dynamic(node):
             return None
         zp = quantizer_zero_point(node)
         codes = _code_type(node, zp)
@@ -204,9 +207,9 @@ class QDQScales:
     name = "qdq-scale"
 
     def find(self, node, graph, opset):
-        if node.op not in QDQ:
+        if node.op not in QDQ or in_fp4_dynamic(node):
             return None
-        scale = constant_values(node.inputs[1])
+        scale = two_level_values(node.inputs[1])
         if scale is None:
             return _finding(self.name, node, "the scale is computed at run time; TensorRT needs a constant scale")
         if not np.all(np.isfinite(scale)) or np.any(scale <= 0):

@@ -242,6 +242,11 @@ class FormatArgs:
         precision.add_argument("--fp8", dest="precision", action="store_const", const="fp8",
                                help="quantize them in FP8 E4M3 (compute capability 8.9+; the default for an FP8 "
                                     "source): calibrated as INT8 is, with TensorRT's placement")
+        precision.add_argument("--fp4", dest="precision", action="store_const", const="fp4",
+                               help="NVFP4 W4A4 (compute capability 10.0+, with --compute-capability): MatMul/Gemm "
+                                    "activations quantized per inference in FP4 blocks of 16 (TensorRT's "
+                                    "TRT_FP4DynamicQuantize, a calibrated global scale) and their weights in FP4 "
+                                    "blocks; the other quantized layers FP8")
         group.add_argument("--int4", dest="weights", action="store_const", const="int4",
                            help="2-D MatMul/Gemm weights in INT4 blocks along their reduction axis (INT4 weight-only: "
                                 "their activations stay in the high precision; --int8/--fp8 still quantize the other "

@@ -12,7 +12,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from trt_bridge.annotations import QMAX, ScaleSource, Site, WeightSpec
 from trt_bridge.errors import InternalError, UnsupportedPatternError
-from trt_bridge.formats import FP4, FP8, INT4, INT8, QuantFormat, broadcast_param, numpy_code_format
+from trt_bridge.formats import FP4, FP8, INT4, INT8, QuantFormat, broadcast_param, numpy_code_format, nvfp4_scales
 from trt_bridge.ir.store import release_weight
 from trt_bridge.ir.tensorrt_ops import output_channel_axis
 from trt_bridge.ir.values import FLOAT32_TINY, check_finite_weight
@@ -287,6 +287,8 @@ def quantize_blocks(values: np.ndarray, axis: int, block_size: int, ftype=np.flo
             scale.astype(np.float64), moved.shape, 0, block_size)), INT4_LOWEST, INT4.qmax).astype(INT4.dtype)
         return np.moveaxis(codes, 0, axis), np.moveaxis(scale, 0, axis)
     scale = _scale(amax, ftype, fmt)
+    if fmt is FP4 and ftype == np.float32:  # NVFP4: FP8 block scales under a global one (lowered in two levels)
+        scale = nvfp4_scales(scale)
     moved = np.moveaxis(values, axis, 0)
     codes = fmt.codes(moved, broadcast_param(scale.astype(np.float64), moved.shape, 0, block_size))
     return np.moveaxis(codes, 0, axis), np.moveaxis(scale, 0, axis)

@@ -22,6 +22,7 @@ from trt_bridge.ir.dynamic_gemm import is_plugin_node
 from trt_bridge.ir.graphs import bodies, graphs
 from trt_bridge.ir.size import is_large
 from trt_bridge.ir.types import elem_types
+from trt_bridge.runtime.fp4_dynamic import OP as FP4_DYNAMIC
 
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "MatMul", "Gemm")
 SKIP = frozenset({"QuantizeLinear", "DequantizeLinear", "Cast", "Constant", "Identity", "Reshape", "Transpose",
@@ -83,6 +84,9 @@ def _precision(node: onnx.NodeProto, producer: dict, types: dict[str, int]) -> s
     if node.op_type not in WEIGHTED_OPS:
         return None
     src = producer.get(node.input[0]) if node.input else None
+    if src is not None and src.op_type == "DequantizeLinear" and getattr(producer.get(src.input[0]), "op_type",
+                                                                         None) == FP4_DYNAMIC:
+        return "fp4"  # TensorRT's dynamic FP4 activation (NVFP4 W4A4)
     if src is not None and src.op_type == "DequantizeLinear":
         return CODE_PRECISIONS.get(_code_type(src, types), "int8")
     weight = producer.get(node.input[1]) if len(node.input) > 1 else None

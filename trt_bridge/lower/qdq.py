@@ -32,12 +32,13 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from trt_bridge.annotations import Annotations
 from trt_bridge.errors import InternalError, UnsupportedPatternError
-from trt_bridge.formats import FORMATS, INT8, QuantFormat
+from trt_bridge.formats import FORMATS, FP4, INT8, QuantFormat
 from trt_bridge.ir.derived import DerivedValues
 from trt_bridge.ir.names import NameAllocator
 from trt_bridge.ir.toposort import toposort
 from trt_bridge.lift.weights import float_type, representable_scale, scale_axis, weight_values
 from trt_bridge.lower import runtime_ranges
+from trt_bridge.lower.nvfp4 import fp4_dynamic, two_level_scale
 
 
 @dataclass(frozen=True)
@@ -118,9 +119,11 @@ def lower(graph: gs.Graph, annotations: Annotations, scales: dict | None = None,
         attrs = {} if axis is None else {"axis": axis}
         if spec.block_size and scale.ndim:
             attrs["block_size"] = spec.block_size
+        scale_in = two_level_scale(graph, names, name, scale) if fmt is FP4 and scale.ndim else None
         graph.nodes.append(gs.Node(
             "DequantizeLinear", names(f"{name}_DequantizeLinear"), attrs,
-            [code_constant(names(f"{name}_{fmt.name}"), q, fmt), gs.Constant(names(f"{name}_scale"), scale),
+            [code_constant(names(f"{name}_{fmt.name}"), q, fmt),
+             scale_in or gs.Constant(names(f"{name}_scale"), scale),
              code_constant(names(f"{name}_zero_point"), fmt.zero(scale.shape), fmt)], [dq_out]))
         _rewire(nodes, spec.sites, name, dq_out)
         if release and not tensors[name].outputs:  # read by no other node: its codes and float values go
@@ -142,6 +145,15 @@ def lower(graph: gs.Graph, annotations: Annotations, scales: dict | None = None,
                 ": a scale must be finite and positive. Check that source of scales (the calibration data for "
                 "huge or non-finite values, the scale file, the model).")
         ftype, fmt = float_type(tensors[name], "activation"), spec.format
+        if fmt is FP4:  # --fp4: TensorRT's dynamic FP4 quantization, its global scale from the range
+            dq_out, scale = fp4_dynamic(graph, names, tensors[name], spec.scale, ftype)
+            if scales is not None:
+                scales[name] = (scale, ftype)
+            _rewire(nodes, spec.sites, name, dq_out)
+            done.append(QuantizedTensor(name, "activation", float(scale.values), None,
+                                        spec.source.value if spec.source else "", tuple(s.node for s in spec.sites),
+                                        np.dtype(ftype).name, format=fmt.name))
+            continue
         scale = gs.Constant(names(f"{name}_scale"), representable_scale(fmt.scale_of(spec.scale), ftype))
         if scales is not None:
             scales[name] = (scale, ftype)

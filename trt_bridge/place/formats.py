@@ -28,6 +28,7 @@ from trt_bridge.choices import FormatOptions, PlacementOptions, PlacementPolicy,
 from trt_bridge.errors import UnsupportedPatternError
 from trt_bridge.formats import FORMATS, FP4, FP8, INT4, INT8, QuantFormat
 from trt_bridge.lift.weights import block_axis, weight_axis
+from trt_bridge.place.fp4 import fp4_activations
 from trt_bridge.place.policies import excluder
 
 log = logging.getLogger("trt_bridge.place")
@@ -64,7 +65,13 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
     if act is None and lifted == {FP8}:  # an FP8 source (or scale file): what placement adds is FP8 too
         for spec in annotations.activations.values():
             spec.format = FP8
-    if act is not None:
+    if act is FP4:  # NVFP4 where TensorRT's FP4 GEMMs take the activation, FP8 elsewhere
+        was = {name: spec.format for name, spec in annotations.activations.items()}
+        fp8 = fp4_activations(graph, annotations)
+        changes += [FormatChange(name, "activation", spec.format.name, was[name].name,
+                                 f"--fp4 is for GEMMs: {fp8[name]}" if name in fp8 else "--fp4")
+                    for name, spec in annotations.activations.items() if spec.format is not was[name]]
+    elif act is not None:
         for spec in annotations.activations.values():
             if spec.format is not act:
                 changes.append(FormatChange(spec.tensor, "activation", act.name, spec.format.name, f"--{act.name}"))
@@ -100,7 +107,7 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
         reason = "--int4" if wanted is INT4 else f"its layer's activations are {wanted.label}"
         changes.append(FormatChange(spec.tensor, "weight", wanted.name, spec.format.name, reason))
         spec.format, spec.codes, spec.scale, spec.source = wanted, None, None, ScaleSource.REQUANTIZED
-        spec.block_size = options.block_size if wanted is INT4 else 0
+        spec.block_size = options.block_size if wanted is INT4 else FP4.block_size if wanted is FP4 else 0
     if weight_only is INT4 and act is None:  # --int4 alone is weight-only: nothing placement added besides
         for table in (annotations.activations, annotations.weights):
             for name in [n for n, spec in table.items() if spec.placed and spec.format is not INT4]:
@@ -109,7 +116,8 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
         log.warning("%d FP4 weight(s) approximated as INT4 blocks, e.g. %s", len(fp4_to_int4), fp4_to_int4[0])
     # INT4 layers are weight-only: TensorRT-RTX builds no FP8 × INT4 layer for compute capability 8.9, and INT8 × INT4
     # only for some shapes (an AIMET W4A8 export with blocks of 16 failed: "CHECK(is_constant()) failed")
-    blocked = {s.node for spec in annotations.weights.values() if spec.format in (INT4, FP4) for s in spec.sites}
+    blocked = {s.node for spec in annotations.weights.values() if spec.format in (INT4, FP4) for s in spec.sites
+               if reads.get(s.node) is not FP4}  # NVFP4 W4A4 (--fp4) keeps its FP4 activations
     for name in list(annotations.activations):
         spec = annotations.activations[name]
         kept = [s for s in spec.sites if s.node not in blocked]
@@ -248,7 +256,9 @@ def _weight_format(spec, nodes, tensors, reads, weight_only: QuantFormat | None,
     if blockable and spec.format is FP4:
         return FP4 if target is not None and FP4.runs_on(compute_capability(target)) else INT4
     formats = {reads[n.name] for n in layers if n.name in reads}
-    if FP8 in formats:
+    if blockable and formats == {FP4}:  # NVFP4 W4A4: the weight in FP4 blocks too
+        return FP4
+    if FP8 in formats or FP4 in formats:
         return FP8
     if formats:
         return INT8

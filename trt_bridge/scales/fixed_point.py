@@ -36,7 +36,7 @@ import onnx
 
 from trt_bridge.errors import TrtBridgeError
 from trt_bridge.scales.files import write_text_file
-from trt_bridge.scales.model_scales import Constants, qdq_scale, qdq_scale_format
+from trt_bridge.scales.model_scales import Constants, qdq_scale, qdq_scale_format, refuse_fp4
 
 #: op types whose weight input (index 1) a Requantization is computed for
 WEIGHTED = ("Conv", "ConvTranspose", "MatMul", "Gemm")
@@ -106,6 +106,7 @@ def requantize(acc, multiplier: int, shift: int) -> np.ndarray:
 def requantization_table(model: onnx.ModelProto) -> list[Requantization]:
     """The requantization of every quantized weighted layer of a converted model (see the module doc)."""
     constants = Constants(model)
+    refuse_fp4(model, constants)  # no integer requantization of FP4
     producers = {out: node for node in model.graph.node for out in node.output if out}
     consumers: dict[str, list[onnx.NodeProto]] = {}
     for node in model.graph.node:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 
+import ml_dtypes
 import numpy as np
 import onnx
 
@@ -13,6 +14,7 @@ from trt_bridge.errors import TrtBridgeError
 from trt_bridge.formats import INT8, QuantFormat, numpy_code_format
 from trt_bridge.ir.deferred import tensor_array
 from trt_bridge.ir.model import constant_protos
+from trt_bridge.runtime.fp4_dynamic import OP as FP4_DYNAMIC
 from trt_bridge.scales.table import ScaleEntry, ScaleTable
 
 
@@ -39,6 +41,7 @@ def scales_of_model(model: onnx.ModelProto, source: str = "model") -> ScaleTable
             raise TrtBridgeError(f"tensor '{entry.tensor}' is quantized with two different scales (the second by "
                                  f"{node.op_type} '{node.name}'); give it one scale.")
 
+    refuse_fp4(model, constants)
     for node in model.graph.node:
         if node.op_type not in ("QuantizeLinear", "DequantizeLinear") or not node.input:
             continue
@@ -142,7 +145,7 @@ def qdq_scale_format(node: onnx.NodeProto, constants: Constants) -> tuple[np.nda
     if codes is None or not codes.exact or codes.nearest is INT8 or codes.nearest.name not in SCALE_FORMATS:
         return qdq_scale(node, constants), INT8  # its checks and messages
     scale = _constant_scale(node, constants)
-    if np.any(zp.astype(np.float64) != 0):
+    if zp is not None and np.any(zp.astype(np.float64) != 0):
         raise TrtBridgeError(f"{node.op_type} '{node.name}' has FP8 zero point {zp.astype(np.float32).tolist()}, "
                              "not 0; convert the model first (trt-bridge convert makes every zero point 0).")
     return scale, codes.nearest
@@ -194,3 +197,20 @@ class Constants:
 
     def dtype(self, name: str) -> np.dtype:
         return onnx.helper.tensor_dtype_to_np_dtype(self._protos[name].data_type)
+
+
+def refuse_fp4(model: onnx.ModelProto, constants: Constants) -> None:
+    """FP4 in ``model`` (NVFP4 activations quantized per inference, FP4 weight blocks): one line naming the first,
+    since no scale table holds them."""
+    dynamic = [n for n in model.graph.node if n.op_type == FP4_DYNAMIC]
+    if dynamic:  # NVFP4 W4A4 (convert --fp4): block scales computed per inference, which no scale format holds
+        raise TrtBridgeError(f"{FP4_DYNAMIC} '{dynamic[0].name}' quantizes '{dynamic[0].input[0]}' in FP4 blocks "
+                             f"whose scales TensorRT computes in each inference ({len(dynamic)} such node(s)): no "
+                             "scale table (TensorRT's cache, JSON, fixed point) holds them. Export the scales of an "
+                             "--int8 or --fp8 conversion instead.")
+    fp4 = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input and n.input[0] in constants
+           and constants.dtype(n.input[0]) == ml_dtypes.float4_e2m1fn]
+    if fp4:
+        raise TrtBridgeError(f"DequantizeLinear '{fp4[0].name}' dequantizes FP4 E2M1 blocks of '{fp4[0].input[0]}' "
+                             f"({len(fp4)} FP4 weight(s)): the scale tables hold per-tensor and per-channel INT8/FP8 "
+                             "scales only. Export the scales of an --int8 or --fp8 conversion instead.")

@@ -1,0 +1,188 @@
+"""``convert --fp4`` (issue 39, item 1): NVFP4 W4A4 from a float model for compute capability 10.0 and newer.
+MatMul/Gemm activations become TensorRT's dynamic FP4 quantization (``TRT_FP4DynamicQuantize`` → DequantizeLinear
+→ DequantizeLinear, a calibrated global scale), their weights FP4 E2M1 blocks of 16 with NVFP4's two-level scales
+(FP8 E4M3 block scales under an FP32 global scale); the other quantized layers FP8. onnxruntime runs the output
+through the exact emulation (runtime/fp4_dynamic.py); TensorRT-RTX builds it for SM 12.0 and refuses it for 8.9."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+import pytest
+from helpers import save, snr_db
+from onnx import TensorProto, numpy_helper
+
+from trt_bridge import samples
+from trt_bridge.choices import FormatOptions
+from trt_bridge.conversion import convert
+from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
+from trt_bridge.errors import OptionError
+from trt_bridge.formats import nvfp4_scales, nvfp4_split
+from trt_bridge.lower.layer_precisions import layer_precisions
+from trt_bridge.runtime.fp4_dynamic import OP, dequantized
+from trt_bridge.runtime.session import session
+
+
+def _convert(src, out, calib, precision="fp4", target="12.0", **options):
+    return convert(src, out, ConvertOptions(calibration=CalibrationOptions(data=str(calib)), progress=False,
+                                            formats=FormatOptions(activations=precision, compute_capability=target),
+                                            **options))
+
+
+def _run(path, feeds):
+    s = session(path)
+    return [s.run(None, f)[0] for f in feeds]
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory):
+    """samples.transformer_block (hidden 128, 2 layers, 32 tokens), its calibration feeds, and its --fp4 and --fp8
+    conversions for SM 12.0."""
+    root = tmp_path_factory.mktemp("w4a4")
+    src = save(samples.transformer_block(seed=0, hidden=128, heads=4, seq=32, layers=2), root / "float.onnx")
+    np.savez(root / "calib.npz", x=samples.sequence_feeds(12, 0, 32, 128))
+    fp4 = _convert(src, root / "fp4.onnx", root / "calib.npz")
+    fp8 = _convert(src, root / "fp8.onnx", root / "calib.npz", precision="fp8")
+    return root, src, fp4, fp8
+
+
+def test_gemm_activations_are_tensorrts_dynamic_fp4_and_weights_nvfp4(encoder):
+    root, src, report, _ = encoder
+    model = onnx.load(str(root / "fp4.onnx"))
+    assert {(o.domain, o.version) for o in model.opset_import} == {("", 23), ("trt", 1)}
+    onnx.checker.check_model(model, full_check=True)
+    producers = {o: n for n in model.graph.node for o in n.output}
+    inits = {i.name: i for i in model.graph.initializer}
+    dynamic = [n for n in model.graph.node if n.op_type == OP]
+    assert dynamic and all(n.domain == "trt" for n in dynamic)
+    for n in dynamic:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+        assert attrs == {"axis": -1, "block_size": 16, "scale_type": TensorProto.FLOAT8E4M3FN}
+        g = numpy_helper.to_array(inits[n.input[1]])
+        assert g.shape == () and np.isfinite(g) and g > 0
+    weighted = 0
+    for node in (n for n in model.graph.node if n.op_type == "MatMul"):
+        weight = producers.get(node.input[1])
+        if weight is None or weight.op_type != "DequantizeLinear" or weight.input[0] not in inits:
+            continue
+        weighted += 1
+        data = producers[node.input[0]]  # DQ(codes of TRT_FP4DynamicQuantize, DQ(block scales, g))
+        assert data.op_type == "DequantizeLinear" and producers[data.input[0]].op_type == OP
+        assert inits[weight.input[0]].data_type == TensorProto.FLOAT4E2M1
+        two_level = producers[weight.input[1]]  # the weight's scales: DQ(FP8 block scales, global)
+        assert two_level.op_type == "DequantizeLinear"
+        assert inits[two_level.input[0]].data_type == TensorProto.FLOAT8E4M3FN
+        assert {a.name: a.i for a in weight.attribute} == {"axis": 0, "block_size": 16}
+    # every weighted MatMul; q, k and v read one quantized activation
+    assert weighted == layer_precisions(model)["counts"]["fp4"] == 12 and len(dynamic) == 8
+    assert report.check["ready"] and "TensorRT-ready FP4" in report.check["headline"]  # built for SM 12.0
+    assert not report.remaining_blockers
+
+
+def test_fp4_conversion_follows_the_float_model_through_the_emulation(encoder):
+    root, src, report, fp8 = encoder
+    held_out = [{"x": f} for f in samples.sequence_feeds(8, 5, 32, 128)]
+    reference = _run(src, held_out)
+    fp4_db, fp8_db = snr_db(reference, _run(root / "fp4.onnx", held_out)), snr_db(reference,
+                                                                                    _run(root / "fp8.onnx", held_out))
+    # two E2M1 roundings a layer (activation and weight, ~20 dB each alone), four GEMMs deep
+    assert 12 < fp4_db < fp8_db, (fp4_db, fp8_db)
+    # the first GEMM's input, quantized by the emulation exactly as TensorRT defines it
+    model = onnx.load(str(root / "fp4.onnx"))
+    first = next(n for n in model.graph.node if n.op_type == OP)
+    g = float(numpy_helper.to_array(next(i for i in model.graph.initializer if i.name == first.input[1])))
+    probe = onnx.helper.make_tensor_value_info(first.output[0].replace("_fp4", "_dequantized"), TensorProto.FLOAT,
+                                               None)
+    model.graph.output.append(probe)
+    x_in = onnx.helper.make_tensor_value_info(first.input[0], TensorProto.FLOAT, None)
+    model.graph.output.append(x_in)
+    path = save(model, root / "probe.onnx")
+    outs = session(path).run([probe.name, x_in.name], held_out[0])
+    assert outs[0].tobytes() == dequantized(outs[1], g).tobytes()
+
+
+def test_fp4_is_deterministic(encoder, tmp_path):
+    root, src, _, _ = encoder
+    _convert(src, tmp_path / "again.onnx", root / "calib.npz")
+    assert (tmp_path / "again.onnx").read_bytes() == (root / "fp4.onnx").read_bytes()
+
+
+def test_convolutions_get_fp8_and_the_gemm_fp4(tmp_path):
+    """A CNN: its convolutions are not FP4 GEMMs, so FP8 (or float where placement says FP8 does not pay); its
+    64-class classifier GEMM W4A4. TensorRT-RTX builds it for SM 12.0 and refuses it for SM 8.9."""
+    from trt_bridge.tensorrt.build import EngineBuildError, build_engine
+
+    src = save(samples.conv_net(classes=64), tmp_path / "float.onnx")
+    np.savez(tmp_path / "calib.npz", x=samples.image_feeds(12, 0))
+    report = _convert(src, tmp_path / "fp4.onnx", tmp_path / "calib.npz")
+    reasons = {c["tensor"]: (c["format"], c["reason"]) for c in report.formats if c["kind"] == "activation"}
+    assert ("fp8", "--fp4 is for GEMMs: Conv input 0 is not a GEMM's activation") in reasons.values()
+    assert [f for f, _ in reasons.values()].count("fp4") == 1
+    counts = layer_precisions(onnx.load(str(tmp_path / "fp4.onnx")))["counts"]
+    assert counts["fp4"] == 1 and counts.get("fp8", 0) >= 1
+    held_out = [{"x": f} for f in samples.image_feeds(8, 3)]
+    assert snr_db(_run(src, held_out), _run(tmp_path / "fp4.onnx", held_out)) > 15
+    assert report.check["ready"]
+    with pytest.raises(EngineBuildError):
+        build_engine(tmp_path / "fp4.onnx", compute_capability="SM89")
+
+
+@pytest.mark.parametrize("target", [None, "8.9"])
+def test_fp4_for_an_older_or_no_target_is_one_line_and_writes_nothing(tmp_path, target):
+    src = save(samples.conv_net(), tmp_path / "float.onnx")
+    np.savez(tmp_path / "calib.npz", x=samples.image_feeds(4, 0))
+    with pytest.raises(OptionError) as error:
+        _convert(src, tmp_path / "out.onnx", tmp_path / "calib.npz", target=target)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith("--fp4 (NVFP4 W4A4) runs on compute capability 10.0")
+    assert "--fp8" in message and "--int4" in message and "--compute-capability 10.0 or 12.0" in message
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_nvfp4_scales_split_back_exactly():
+    rng = np.random.default_rng(0)
+    scale = rng.uniform(1e-4, 2.0, size=(8, 32)).astype(np.float32)
+    scale[0, 0] = 1e-12  # below FP8's range under the global scale: its smallest subnormal, never 0
+    rounded = nvfp4_scales(scale)
+    assert rounded.dtype == np.float32 and np.all(rounded > 0)
+    assert np.max(np.abs(rounded[1:] - scale[1:]) / scale[1:]) <= 2.0 ** -4  # FP8 E4M3: 3 mantissa bits
+    s8, g = nvfp4_split(rounded)
+    assert s8.dtype == ml_dtypes.float8_e4m3fn and g.shape == ()
+    assert (s8.astype(np.float32) * g).tobytes() == rounded.tobytes()
+    assert nvfp4_split(scale) is None  # a source's own float32 scales stay single-level
+
+
+@pytest.mark.parametrize("fmt", ["json", "trt-cache", "fixed-point"])
+def test_scales_export_refuses_dynamic_fp4_by_name(encoder, tmp_path, capsys, fmt):
+    from trt_bridge.cli import main
+
+    root, *_ = encoder
+    out = tmp_path / f"scales.{fmt}"
+    assert main(["scales", "export", str(root / "fp4.onnx"), "--format", fmt, "-o", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "TRT_FP4DynamicQuantize 'layer0.ln1.out_TRT_FP4DynamicQuantize'" in err
+    assert "--int8 or --fp8 conversion" in err and not out.exists()
+
+
+def test_scales_export_refuses_fp4_weights_by_name(tmp_path, capsys):
+    """An FP4 weight-only model (two-level NVFP4 scales): refused by name, not an internal error."""
+    from trt_bridge.cli import main
+
+    rng = np.random.default_rng(1)
+    w = rng.normal(size=(64, 32)).astype(np.float32)
+    from trt_bridge.lift.weights import quantize_blocks
+
+    codes, scale = quantize_blocks(w, 0, 16, np.float32, __import__("trt_bridge.formats").formats.FP4)
+    s8, g = nvfp4_split(scale)
+    h = onnx.helper
+    nodes = [h.make_node("DequantizeLinear", ["s8", "g"], ["s"], "w_scale_dq"),
+             h.make_node("DequantizeLinear", ["w4", "s"], ["w"], "w_dq", axis=0, block_size=16),
+             h.make_node("MatMul", ["x", "w"], ["y"], "fc")]
+    inits = [numpy_helper.from_array(codes, "w4"), numpy_helper.from_array(s8, "s8"), numpy_helper.from_array(g, "g")]
+    graph = h.make_graph(nodes, "w4", [h.make_tensor_value_info("x", TensorProto.FLOAT, [2, 64])],
+                         [h.make_tensor_value_info("y", TensorProto.FLOAT, [2, 32])], inits)
+    path = save(h.make_model(graph, opset_imports=[h.make_opsetid("", 23)]), tmp_path / "w4.onnx")
+    assert main(["scales", "export", str(path), "--format", "json", "-o", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "DequantizeLinear 'w_dq' dequantizes FP4 E2M1 blocks of 'w4'" in err and "\n" not in err
