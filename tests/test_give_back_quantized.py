@@ -193,22 +193,29 @@ def test_an_unjudged_max_is_judged_for_give_back(tmp_path):
     assert_tensorrt_ready(out)
 
 
-def test_the_accuracy_target_on_a_quantized_source(tmp_path):
+@pytest.mark.parametrize("give", [False, True], ids=["search", "give-back"])
+def test_the_accuracy_target_on_a_quantized_source(tmp_path, give):
     """--accuracy-target on a QOperator source with its own scales: measured against its lifted float form (against
-    the source itself no layer given back could help), the search finds conv2 and only it."""
+    the source itself no layer given back could help), the search finds conv2 and only it; with give-back on, the
+    plain conversion already gives it back and meets the target."""
     from trt_bridge.conversion.accuracy import convert_to_target
 
     source = _source(tmp_path, "qoperator")
     np.savez(tmp_path / "eval.npz", x=samples.image_feeds(16, 2))
     out = tmp_path / "out.onnx"
-    report, result = convert_to_target(source, out, _options(tmp_path, give_back=False), 35.0,
+    report, result = convert_to_target(source, out, _options(tmp_path, give_back=give), 35.0,
                                        str(tmp_path / "eval.npz"))
     assert result.reference == "lifted source" and "against the source's lifted float form" in result.summary()
-    assert result.probes[0].snr_db < 20  # every layer INT8: measured 13.8 dB
-    assert result.met and len(result.chosen.excluded) == 1 and result.chosen.excluded[0].startswith("conv2")
-    assert result.chosen.snr_db > 40  # measured 47.0
-    readers = _reads_dq(out)
-    assert [name for name, both in readers.items() if both == (False, False)] == list(result.chosen.excluded)
+    assert result.met and result.chosen.snr_db > 40  # measured 47.0
+    if give:
+        assert len(result.probes) == 1 and result.chosen.excluded == () and result.given_back[0].startswith("conv2")
+        assert "1 layer(s) given back" in result.summary()
+        in_float = list(result.given_back)
+    else:
+        assert result.probes[0].snr_db < 20  # every layer INT8: measured 13.8 dB
+        assert len(result.chosen.excluded) == 1 and result.chosen.excluded[0].startswith("conv2")
+        in_float = list(result.chosen.excluded)
+    assert [name for name, both in _reads_dq(out).items() if both == (False, False)] == in_float
     lifted, _ = lift_model(load_model(source), source)
     assert snr_db(run_ort(lifted, HELD_OUT), run_ort(out, HELD_OUT)) > 40
     assert_qdq_contract(out)

@@ -71,13 +71,15 @@ class TargetResult:
     rankings: dict[str, list[str]] = field(default_factory=dict)  # every ranking tried, by name
     metric: str = "snr"  # "snr" (dB) or "cosine"
     reference: str = "source"  # what the probes are measured against: "source", or "lifted source" (a quantized one)
+    given_back: list[str] = field(default_factory=list)  # the plain conversion's give-back: in float in every probe
 
     def summary(self) -> str:
         chosen = self.chosen
         if chosen is None:
             return "accuracy target: not measured"
         state = "met" if self.met else "MISSED"
-        kept = f"{len(chosen.excluded)} layer(s) kept in higher precision" if chosen.excluded else "all layers INT8"
+        kept = f"{len(chosen.excluded)} layer(s) kept in higher precision" if chosen.excluded else (
+            f"{len(self.given_back)} layer(s) given back" if self.given_back else "all layers INT8")
         by = f", ranked by {chosen.ranking} error" if chosen.ranking else ""
         if self.metric == "cosine":
             target, reached = f"cosine {self.target_db:g}", f"cosine {chosen.cosine:.6f} ({chosen.snr_db:.2f} dB)"
@@ -103,7 +105,7 @@ def convert_to_target(model_path: str | Path, output_path: str | Path, options, 
         raise ValueError(f"metric must be 'snr' or 'cosine', not {metric!r}")
     result = TargetResult(target_db, False, metric=metric)
     measured: dict[frozenset, Probe] = {}
-    given_back: list[str] = []  # what the plain conversion's give-back left in float: excluded in every later probe
+    given_back = result.given_back  # what the plain conversion's give-back left in float: excluded in every later probe
 
     def probe_options(excluded: tuple[str, ...]):
         """The plain conversion as the user asked; every other probe with give-back's layers excluded and
