@@ -65,3 +65,21 @@ def float_model_message(path: str | Path, choices_text: str) -> str:
     """A float model with no scale source: refused before calibration, placement or anything is written."""
     return (f"{path}: nothing in this model is quantized, so --int8 needs activation scales, and no calibration "
             f"data or scale file was given; nothing was written. {choices_text}")
+
+
+def missing_scales_message(path: str | Path, needed: list[str], choices_text: str, dynamic_mode: bool,
+                           runtime_off: bool, any_dynamic: bool, declined: dict[str, str], scale_files: bool) -> str:
+    """The error of activations that need a scale where no calibration data was given: ``needed`` (the
+    activations), ``declined`` (why a runtime range could not take one), ``scale_files``: scale files were given
+    (and named none of them)."""
+    dynamic = (" --activations dynamic puts only MatMuls into its plugin (onnxruntime's dynamically "
+               "quantized ones, or a float model's); these stay static INT8.") if dynamic_mode else ""
+    if runtime_off and any_dynamic:
+        dynamic += " Without --runtime-ranges off, the dynamic ones could keep a range per inference."
+    elif needed[0] in declined:
+        dynamic += f" '{needed[0]}' cannot have a runtime range: {declined[needed[0]]}."
+    return (f"{path}: {len(needed)} activation(s) (e.g. '{needed[0]}') have no static scale in the model (dynamic "
+            "quantization computes them at run time; block floating point has none TensorRT can use), "
+            + ("and the scale file(s) give them none" if scale_files else
+               "and no calibration data or scale file was given")
+            + f"; nothing was written.{dynamic} " + choices_text)

@@ -50,10 +50,13 @@ class GiveBack:
     model: Any = field(default=None, repr=False, compare=False)  # the candidate with them in float, if given back
     #: what giving them back costs: their weights' elements, stored in the high precision instead of int8
     weight_elements: int = 0
+    #: the layers judged were quantized with the source's own scales (nothing calibrated; conversion/refine.py)
+    own_scales: bool = False
 
     def to_dict(self) -> dict:
         return {"layers": self.layers, "isolated_db": dict(self.isolated_db), "scores": dict(self.scores),
-                "median_db": self.median_db, "reason": self.reason, "weight_elements": self.weight_elements}
+                "median_db": self.median_db, "reason": self.reason, "weight_elements": self.weight_elements,
+                "own_scales": self.own_scales}
 
 
 def weight_elements(graph, annotations: Annotations, layers) -> int:

@@ -136,9 +136,12 @@ class ConversionReport:
         if self.given_back and self.given_back["layers"]:
             g = self.given_back
             worst = ", ".join(f"{n} ({g['isolated_db'][n]:.1f} dB)" for n in g["layers"])
-            lines.append(f"  gave {len(g['layers'])} layer(s) back to float, their isolated INT8 SNR far below the "
-                         f"median layer's {g['median_db']:.1f} dB: {worst}; cost: {g.get('weight_elements', 0):,} "
+            what = " the source quantized with its own scales" if g.get("own_scales") else ""
+            lines.append(f"  gave {len(g['layers'])} layer(s){what} back to float, their isolated INT8 SNR far below "
+                         f"the median layer's {g['median_db']:.1f} dB: {worst}; cost: {g.get('weight_elements', 0):,} "
                          "weight(s) kept in the high precision instead of int8")
+        elif self.given_back and self.given_back.get("own_scales"):  # a quantized source: why its layers stay INT8
+            lines.append(f"  gave no layer back to float: {self.given_back['reason']}")
         if self.bias_corrected and self.bias_corrected["layers"]:
             b = self.bias_corrected
             lines.append(f"  corrected the biases of {b['channels']} output channel(s) of {b['layers']} convolution(s) "

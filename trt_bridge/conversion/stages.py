@@ -11,7 +11,6 @@ from typing import Any
 import onnx
 import onnx_graphsurgeon as gs
 
-from trt_bridge.annotations import drop_layers
 from trt_bridge.calibrate import CalibMethod, model_inputs, open_feeds
 from trt_bridge.calibrate.apply import apply_ranges, float_where_infinite, nonfinite_values
 from trt_bridge.calibrate.awq import apply_awq
@@ -20,13 +19,13 @@ from trt_bridge.calibrate.session import HeldOut
 from trt_bridge.calibrate.two_pass import calibrate_graph
 from trt_bridge.checks.rules import is_int8
 from trt_bridge.conversion import (
-    bias_correction,
     bodies,
     constant_inputs,
     costs,
     data_choices,
     give_back,
     range_choice,
+    refine,
     runtime_choice,
     shape_branches,
 )
@@ -35,7 +34,7 @@ from trt_bridge.conversion.options import ConvertOptions, ScalePolicy
 from trt_bridge.conversion.paths import check_paths
 from trt_bridge.conversion.report import FloatLeftover, RuleHits
 from trt_bridge.conversion.support import check_supported
-from trt_bridge.errors import CalibrationDataError, TrtBridgeError
+from trt_bridge.errors import CalibrationDataError
 from trt_bridge.ir.commit import Outputs
 from trt_bridge.ir.deferred import import_graph
 from trt_bridge.ir.dynamic_gemm import OP_TYPE as PLUGIN_OP
@@ -63,7 +62,6 @@ from trt_bridge.place.shared import share_imported
 from trt_bridge.prepare.types import feed_types
 from trt_bridge.scales.apply import apply, check_against_data, load_sources
 from trt_bridge.stage import StageResult
-from trt_bridge.verification.layers import isolated
 
 log = logging.getLogger("trt_bridge.conversion")
 
@@ -204,128 +202,145 @@ def _lowering(state: Conversion) -> range_choice.Lowering:
 
 
 def _refine(state: Conversion, choice: range_choice.MethodChoice, held_out: HeldOut, needed: list[str],
-            records: dict[str, Any]) -> list[str]:
-    """After auto chose the ranges: give-back and bias correction, each judged on the held-out feeds (one run of
-    auto's candidate with its layers copied measures for both). Returns the activations still to quantize."""
-    options, ctx = state.options, state.ctx
-    if not (options.calibration.give_back or options.calibration.bias_correction):
-        return needed
-    given = give_back.GiveBack()
-    feeds = state.feeds
-    fitted = range_choice.fitted_on(held_out, choice.method, choice.percentile, choice.keep_max)
-    base = choice.scores[choice.label]
-    try:
-        ranked_on = range_choice.fit_feeds(feeds, held_out, min(give_back.RANK_FEEDS, held_out.size))
-        measured = isolated(choice.model, ranked_on, 2 * give_back.RANK_LAYERS,
-                            bias_correction.OPS if options.calibration.bias_correction else ())
-        problem = "" if measured.snr else "no calibration feed before the held-out ones to measure on"
-    except (TrtBridgeError, RuntimeError, ValueError) as exc:  # onnxruntime's errors too
-        measured, problem = None, f"the layers could not be measured ({str(exc).splitlines()[0]})"
-    if options.calibration.give_back and options.activations.prefer == "size":
-        records["given_back"] = give_back.GiveBack(reason="--prefer size keeps every layer INT8").to_dict()
-    elif options.calibration.give_back:
-        given = give_back.GiveBack(reason=problem) if problem else give_back.choose_layers(
-            state.graph, ctx.annotations, needed, held_out, fitted, base, _lowering(state), measured.snr,
-            choice.weights)
-        given = replace(given, weight_elements=give_back.weight_elements(state.graph, ctx.annotations, given.layers))
-        records["given_back"] = given.to_dict()
-        if given.layers:
-            drop_layers(ctx.annotations, given.layers)
-            needed = [t for t in needed if t in ctx.annotations.activations]
-            base = given.scores[len(given.layers)]
-    if options.calibration.bias_correction:
-        on_grid = {site.node for spec in ctx.annotations.activations.values() if spec.runtime for site in spec.sites}
-        corrected = bias_correction.BiasCorrection(reason=problem) if problem else bias_correction.choose(
-            state.graph, ctx.annotations, needed, held_out, fitted, base, _lowering(state),
-            {k: v for k, v in measured.shifts.items() if k not in on_grid}, choice.weights, drop=given.layers)
-        records["bias_corrected"] = corrected.to_dict()
-        if corrected.layers:
-            bias_correction.apply_shifts(state.graph, corrected.shifts)
-    return needed
+            records: dict[str, Any], own_scales: bool = False) -> list[str]:
+    """Give-back and bias correction on the judged ``choice`` (:func:`trt_bridge.conversion.refine.refine`)."""
+    return refine.refine(state.graph, state.ctx.annotations, state.options, state.feeds, choice, held_out, needed,
+                         _lowering(state), records, own_scales)
+
+
+def _runtime_first(state: Conversion, needed: list[str], in_groups: dict[str, str]
+                   ) -> tuple[list[str], runtime_choice.RuntimeChoice]:
+    """With ``--runtime-ranges on``, or a dynamic source without calibration data: its activations ranged in
+    each inference where they can be; returns the activations still needing a scale."""
+    mode, annotations = state.options.activations.runtime_ranges, state.ctx.annotations
+    runtime = runtime_choice.RuntimeChoice(mode, reason="off" if mode == "off" else "no activation needs a scale")
+    if needed and mode != "off" and (mode == "on" or state.feeds is None):
+        found, declined, considered = runtime_choice.eligible(state.graph, annotations, needed, mode == "on",
+                                                              in_groups)
+        runtime_choice.mark(annotations, found)
+        needed = [t for t in needed if t not in found]
+        runtime = runtime_choice.RuntimeChoice(mode, tuple(found), considered, declined, reason=(
+            "--runtime-ranges on" if mode == "on" else "no calibration data: the dynamic source's own ranges"))
+    return needed, runtime
+
+
+def _missing_scales(state: Conversion, needed: list[str], runtime: runtime_choice.RuntimeChoice) -> None:
+    """Activations need a scale and there is no calibration data: the error that says the ways to give one."""
+    options, annotations = state.options, state.ctx.annotations
+    raise CalibrationDataError(data_choices.missing_scales_message(
+        state.model_path, needed, state.data_choices, options.activations.mode == "dynamic",
+        options.activations.runtime_ranges == "off", any(annotations.activations[t].dynamic for t in needed),
+        runtime.declined, state.imported is not None))
+
+
+def _split(state: Conversion) -> tuple[range_choice.MethodChoice | None, HeldOut | None]:
+    """``auto``'s held-out split (None: too few feeds, or a model over 2 GB, with the fallback saying so)."""
+    if state.options.calibration.method is not CalibMethod.AUTO:
+        return None, None
+    held_out = HeldOut.split(state.feeds.total, range_choice.MIN_FEEDS)
+    if held_out is None:
+        return range_choice.too_few(state.feeds.total), None
+    if state.store is not None:
+        return range_choice.fallback("a model over 2 GB is not converted twice"), None
+    return None, held_out
+
+
+def _judge_own_scales(state: Conversion, records: dict[str, Any]) -> None:
+    """Nothing was calibrated (the source's own scales, or runtime ranges): its quantized layers judged for
+    give-back on held-out calibration feeds (:mod:`trt_bridge.conversion.refine`), or the report says why not."""
+    options, annotations = state.options, state.ctx.annotations
+    if not (options.calibration.give_back and options.calibration.method is CalibMethod.AUTO
+            and (annotations.activations or annotations.weights)):
+        return
+    if state.feeds is None:
+        reason = ("no calibration data: give-back judges the source's quantized layers on held-out calibration "
+                  "feeds (pass --calib-data)")
+    elif state.store is not None:
+        reason = "a model over 2 GB is not converted twice"
+    elif state.imported is not None:  # the user's own choice of scales: they win over everything else
+        reason = "--scales FILE / --qat set the scales, which give-back leaves as given (--exclude-nodes does not)"
+    else:
+        held_out = refine.hold_out(state.lifted, state.feeds, options.progress)
+        judged = held_out if isinstance(held_out, str) else \
+            refine.judged_source(state.graph, annotations, held_out, _lowering(state))
+        if not isinstance(judged, str):
+            _refine(state, judged, held_out, [], records, own_scales=True)
+            return
+        reason = judged
+    records["given_back"] = give_back.GiveBack(reason=reason, own_scales=True).to_dict()
+
+
+def _calibration_record(state: Conversion, result, auto: str | None, infinite: list[str]) -> dict[str, Any]:
+    percentile = state.options.calibration.percentile
+    return {"feeds": result.feeds, "skipped_feeds": result.skipped, "method": result.method.value, "auto": auto,
+            "seconds": result.seconds,
+            "percentile": (result.percentile or percentile) if result.method is CalibMethod.PERCENTILE else None,
+            "ranges": {k: {"min": o.lo, "max": o.hi, "amax": result.amax(k)}
+                       for k, o in sorted(result.observers.items())},
+            "nonfinite_values": nonfinite_values(result), "infinite_left_in_float": infinite}
+
+
+def _calibrate_needed(state: Conversion, needed: list[str], in_groups: dict[str, str],
+                      runtime: runtime_choice.RuntimeChoice, records: dict[str, Any]
+                      ) -> tuple[list[str], runtime_choice.RuntimeChoice]:
+    """Calibration of ``needed``, ``auto``'s choice of ranges (and of runtime ranges), give-back and bias
+    correction; returns the activations still to quantize and the runtime-range choice."""
+    options, ctx, feeds, mode = state.options, state.ctx, state.feeds, state.options.activations.runtime_ranges
+    choice, held_out = _split(state)
+    result, smoothed, splits = calibrate_graph(
+        state.graph, ctx.annotations, state.lifted, needed, feeds, options.calibration.method,
+        options.calibration.percentile, options.ranges.smooth, options.progress, held_out,
+        options.ranges.split_outliers)
+    infinite = float_where_infinite(ctx.annotations, result, needed)  # a mask's -Inf: no int8 keeps it
+    needed = [t for t in needed if t not in infinite]
+    candidates = None
+    if mode == "auto":
+        split = {s.tensor: "its massive channels were split off into a float path" for s in splits}
+        candidates = runtime_choice.eligible(state.graph, ctx.annotations, needed, False, {**in_groups, **split})
+    auto = None
+    if options.calibration.method is CalibMethod.AUTO:
+        if choice is None:
+            choice = range_choice.choose_method(
+                state.graph, ctx.annotations, needed, held_out, _lowering(state), result.observers,
+                options.calibration.percentile, also=runtime_choice.beside(state.graph, ctx.annotations, needed,
+                                                                           candidates, _lowering(state)))
+        result = replace(result, method=choice.method, percentile=choice.percentile, keep_max=choice.keep_max)
+        auto = choice.describe()
+    if candidates is not None:
+        runtime, model = runtime_choice.judge(state.graph, ctx.annotations, choice, held_out, needed, candidates,
+                                              _lowering(state), options.activations.prefer)
+        if runtime.tensors:  # give-back and bias correction measure the model with runtime ranges
+            needed = [t for t in needed if t not in runtime.tensors]
+            choice = replace(choice, model=model, scores={**choice.scores, choice.label: runtime.scores["runtime"]})
+    if choice is not None and not choice.scores:  # auto kept max unjudged: judged here where it can be
+        choice = refine.judged_max(state.graph, ctx.annotations, needed, held_out, _lowering(state), choice)
+    if choice is not None and choice.scores:
+        needed = _refine(state, choice, held_out, needed, records)
+    state.calibration = result
+    records["calibration"] = _calibration_record(state, result, auto, infinite)
+    records["smoothed"] = [asdict(x) for x in smoothed]
+    records["split_outliers"] = [asdict(x) for x in splits]
+    return needed, runtime
 
 
 def calibrate(state: Conversion) -> StageResult:
-    """Scales for what has none (calibration, with smoothing), re-centring, shared scales, imported scales checked
-    against the data, and the float layers' ranges for fp16."""
+    """Scales for what has none (calibration, with smoothing, and auto's give-back), or give-back judged on the
+    source's own scales; re-centring, shared scales, imported scales checked against the data, and the float
+    layers' ranges for fp16."""
     options, ctx, feeds = state.options, state.ctx, state.feeds
     records: dict[str, Any] = {"calibration": None, "smoothed": [], "split_outliers": [], "given_back": None,
                                "bias_corrected": None, "runtime_ranges": None, "awq": [] if feeds is None else [
                                    asdict(x) for x in apply_awq(state.graph, ctx.annotations, state.lifted, feeds,
                                                                 options.progress)]}  # INT4 weights: AWQ, else RTN
-    needed = ctx.annotations.needing_calibration()
-    mode = options.activations.runtime_ranges
     in_groups = {t: "it shares one scale with other tensors (a Concat's inputs), which a per-input range cannot"
                  for group in state.placement.shared_scales for t in group}  # no runtime range for these
-    runtime = runtime_choice.RuntimeChoice(mode, reason="off" if mode == "off" else "no activation needs a scale")
-    if needed and mode != "off" and (mode == "on" or feeds is None):
-        found, declined, considered = runtime_choice.eligible(state.graph, ctx.annotations, needed, mode == "on",
-                                                              in_groups)
-        runtime_choice.mark(ctx.annotations, found)
-        needed = [t for t in needed if t not in found]
-        runtime = runtime_choice.RuntimeChoice(mode, tuple(found), considered, declined, reason=(
-            "--runtime-ranges on" if mode == "on" else "no calibration data: the dynamic source's own ranges"))
+    needed, runtime = _runtime_first(state, ctx.annotations.needing_calibration(), in_groups)
+    if needed and feeds is None:
+        _missing_scales(state, needed, runtime)
     if needed:
-        if feeds is None:
-            dynamic = (" --activations dynamic puts only MatMuls into its plugin (onnxruntime's dynamically "
-                       "quantized ones, or a float model's); these stay static INT8.") \
-                if options.activations.mode == "dynamic" else ""
-            if mode == "off" and any(ctx.annotations.activations[t].dynamic for t in needed):
-                dynamic += " Without --runtime-ranges off, the dynamic ones could keep a range per inference."
-            elif needed[0] in runtime.declined:
-                dynamic += f" '{needed[0]}' cannot have a runtime range: {runtime.declined[needed[0]]}."
-            raise CalibrationDataError(
-                f"{state.model_path}: {len(needed)} activation(s) (e.g. '{needed[0]}') have no static scale in "
-                "the model (dynamic quantization computes them at run time; block floating point has none "
-                "TensorRT can use), " + ("and the scale file(s) give them none" if state.imported is not None else
-                                         "and no calibration data or scale file was given")
-                + f"; nothing was written.{dynamic} " + state.data_choices
-            )
-        method, choice, held_out = options.calibration.method, None, None
-        if method is CalibMethod.AUTO:
-            held_out = HeldOut.split(feeds.total, range_choice.MIN_FEEDS)
-            if held_out is None:
-                choice = range_choice.too_few(feeds.total)
-            elif state.store is not None:
-                held_out, choice = None, range_choice.fallback("a model over 2 GB is not converted twice")
-        result, smoothed, splits = calibrate_graph(
-            state.graph, ctx.annotations, state.lifted, needed, feeds, method, options.calibration.percentile,
-            options.ranges.smooth, options.progress, held_out, options.ranges.split_outliers)
-        infinite = float_where_infinite(ctx.annotations, result, needed)  # a mask's -Inf: no int8 keeps it
-        needed = [t for t in needed if t not in infinite]
-        candidates = None
-        if mode == "auto":
-            split = {s.tensor: "its massive channels were split off into a float path" for s in splits}
-            excluded = {**in_groups, **split}
-            candidates = runtime_choice.eligible(state.graph, ctx.annotations, needed, False, excluded)
-        if method is CalibMethod.AUTO:
-            if choice is None:
-                choice = range_choice.choose_method(state.graph, ctx.annotations, needed, held_out,
-                                                    _lowering(state), result.observers,
-                                                    options.calibration.percentile,
-                                                    also=runtime_choice.beside(state.graph, ctx.annotations, needed,
-                                                                               candidates, _lowering(state)))
-            result = replace(result, method=choice.method, percentile=choice.percentile, keep_max=choice.keep_max)
-            records["auto_method"] = choice.describe()
-        if candidates is not None:
-            runtime, model = runtime_choice.judge(state.graph, ctx.annotations, choice, held_out, needed, candidates,
-                                                  _lowering(state), options.activations.prefer)
-            if runtime.tensors:  # give-back and bias correction measure the model with runtime ranges
-                needed = [t for t in needed if t not in runtime.tensors]
-                choice = replace(choice, model=model, scores={**choice.scores, choice.label: runtime.scores["runtime"]})
-        if choice is not None and choice.scores:
-            needed = _refine(state, choice, held_out, needed, records)
-        state.calibration = result
-        records["calibration"] = {
-            "feeds": result.feeds, "skipped_feeds": result.skipped, "method": result.method.value,
-            "auto": records.pop("auto_method", None),
-            "seconds": result.seconds,
-            "percentile": (result.percentile or options.calibration.percentile)
-            if result.method is CalibMethod.PERCENTILE else None,
-            "ranges": {k: {"min": o.lo, "max": o.hi, "amax": result.amax(k)}
-                       for k, o in sorted(result.observers.items())},
-            "nonfinite_values": nonfinite_values(result), "infinite_left_in_float": infinite}
-        records["smoothed"] = [asdict(x) for x in smoothed]
-        records["split_outliers"] = [asdict(x) for x in splits]
+        needed, runtime = _calibrate_needed(state, needed, in_groups, runtime, records)
+    else:
+        _judge_own_scales(state, records)
     lowering = _lowering(state)
     shared = lowering.shared
     state.recentered = apply_ranges(state.graph, ctx.annotations, state.calibration, needed, shared,

@@ -110,7 +110,7 @@ def quantized_layers(model: onnx.ModelProto) -> list[tuple[int, onnx.NodeProto, 
 def localize(reference: str | Path, candidate: str | Path, feeds: list[dict[str, np.ndarray]], batch: int = 64,
              top: int = 3, progress: bool = True) -> Localization:
     """Align, run in batches of ``batch`` exposed tensors, rank the quantized layers of ``candidate``."""
-    ref_model, lifted = _float_reference(reference)
+    ref_model, lifted = float_reference(reference)
     cand_model = read_model(candidate)
 
     for model in (ref_model, cand_model):  # exposed tensors need types (models often carry no value_info)
@@ -197,7 +197,7 @@ def _exact_or_worst(value: float) -> float | None:
     return -math.inf if math.isnan(value) else value
 
 
-def _float_reference(path: str | Path) -> tuple[onnx.ModelProto, bool]:
+def float_reference(path: str | Path) -> tuple[onnx.ModelProto, bool]:
     """The per-layer reference: a float model as it is; a quantized one (the source of a conversion) in its
     lifted float form, which computes what the source means with the source's weights and carries the
     tensor names convert gave the candidate (a QOperator model's own tensors are uint8 codes)."""
