@@ -23,7 +23,7 @@ import numpy as np
 from trt_bridge.annotations import Annotations, drop_layers
 from trt_bridge.choices import compute_capability
 from trt_bridge.errors import UnsupportedPatternError
-from trt_bridge.place.formats import FormatChange
+from trt_bridge.place.formats import FormatChange, assign_formats
 from trt_bridge.tensorrt.target import BUILDERS, KIND_LABELS, runs_as
 
 RTX = "tensorrt_rtx"
@@ -112,3 +112,11 @@ def _weight_only(annotations: Annotations, node: str) -> None:
         if not spec.sites:
             del annotations.activations[name]
 
+
+
+def formats_for(graph, annotations: Annotations, options, approximate, where: str) -> list[FormatChange]:
+    """Each annotation's format as ``options`` (:class:`~trt_bridge.conversion.options.ConvertOptions`) ask
+    (:func:`~trt_bridge.place.formats.assign_formats`), then the forms its ``--trt-module`` runs; what changed."""
+    changes = assign_formats(graph, annotations, options.formats, approximate, options.placement)
+    return changes + builder_forms(graph, annotations, options.formats.trt_module,
+                                   options.formats.compute_capability, where=where)

@@ -29,7 +29,7 @@ from trt_bridge.conversion import (
     runtime_choice,
     shape_branches,
 )
-from trt_bridge.conversion.builder_forms import builder_forms
+from trt_bridge.conversion.builder_forms import formats_for
 from trt_bridge.conversion.options import ConvertOptions, ScalePolicy
 from trt_bridge.conversion.paths import check_paths
 from trt_bridge.conversion.report import FloatLeftover, RuleHits
@@ -56,7 +56,6 @@ from trt_bridge.lower.attention_pass import fuse_attention
 from trt_bridge.lower.layer_precisions import precision_report
 from trt_bridge.lower.precision import to_low_precision
 from trt_bridge.lower.qdq import check_quantizable, lower, needs_opset
-from trt_bridge.place.formats import assign_formats
 from trt_bridge.place.policies import place
 from trt_bridge.place.shared import share_imported
 from trt_bridge.prepare.types import feed_types
@@ -182,9 +181,7 @@ def place_quantizers(state: Conversion) -> StageResult:
     if state.imported is not None:
         apply(state.graph, ctx.annotations, state.imported, calibrating=feeds is not None)
         share_imported(ctx.annotations, state.placement.shared_scales)  # a group's members the file does not name
-    formats = assign_formats(state.graph, ctx.annotations, options.formats, ctx.approximate, options.placement)
-    formats += builder_forms(state.graph, ctx.annotations, options.formats.trt_module,  # TensorRT-RTX's forms
-                             options.formats.compute_capability, where=str(state.model_path))
+    formats = formats_for(state.graph, ctx.annotations, options, ctx.approximate, str(state.model_path))
     check_quantizable(state.graph, ctx.annotations)
     left = [FloatLeftover(x.node, "", f"'{x.tensor}': {x.reason}") for x in state.placement.left_in_float]
     return StageResult(changed=len(ctx.annotations.activations), records={
