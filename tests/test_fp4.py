@@ -186,7 +186,8 @@ def test_fp4_activations_are_refused_with_a_clear_message(tmp_path):
     from test_fp8 import fp4_model
 
     src = save(fp4_model(), tmp_path / "fp4_act.onnx")
-    with pytest.raises(UnsupportedPatternError, match="FP4 weights .* but not FP4 activations"):
+    with pytest.raises(UnsupportedPatternError,
+                       match="FP4 weights and TensorRT.s dynamic FP4 activations .* but not FP4 Q/DQ of activations"):
         convert(src, tmp_path / "out.onnx", ConvertOptions(formats=FormatOptions(compute_capability="12.0")))
 
 

@@ -10,13 +10,14 @@ import onnx
 from trt_bridge.errors import TrtBridgeError, UnsupportedPatternError
 from trt_bridge.ir.model import default_opset
 from trt_bridge.ir.types import float_code_nodes
+from trt_bridge.runtime.fp4_dynamic import OP as FP4_DYNAMIC
 from trt_bridge.runtime.session import opset_problem
 
 
 def check_supported(model: onnx.ModelProto, path: Path) -> None:
     """Refuse a model at an opset onnxruntime cannot load (it could be neither calibrated nor verified, and the
-    output would keep that opset), and FP4 activations (FP4 Q/DQ of a computed tensor, TensorRT's dynamic FP4
-    quantization: lift keeps FP4 weights only, for now)."""
+    output would keep that opset), and FP4 Q/DQ of a computed tensor (lift takes FP4 weights and TensorRT's dynamic
+    FP4 activations)."""
     opset = default_opset(model)
     problem = opset_problem(opset)
     if problem:
@@ -26,17 +27,17 @@ def check_supported(model: onnx.ModelProto, path: Path) -> None:
     constants = {i.name for i in model.graph.initializer} | {o for n in model.graph.node if n.op_type == "Constant"
                                                               for o in n.output}
     by_name = {n.name or (n.output[0] if n.output else ""): n for n in model.graph.node}
+    dynamic = {o for n in model.graph.node if n.op_type == FP4_DYNAMIC for o in n.output}
     fp4 = [(node, code) for node, code in float_code_nodes(model) if code.startswith("FLOAT4")
-           and not _fp4_weight(by_name.get(node), constants)]
-    dynamic = [n.name or n.op_type for n in model.graph.node if n.op_type == "TRT_FP4DynamicQuantize"]
-    if fp4 or dynamic:
-        node, code = fp4[0] if fp4 else (dynamic[0], "FLOAT4E2M1 (TensorRT's dynamic FP4 quantization)")
-        raise UnsupportedPatternError(f"{path}: node '{node}' quantizes activations to {code}, and "
-                                      f"{len(fp4) + len(dynamic)} node(s) in all do; trt-bridge converts FP4 weights "
-                                      "(blocked FP4 DequantizeLinear of a constant MatMul/Gemm weight: kept FP4 with "
-                                      "--compute-capability 10.0 or newer, else INT4 blocks) but not FP4 activations "
+           and not _fp4_weight(by_name.get(node), constants)
+           and not set(getattr(by_name.get(node), "input", ())) & dynamic]
+    if fp4:  # FP4 Q/DQ of a computed tensor (TensorRT's dynamic FP4 quantization is lifted: lift/fp4_dynamic.py)
+        node, code = fp4[0]
+        raise UnsupportedPatternError(f"{path}: node '{node}' quantizes activations to {code} with a Q/DQ pair, and "
+                                      f"{len(fp4)} node(s) in all do; trt-bridge converts FP4 weights and TensorRT's "
+                                      f"dynamic FP4 activations ({FP4_DYNAMIC}) but not FP4 Q/DQ of activations "
                                       "yet. Give the FP4 model to TensorRT as it is (it builds FP4 for compute "
-                                      "capability 10.0 and later), or convert the float model.")
+                                      "capability 10.0 and later), or convert the float model (--fp4).")
 
 
 def _fp4_weight(node: onnx.NodeProto | None, constants: set[str]) -> bool:

@@ -22,6 +22,7 @@ from trt_bridge.lift.dynamic_integer import DynamicIntegerOp
 from trt_bridge.lift.dynamic_lstm import DynamicQuantizeLSTM
 from trt_bridge.lift.dynamic_passthrough import DynamicPassThrough
 from trt_bridge.lift.embed_layer_norm import OrtEmbedLayerNorm
+from trt_bridge.lift.fp4_dynamic import Fp4DynamicActivation
 from trt_bridge.lift.fused_dynamic_matmul import FusedDynamicMatMul
 from trt_bridge.lift.fused_matmul import FusedMatMul
 from trt_bridge.lift.group_query_attention import GroupQueryAttention
@@ -52,7 +53,8 @@ LIFT_RULES: tuple[LiftRule, ...] = (
     QOperatorOps(), QAttention(), OrtAttention(), OrtMultiHeadAttention(), OrtMultiHeadAttentionPast(),
     GroupQueryAttention(), OrtRotaryEmbedding(),
     QEmbedLayerNorm(), OrtEmbedLayerNorm(),
-    IntegerPassThrough(), DynamicPassThrough(), DequantizeGathered(), DequantizeConstant(), QDQPair(),
+    IntegerPassThrough(), DynamicPassThrough(), Fp4DynamicActivation(), DequantizeGathered(), DequantizeConstant(),
+    QDQPair(),
     BlockQuantizeDequantize(), ScaleThroughMovement(), FoldConvBias(),
 )
 

@@ -65,16 +65,19 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
     if act is None and lifted == {FP8}:  # an FP8 source (or scale file): what placement adds is FP8 too
         for spec in annotations.activations.values():
             spec.format = FP8
+    if act is None and FP4 in lifted:  # an NVFP4 source: FP4 where the target runs it, else its nearest form
+        act = _fp4_source(annotations, options.compute_capability, approximate)
     if act is FP4:  # NVFP4 where TensorRT's FP4 GEMMs take the activation, FP8 elsewhere
         was = {name: spec.format for name, spec in annotations.activations.items()}
-        fp8 = fp4_activations(graph, annotations)
+        fp8, asked = fp4_activations(graph, annotations), "--fp4" if options.activations else "the source's FP4"
         changes += [FormatChange(name, "activation", spec.format.name, was[name].name,
-                                 f"--fp4 is for GEMMs: {fp8[name]}" if name in fp8 else "--fp4")
+                                 f"{asked} is for GEMMs: {fp8[name]}" if name in fp8 else asked)
                     for name, spec in annotations.activations.items() if spec.format is not was[name]]
     elif act is not None:
         for spec in annotations.activations.values():
             if spec.format is not act:
-                changes.append(FormatChange(spec.tensor, "activation", act.name, spec.format.name, f"--{act.name}"))
+                changes.append(FormatChange(spec.tensor, "activation", act.name, spec.format.name,
+                                            f"--{act.name}" if options.activations else "the target runs no FP4"))
                 spec.format = act
     nodes = {n.name: n for n in graph.nodes}
     tensors = graph.tensors()
@@ -130,6 +133,22 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
         if not kept:
             del annotations.activations[name]
     return changes
+
+
+def _fp4_source(annotations: Annotations, target: str | None, approximate) -> QuantFormat:
+    """The format an FP4 source's activations are written in: FP4 for a target that runs it (10.0+), else FP8 (8.9+)
+    or INT8, each of its FP4 activations reported as approximated (their layers' FP4 weights become INT4 blocks,
+    weight-only: :func:`assign_formats`)."""
+    compute = None if target is None else compute_capability(target)
+    if compute is not None and FP4.runs_on(compute):
+        return FP4
+    nearest = FP8 if compute is not None and FP8.runs_on(compute) else INT8
+    why = "no --compute-capability was given" if target is None else f"compute capability {target} runs no FP4"
+    for spec in annotations.activations.values():
+        if spec.format is FP4 and approximate is not None:
+            approximate("fp4-dynamic-activation", spec.origin, f"FP4 activation '{spec.tensor}' written in "
+                        f"{nearest.label} ({why}; --compute-capability 10.0 or 12.0 keeps it FP4)")
+    return nearest
 
 
 def _int4_codes_as_blocks(spec: WeightSpec, block_size: int) -> bool:
