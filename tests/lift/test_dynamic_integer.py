@@ -210,7 +210,8 @@ def test_shared_weights(tmp_path):
                   and n.input[0] in {i.name for i in converted.graph.initializer}]
     assert len(weight_dqs) == 1  # one int8 copy, one DQ, two consumers
     consumers = [n for n in converted.graph.node if weight_dqs[0].output[0] in n.input]
-    assert len(consumers) == 2
+    # give-back may leave one reader in float (measured on the held-out feeds: mm1, 39.0 → 43.3 dB)
+    assert len(consumers) == 2 - len(report.given_back["layers"]) >= 1
     assert snr_out > 35 and snr_out >= snr_dyn - STATIC_VS_DYNAMIC_DB
     assert_tensorrt_ready(out)
 

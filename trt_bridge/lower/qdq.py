@@ -30,7 +30,7 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
-from trt_bridge.annotations import Annotations
+from trt_bridge.annotations import Annotations, ScaleSource
 from trt_bridge.errors import InternalError, UnsupportedPatternError
 from trt_bridge.formats import FORMATS, FP4, INT8, QuantFormat
 from trt_bridge.ir.derived import DerivedValues
@@ -119,7 +119,9 @@ def lower(graph: gs.Graph, annotations: Annotations, scales: dict | None = None,
         attrs = {} if axis is None else {"axis": axis}
         if spec.block_size and scale.ndim:
             attrs["block_size"] = spec.block_size
-        scale_in = two_level_scale(graph, names, name, scale) if fmt is FP4 and scale.ndim else None
+        # FP4 blocks trt-bridge quantized: NVFP4's two levels (a source's own scales are written as they were)
+        scale_in = two_level_scale(graph, names, name, scale) if fmt is FP4 and scale.ndim and \
+            spec.source is ScaleSource.REQUANTIZED else None
         graph.nodes.append(gs.Node(
             "DequantizeLinear", names(f"{name}_DequantizeLinear"), attrs,
             [code_constant(names(f"{name}_{fmt.name}"), q, fmt),
