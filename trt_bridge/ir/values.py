@@ -128,7 +128,8 @@ def _infinite_variance(values: np.ndarray, name: str, node: onnx.NodeProto, wher
         return False
     logging.getLogger("trt_bridge.ir.values").warning(
         "%s: BatchNormalization '%s' has variance '%s' = +inf in %d of %d channel(s): those channels output their "
-        "bias alone (as the model computes them; a variance beyond float16's range in the float model?)",
+        "bias alone, as the model computes them (a float16 export of a variance above 65504? keep the layer in "
+        "float32 there, e.g. ModelOpt's --op_types_to_exclude_fp16 BatchNormalization)",
         where, node.name, name, int(bad.sum()), values.size)
     return True
 
