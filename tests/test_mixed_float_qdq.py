@@ -236,3 +236,13 @@ def test_an_inf_batchnorm_variance_converts_as_the_source_computes_it(tmp_path, 
 def test_a_nan_or_negative_inf_variance_is_refused_naming_it(value, tmp_path):
     with pytest.raises(UnsupportedPatternError, match="BatchNormalization .* reads weight 'var' holds 3 non-finite"):
         _convert(batchnorm_variance(value), tmp_path)
+
+
+def test_check_names_the_fp8_of_layers_behind_a_cast(tmp_path):
+    """``check`` on the source: a DequantizeLinear read through a Cast still quantizes its layer (it said INT8, the
+    headline's default, when it found no quantized layer)."""
+    from trt_bridge.checks import check_model
+
+    report = check_model(save(encoder_excluded_matmul(), tmp_path / "source.onnx"))
+    assert report.precisions["counts"].get("fp8") == 2  # the float32 MatMul behind its Casts and the float16 one
+    assert "TensorRT-ready FP8 (" in report.headline()
