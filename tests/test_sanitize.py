@@ -475,5 +475,6 @@ def test_holds_every_value_table(source):
 
 def test_pipeline_order():
     assert [p.name for p in SANITIZE_PASSES] == ["standard-qdq-domain", "defuse-ort-ops", "remove-dropout",
-                                                 "fold-cast-chains", "global-average-pool", "squeeze-axes",
+                                                 "fold-cast-chains", "qdq-float-types", "global-average-pool",
+                                                 "squeeze-axes",
                                                  "remove-identity"]

@@ -14,6 +14,7 @@ from trt_bridge.ir.deferred import defer_external_data
 from trt_bridge.ir.files import check_external_data, check_name_lengths
 from trt_bridge.ir.names import name_nodes, node_label
 from trt_bridge.ir.repair import (
+    block_scale_axis,
     dedupe_initializers,
     drop_io_value_info,
     import_used_domains,
@@ -141,6 +142,7 @@ def validate_model(model: onnx.ModelProto, path: str | os.PathLike, strict: bool
     dedupe_initializers(model, path, repairs)  # what onnxruntime runs and onnx rejects, read as onnxruntime does
     single_value_field(model, path, repairs)
     per_axis_scale_lengths(model, path, repairs)
+    block_scale_axis(model, path, repairs)
     import_used_domains(model, path, repairs)
     name_nodes(model)  # every message from here on names a node, an unnamed one as its op type and index
     weightless = skeleton(model)

@@ -22,6 +22,12 @@ names what it changed, and returns the names it touched (empty when the model wa
   reads the scales per output channel. Where the scales fit the output-channel axis of every weighted op that
   reads the weight, the axis is set to that one (what onnxruntime computed); otherwise the model is refused
   with the defect named.
+- **A blocked DequantizeLinear whose scales are blocked along another axis.** NNCF 3.4's grouped weight
+  compression (``compress_weights(..., group_size=32)``, FP8 or INT8) writes ``axis=0`` for every weight, also where
+  its blocks run along axis 1: an embedding table read by Gather ([30522, 384] codes, [30522, 12] scales) and a
+  ``transB`` Gemm weight. Neither onnxruntime nor onnx's checker takes that; the scale's shape fits exactly one
+  axis's blocks (``ceil(D_a / block_size)`` on that axis, the codes' length on the others), so the axis is set to
+  it, the one reading of those scales there is. A scale whose shape fits no axis is refused, naming both shapes.
 - **Domains used without an opset import.** INC's SmoothQuant path (with onnxruntime's optimizations off)
   writes com.microsoft ``QLinearAdd``/``QLinearMul`` into a model that imports only the default domain;
   onnxruntime assumes version 1 of such a domain, and so does this repair.
@@ -191,6 +197,53 @@ def per_axis_scale_lengths(model: onnx.ModelProto, path="model", notes: list[str
         what = (f"DequantizeLinear '{name}' declares axis {axis} of '{node.input[0]}' {shape}, but its {scale[0]} "
                 f"scales fit axis {right} (its readers' output channels), as onnxruntime's fused kernel reads them; "
                 f"set axis {right}")
+        log.warning("%s: %s", path, what)
+        if notes is not None:
+            notes.append(what)
+    return touched
+
+
+def _fits_blocks(shape: list[int], scale: list[int], axis: int, block: int) -> bool:
+    return len(scale) == len(shape) and all(
+        s == (-(-d // block) if i == axis else d) for i, (d, s) in enumerate(zip(shape, scale)))
+
+
+def block_scale_axis(model: onnx.ModelProto, path="model", notes: list[str] | None = None) -> list[str]:
+    """Set the axis of a main-graph blocked DequantizeLinear (``block_size`` > 0, constant codes and scales) whose
+    scale is blocked along another axis than the one it declares (see the module docstring); refuse one whose scale
+    fits no axis. Returns the nodes repaired."""
+    graph = model.graph
+    dims = {t.name: list(t.dims) for t in graph.initializer}
+    touched = []
+    for index, node in enumerate(graph.node):
+        block = next((a.i for a in node.attribute if a.name == "block_size"), 0)
+        if node.op_type != "DequantizeLinear" or block <= 0 or len(node.input) < 2:
+            continue
+        shape, scale = dims.get(node.input[0]), dims.get(node.input[1])
+        if not shape or scale is None:
+            continue
+        axis_attr = next((a for a in node.attribute if a.name == "axis"), None)
+        axis = axis_attr.i if axis_attr is not None else 1
+        axis = axis + len(shape) if axis < 0 else axis
+        if _fits_blocks(shape, scale, axis, block):
+            continue
+        name = node.name or f"{node.op_type}_{index}"
+        fits = [a for a in range(len(shape)) if _fits_blocks(shape, scale, a, block)]
+        if len(fits) != 1:
+            many = "no" if not fits else "more than one"
+            raise ModelLoadError(
+                f"{path}: DequantizeLinear '{name}' has blocks of {block} on axis {axis} of '{node.input[0]}' "
+                f"{shape}, but its scale '{node.input[1]}' is {scale}, which fits {many} axis's blocks "
+                f"(ceil(length / {block}) there, the codes' length elsewhere). Re-export the model with the scale of "
+                "the blocks it computes.")
+        if axis_attr is None:
+            node.attribute.append(onnx.helper.make_attribute("axis", fits[0]))
+        else:
+            axis_attr.i = fits[0]
+        touched.append(name)
+        what = (f"DequantizeLinear '{name}' declares blocks of {block} on axis {axis} of '{node.input[0]}' {shape}, "
+                f"but its scale {scale} is blocked along axis {fits[0]} (NNCF's grouped weights of a Gather table or "
+                f"a transB Gemm); set axis {fits[0]}")
         log.warning("%s: %s", path, what)
         if notes is not None:
             notes.append(what)

@@ -107,10 +107,31 @@ def check_source_weights(model: onnx.ModelProto, where) -> None:
             if tensor is None or name in seen or tensor.data_type not in FLOAT_TYPES:
                 continue
             seen.add(name)
+            values = tensor_array(tensor)
+            if node.op_type == "BatchNormalization" and i == 4 and _infinite_variance(values, name, node, where):
+                continue
             try:
-                check_finite_weight(name, tensor_array(tensor))
+                check_finite_weight(name, values)
             except UnsupportedPatternError as exc:
                 raise UnsupportedPatternError(f"{where}: {node.op_type} '{node.name}' reads {exc}") from None
+
+
+def _infinite_variance(values: np.ndarray, name: str, node: onnx.NodeProto, where) -> bool:
+    """True for a BatchNormalization variance whose non-finite values are all +Inf: those channels compute
+    ``scale · (x - mean) / sqrt(Inf) + bias = bias``, finite (onnxruntime and TensorRT alike), and nothing of a
+    normalization is quantized. A float16 export writes +Inf for a variance above 65504 (ModelOpt's FP8 export of
+    the PP-OCRv4 text detector: 24 channels of 1e7 to 1e8); logged, since the float model computed more there."""
+    import logging
+
+    bad = ~np.isfinite(values)
+    if not bad.any() or not np.all(np.isposinf(values[bad])):
+        return False
+    logging.getLogger("trt_bridge.ir.values").warning(
+        "%s: BatchNormalization '%s' has variance '%s' = +inf in %d of %d channel(s): those channels output their "
+        "bias alone, as the model computes them (a float16 export of a variance above 65504? keep the layer in "
+        "float32 there, e.g. ModelOpt's --op_types_to_exclude_fp16 BatchNormalization)",
+        where, node.name, name, int(bad.sum()), values.size)
+    return True
 
 
 def check_source_values(model: onnx.ModelProto, where) -> None:

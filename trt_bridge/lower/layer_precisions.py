@@ -83,13 +83,13 @@ def _precision(node: onnx.NodeProto, producer: dict, types: dict[str, int]) -> s
         return "int4-w" if bits <= 4 else "int8"
     if node.op_type not in WEIGHTED_OPS:
         return None
-    src = producer.get(node.input[0]) if node.input else None
+    src = _through_casts(producer.get(node.input[0]) if node.input else None, producer)
     if src is not None and src.op_type == "DequantizeLinear" and getattr(producer.get(src.input[0]), "op_type",
                                                                          None) == FP4_DYNAMIC:
         return "fp4"  # TensorRT's dynamic FP4 activation (NVFP4 W4A4)
     if src is not None and src.op_type == "DequantizeLinear":
         return CODE_PRECISIONS.get(_code_type(src, types), "int8")
-    weight = producer.get(node.input[1]) if len(node.input) > 1 else None
+    weight = _through_casts(producer.get(node.input[1]) if len(node.input) > 1 else None, producer)
     four = CODE_PRECISIONS.get(_code_type(weight, types)) if weight is not None and \
         weight.op_type == "DequantizeLinear" else None
     return f"{four}-w" if four in ("int8", "int4", "fp4") else None  # activations in float: weight-only
@@ -101,6 +101,14 @@ CODE_PRECISIONS = {t: code_format(t).nearest.name for t in CODE_TYPES if code_fo
 #: the quantized precisions, in the order a headline names them, and how it names them
 QUANTIZED = ("int8", "int8-w", "fp8", "int4-w", "int4", "fp4-w", "fp4")
 HEADLINE = {"int8-w": "INT8 weight-only", "int4-w": "INT4 weight-only", "fp4-w": "FP4 weight-only"}
+
+
+def _through_casts(node: onnx.NodeProto | None, producer: dict) -> onnx.NodeProto | None:
+    """``node``, or what the Casts it is a chain of read (a DequantizeLinear whose float16 output a float32 layer
+    reads through a Cast, as ModelOpt's FP8 exports write it: the layer still runs in the DQ's format)."""
+    while node is not None and node.op_type == "Cast" and node.input:
+        node = producer.get(node.input[0])
+    return node
 
 
 def _code_type(dq: onnx.NodeProto, types: dict[str, int]) -> int:

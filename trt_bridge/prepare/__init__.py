@@ -25,6 +25,7 @@ from trt_bridge.prepare.global_pool import GlobalAveragePool
 from trt_bridge.prepare.identity import RemoveIdentity
 from trt_bridge.prepare.ort_fused import DefuseOrtOps
 from trt_bridge.prepare.qdq_domain import StandardQDQDomain
+from trt_bridge.prepare.qdq_float_types import AgreeQDQFloatTypes
 from trt_bridge.prepare.squeeze_axes import SqueezeAxes
 
 
@@ -51,6 +52,9 @@ class SanitizePass(Protocol):
 #:   becomes an Identity, which RemoveIdentity then judges like any other.
 #: - FoldCastChains looks through Identity nodes itself, so it needs no pass before it
 #:   but RemoveDropout.
+#: - AgreeQDQFloatTypes after it (its Casts folded first): a widening Cast after a DequantizeLinear moves into it,
+#:   and a Q/DQ pair whose scales differ in type gets one type, so the lift reads each pair as one float tensor
+#:   feeding the op that consumes it (a model with float16 and float32 regions, ModelOpt's FP8 export).
 #: - GlobalAveragePool writes an AveragePool whose window covers its whole input as the global op
 #:   (an exporter's idiom that TensorRT refuses for windows of 100,000 elements or more).
 #: - SqueezeAxes writes the axes of a Squeeze without them (opset 9/11 exports) from the inferred shape: TensorRT
@@ -65,6 +69,7 @@ SANITIZE_PASSES: tuple[SanitizePass, ...] = (
     DefuseOrtOps(),
     RemoveDropout(),
     FoldCastChains(),
+    AgreeQDQFloatTypes(),
     GlobalAveragePool(),
     SqueezeAxes(),
     RemoveIdentity(),
@@ -85,5 +90,5 @@ def sanitize(graph: gs.Graph, passes: tuple[SanitizePass, ...] = SANITIZE_PASSES
     return changes
 
 
-__all__ = ["SANITIZE_PASSES", "Change", "DefuseOrtOps", "FoldCastChains", "GlobalAveragePool", "RemoveDropout",
-           "RemoveIdentity", "SanitizePass", "SqueezeAxes", "StandardQDQDomain", "sanitize"]
+__all__ = ["SANITIZE_PASSES", "AgreeQDQFloatTypes", "Change", "DefuseOrtOps", "FoldCastChains", "GlobalAveragePool",
+           "RemoveDropout", "RemoveIdentity", "SanitizePass", "SqueezeAxes", "StandardQDQDomain", "sanitize"]
