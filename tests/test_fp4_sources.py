@@ -52,6 +52,12 @@ def test_an_nvfp4_source_stays_fp4_for_blackwell(source):
     q = next(n for n in model.graph.node if n.op_type == OP)
     g = next(i for i in model.graph.initializer if i.name == q.input[1])
     assert float(onnx.numpy_helper.to_array(g)) == pytest.approx(0.02, rel=1e-6)  # its global scale kept
+    producers = {o: n for n in model.graph.node for o in n.output}
+    inits = {i.name: i for i in model.graph.initializer}
+    weight = producers[next(n for n in model.graph.node if n.op_type == "MatMul").input[1]]
+    two_level = producers[weight.input[1]]  # the source's NVFP4 two levels come back (not one float32 per block)
+    assert two_level.op_type == "DequantizeLinear"
+    assert inits[two_level.input[0]].data_type == onnx.TensorProto.FLOAT8E4M3FN
     feeds = _feeds()
     got, want = _run(out, feeds), _run(src, feeds)
     assert all(np.array_equal(a, b) for a, b in zip(got, want))  # the same numbers, through the emulation

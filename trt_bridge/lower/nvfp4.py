@@ -57,10 +57,16 @@ def fp4_dynamic(graph: gs.Graph, names: NameAllocator, x: gs.Tensor, int8_scale:
 
 
 
-def two_level_scale(graph: gs.Graph, names: NameAllocator, name: str, scale: np.ndarray) -> gs.Variable | None:
+def two_level_scale(graph: gs.Graph, names: NameAllocator, name: str, scale: np.ndarray,
+                    requantized: bool) -> gs.Variable | None:
     """The FP4 weight ``name``'s block ``scale`` (float32) as ``DequantizeLinear(FP8 block scales, global scale)``,
-    appended to ``graph``; None where the scales are not NVFP4's (a source's own float32 ones stay as they are)."""
+    appended to ``graph``; None where the scales are not NVFP4's: no FP8 × global pair gives them back, or a
+    source's own scales are all powers of two (MXFP4's E8M0, written as they were). ``requantized``: trt-bridge
+    quantized the blocks (:func:`trt_bridge.formats.nvfp4_scales`); else they are a source's (an NVFP4 export's two
+    levels, multiplied out by the lift, come back)."""
     if scale.dtype != np.float32:
+        return None
+    if not requantized and np.all(scale > 0) and np.array_equal(np.exp2(np.round(np.log2(scale))), scale):
         return None
     split = nvfp4_split(scale)
     if split is None:

@@ -119,9 +119,8 @@ def lower(graph: gs.Graph, annotations: Annotations, scales: dict | None = None,
         attrs = {} if axis is None else {"axis": axis}
         if spec.block_size and scale.ndim:
             attrs["block_size"] = spec.block_size
-        # FP4 blocks trt-bridge quantized: NVFP4's two levels (a source's own scales are written as they were)
-        scale_in = two_level_scale(graph, names, name, scale) if fmt is FP4 and scale.ndim and \
-            spec.source is ScaleSource.REQUANTIZED else None
+        scale_in = two_level_scale(graph, names, name, scale, spec.source is ScaleSource.REQUANTIZED) \
+            if fmt is FP4 and scale.ndim else None  # NVFP4's two levels
         graph.nodes.append(gs.Node(
             "DequantizeLinear", names(f"{name}_DequantizeLinear"), attrs,
             [code_constant(names(f"{name}_{fmt.name}"), q, fmt),
