@@ -179,13 +179,30 @@ def nvfp4_scales(scale: np.ndarray) -> np.ndarray:
 
 
 def nvfp4_split(scale: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """FP4 block scales as NVFP4's two levels: (FP8 E4M3 block scales, a 0-d float32 global scale) whose product
-    is ``scale`` exactly, or None where no such pair gives it back (a source's own float32 block scales)."""
+    """FP4 block scales as NVFP4's two levels: (FP8 E4M3 block scales, a 0-d float32 global scale) whose float32
+    product is ``scale`` exactly, or None where no such pair gives it back. The global scale tried first maps the
+    largest block scale to 448 (:func:`nvfp4_scales`' and ModelOpt's choice); then the one mapping it to each
+    smaller FP8 value (a source's levels, multiplied out by the lift: ``s8 · g`` in float32), with its float32
+    neighbours."""
     scale = np.asarray(scale, np.float32)
     if not scale.size or not np.all(np.isfinite(scale)) or scale.max() <= 0:
         return None
-    g = np.float32(scale.max() / FP8.qmax)
-    s8 = (scale / g).astype(ml_dtypes.float8_e4m3fn)
-    if not np.array_equal(s8.astype(np.float32) * g, scale):
-        return None
-    return s8, np.asarray(g, np.float32)
+    top = np.float32(scale.max())
+    flat = scale.reshape(-1)
+    sample = flat[:: max(1, flat.size // 256)]
+
+    def exact(g: np.float32, values: np.ndarray) -> np.ndarray | None:
+        s8 = (values / g).astype(ml_dtypes.float8_e4m3fn)
+        return s8 if np.array_equal(s8.astype(np.float32) * g, values) else None
+
+    for v in FP8_VALUES:
+        g0 = np.float32(top / v)
+        for g in (g0, np.nextafter(g0, np.float32(np.inf)), np.nextafter(g0, np.float32(0))):
+            if g > 0 and np.isfinite(g) and exact(g, sample) is not None and (s8 := exact(g, scale)) is not None:
+                return s8, np.asarray(g, np.float32)
+    return None
+
+
+#: FP8 E4M3's positive finite values, largest first (the block scale a global scale may map the largest to)
+FP8_VALUES = np.unique(np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32))
+FP8_VALUES = FP8_VALUES[np.isfinite(FP8_VALUES) & (FP8_VALUES > 0)][::-1]
