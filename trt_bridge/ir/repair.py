@@ -189,18 +189,23 @@ def per_axis_scale_lengths(model: onnx.ModelProto, path="model", notes: list[str
                 "onnxruntime runs such a model only after fusing the DequantizeLinear away. Re-export the model "
                 "with the weight's per-channel axis set right.")
         right = next(iter(fits))
-        if axis_attr is None:
-            node.attribute.append(onnx.helper.make_attribute("axis", right))
-        else:
-            axis_attr.i = right
+        _set_axis(node, right, path, notes, f"DequantizeLinear '{name}' declares axis {axis} of '{node.input[0]}' "
+                  f"{shape}, but its {scale[0]} scales fit axis {right} (its readers' output channels), as "
+                  f"onnxruntime's fused kernel reads them; set axis {right}")
         touched.append(name)
-        what = (f"DequantizeLinear '{name}' declares axis {axis} of '{node.input[0]}' {shape}, but its {scale[0]} "
-                f"scales fit axis {right} (its readers' output channels), as onnxruntime's fused kernel reads them; "
-                f"set axis {right}")
-        log.warning("%s: %s", path, what)
-        if notes is not None:
-            notes.append(what)
     return touched
+
+
+def _set_axis(node: onnx.NodeProto, axis: int, path, notes: list[str] | None, what: str) -> None:
+    """Give ``node`` the ``axis`` attribute ``axis`` and say ``what`` was repaired (a warning, and in ``notes``)."""
+    attr = next((a for a in node.attribute if a.name == "axis"), None)
+    if attr is None:
+        node.attribute.append(onnx.helper.make_attribute("axis", axis))
+    else:
+        attr.i = axis
+    log.warning("%s: %s", path, what)
+    if notes is not None:
+        notes.append(what)
 
 
 def _fits_blocks(shape: list[int], scale: list[int], axis: int, block: int) -> bool:
@@ -236,15 +241,8 @@ def block_scale_axis(model: onnx.ModelProto, path="model", notes: list[str] | No
                 f"{shape}, but its scale '{node.input[1]}' is {scale}, which fits {many} axis's blocks "
                 f"(ceil(length / {block}) there, the codes' length elsewhere). Re-export the model with the scale of "
                 "the blocks it computes.")
-        if axis_attr is None:
-            node.attribute.append(onnx.helper.make_attribute("axis", fits[0]))
-        else:
-            axis_attr.i = fits[0]
+        _set_axis(node, fits[0], path, notes, f"DequantizeLinear '{name}' declares blocks of {block} on axis {axis} "
+                  f"of '{node.input[0]}' {shape}, but its scale {scale} is blocked along axis {fits[0]} (NNCF's "
+                  f"grouped weights of a Gather table or a transB Gemm); set axis {fits[0]}")
         touched.append(name)
-        what = (f"DequantizeLinear '{name}' declares blocks of {block} on axis {axis} of '{node.input[0]}' {shape}, "
-                f"but its scale {scale} is blocked along axis {fits[0]} (NNCF's grouped weights of a Gather table or "
-                f"a transB Gemm); set axis {fits[0]}")
-        log.warning("%s: %s", path, what)
-        if notes is not None:
-            notes.append(what)
     return touched
