@@ -186,3 +186,20 @@ def test_scales_export_refuses_fp4_weights_by_name(tmp_path, capsys):
     assert main(["scales", "export", str(path), "--format", "json", "-o", str(tmp_path / "s.json")]) == 2
     err = capsys.readouterr().err.strip()
     assert "DequantizeLinear 'w_dq' dequantizes FP4 E2M1 blocks of 'w4'" in err and "\n" not in err
+
+
+def test_check_names_the_fp4_activations_and_where_they_run(encoder):
+    import json
+
+    from trt_bridge.checks import CheckOptions, TrtProbe, check_model
+
+    root, *_ = encoder
+    report = check_model(root / "fp4.onnx", CheckOptions(TrtProbe.OFF, costs=None, compute_capability="12.0"))
+    note = report.fp4_activations
+    assert note["count"] == 8 and note["nodes"][0].endswith("_TRT_FP4DynamicQuantize")
+    assert "compute capability 10.0 and newer" in note["line"] and "TensorRT 10.8" in note["line"]
+    assert f"  {note['line']}" in report.summary().splitlines()
+    assert json.loads(report.to_json())["fp4_activations"]["count"] == 8
+    older = check_model(root / "fp4.onnx", CheckOptions(TrtProbe.OFF, costs=None, compute_capability="8.9"))
+    assert [f.rule for f in older.blockers] == ["precision-target"]  # FP4 on 8.9: a blocker naming the target
+    assert check_model(root / "fp8.onnx", CheckOptions(TrtProbe.OFF, costs=None)).fp4_activations is None

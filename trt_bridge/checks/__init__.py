@@ -28,6 +28,7 @@ import numpy as np
 
 from trt_bridge.calibrate import model_inputs, open_feeds
 from trt_bridge.checks.findings import NEEDS_DATA, CheckReport, Finding, Severity, TensorInfo
+from trt_bridge.checks.nvfp4 import fp4_activations
 from trt_bridge.checks.rules import CHECK_RULES, is_int8, tensor_info
 from trt_bridge.checks.targets import builder_views, model_formats, target_findings
 from trt_bridge.checks.tensorrt_run import measure_costs, probe
@@ -121,7 +122,8 @@ def check_model(path: str | Path, options: CheckOptions = CheckOptions()) -> Che
     target = options.compute_capability or options.costs
     beyond = target_findings(model_formats(model, precisions), target, precisions is not None)
     findings += beyond
-    report = CheckReport(str(path), opset, int8, findings, precisions=precisions)
+    report = CheckReport(str(path), opset, int8, findings, precisions=precisions,
+                         fp4_activations=fp4_activations(model))
     if options.trt is TrtProbe.AUTO:
         # TensorRT's parser reads the model from disk and its builder holds the weights again: the loaded model and
         # its graph go first (a 0.9 GB output was held three times over while its engine's costs were measured)

@@ -94,6 +94,9 @@ class CheckReport:
     #: the layers as each builder runs them (checks.targets.builder_views: datacenter TensorRT, and TensorRT-RTX
     #: unless datacenter TensorRT is the one here; each marked ``used`` when its parser ran); None: not read
     builders: list[dict] | None = None
+    #: TensorRT's dynamic FP4 activations (checks.nvfp4.fp4_activations: how many, the first nodes, where they run);
+    #: None: the model has none
+    fp4_activations: dict | None = None
 
     @property
     def blockers(self) -> list[Finding]:
@@ -160,6 +163,8 @@ class CheckReport:
             lines.append(f"  {len(unfixable)} blocker(s) `trt-bridge convert` cannot fix (see above)")
         if self.precisions is not None:
             lines.append("  " + precision_line(self.precisions))
+        if self.fp4_activations:
+            lines.append("  " + self.fp4_activations["line"])
         for view in [v for v in self.builders or () if v["quantized_layers"]]:  # float layers: as the model asks
             lines.append("  " + view["line"])
             if view["alternatives"]:

@@ -5,6 +5,7 @@ a ``DequantizeLinear`` of FP8 E4M3 constants (two levels, which TensorRT folds a
 from __future__ import annotations
 
 import numpy as np
+import onnx
 import onnx_graphsurgeon as gs
 
 from trt_bridge.lift.scale_algebra import constant_values
@@ -31,3 +32,20 @@ def in_fp4_dynamic(node: gs.Node) -> bool:
         return bool(getattr(tensor, "inputs", None)) and tensor.inputs[0].op == FP4_DYNAMIC
 
     return node.op == "DequantizeLinear" and bool(node.inputs) and made_by_it(node.inputs[0])
+
+
+#: where TensorRT runs dynamic FP4 activations: the GPUs, and the TensorRT releases that build them (TensorRT 10.8
+#: is the first for Blackwell; TensorRT-RTX 1.7.1 builds them here for SM 12.0 and refuses SM 8.9)
+FP4_TARGETS = "compute capability 10.0 and newer (B200 10.0, RTX 50-series 12.0)"
+FP4_BUILDERS = "TensorRT 10.8 and newer, TensorRT-RTX 1.x (12.0)"
+
+
+def fp4_activations(model: onnx.ModelProto) -> dict | None:
+    """``check``'s note on TensorRT's dynamic FP4 activations in ``model``'s main graph: how many, the first
+    nodes, the targets and builders that run them, and the summary's line; None without any."""
+    nodes = [n.name or n.output[0] for n in model.graph.node if n.op_type == FP4_DYNAMIC]
+    if not nodes:
+        return None
+    line = (f"FP4 activations: {len(nodes)} quantized per inference by TensorRT ({FP4_DYNAMIC}, NVFP4 blocks of 16, "
+            f"e.g. '{nodes[0]}'): they run on {FP4_TARGETS}, built by {FP4_BUILDERS}")
+    return {"count": len(nodes), "nodes": nodes[:8], "targets": FP4_TARGETS, "builders": FP4_BUILDERS, "line": line}
