@@ -203,3 +203,36 @@ def test_check_names_the_fp4_activations_and_where_they_run(encoder):
     older = check_model(root / "fp4.onnx", CheckOptions(TrtProbe.OFF, costs=None, compute_capability="8.9"))
     assert [f.rule for f in older.blockers] == ["precision-target"]  # FP4 on 8.9: a blocker naming the target
     assert check_model(root / "fp8.onnx", CheckOptions(TrtProbe.OFF, costs=None)).fp4_activations is None
+
+
+def test_fp8_nodes_and_the_accuracy_target_move_fp4_layers_to_fp8_first(encoder, tmp_path):
+    """--fp8-nodes writes the named GEMMs' activations (and weights) in FP8; under --fp4 the accuracy target moves
+    its ranked layers to FP8 before any goes to float, and meets a target between W4A4's SNR and FP8's."""
+    from trt_bridge.conversion.accuracy import convert_to_target
+
+    root, src, fp4, _ = encoder
+    named = _convert(src, tmp_path / "named.onnx", root / "calib.npz")  # the plain conversion, for its names
+    first = sorted({c for q in named.quantized if q["kind"] == "weight" for c in q["consumers"]})[0]
+    report = convert(src, tmp_path / "fp8nodes.onnx", ConvertOptions(
+        calibration=CalibrationOptions(data=str(root / "calib.npz")), progress=False,
+        formats=FormatOptions(activations="fp4", compute_capability="12.0", fp8_nodes=f"^{first}$")))
+    moved = {c["tensor"]: c for c in report.formats if c["kind"] == "activation" and c["format"] == "fp8"}
+    assert any(c["reason"] == "--fp4 is for GEMMs: --fp8-nodes names its reader" for c in moved.values())
+    counts = layer_precisions(onnx.load(str(tmp_path / "fp8nodes.onnx")))["counts"]
+    assert counts["fp8"] >= 1 and counts["fp4"] < 12
+    with pytest.raises(OptionError, match="--fp8-nodes names the layers --fp4 writes in FP8"):
+        FormatOptions(activations="fp8", fp8_nodes="x")
+    eval_feeds = root / "eval.npz"
+    np.savez(eval_feeds, x=samples.sequence_feeds(6, 11, 32, 128))
+    held = [{"x": f} for f in samples.sequence_feeds(6, 11, 32, 128)]
+    plain = snr_db(_run(src, held), _run(root / "fp4.onnx", held))
+    target = plain + 3.0
+    out = tmp_path / "target.onnx"
+    _, result = convert_to_target(src, out, ConvertOptions(
+        calibration=CalibrationOptions(data=str(root / "calib.npz")), progress=False, check=False,
+        formats=FormatOptions(activations="fp4", compute_capability="12.0")), target, eval_data=str(eval_feeds))
+    assert result.met and result.chosen.tier == "fp8", result.summary()
+    assert "kept in FP8" in result.summary()
+    counts = layer_precisions(onnx.load(str(out)))["counts"]
+    assert counts["fp8"] >= 1 and counts["fp4"] >= 1  # some W4A4 kept, none of the moved layers in float
+    assert snr_db(_run(src, held), _run(out, held)) >= target - 0.01

@@ -105,8 +105,18 @@ class FormatOptions:
     #: the TensorRT the engine is built with (--trt-module): tensorrt_rtx writes only the quantized forms its support
     #: matrix runs (conversion/builder_forms.py); None or tensorrt: datacenter TensorRT's (W8A8 INT8 everywhere)
     trt_module: str | None = None
+    #: with --fp4 (--fp8-nodes REGEX): the layers, by node name, whose activations are FP8 instead of FP4 (the
+    #: accuracy target's fallback under --fp4)
+    fp8_nodes: str | None = None
 
     def __post_init__(self) -> None:
+        if self.fp8_nodes is not None:
+            if self.activations != "fp4":
+                raise OptionError("--fp8-nodes names the layers --fp4 writes in FP8 instead: give it with --fp4.")
+            try:
+                re.compile(self.fp8_nodes)
+            except re.error as exc:
+                raise OptionError(f"--fp8-nodes '{self.fp8_nodes}' is not a regular expression: {exc}") from exc
         if self.trt_module is not None and self.trt_module not in TRT_MODULES:
             raise TrtBridgeError(f"--trt-module {self.trt_module}: choose {' or '.join(TRT_MODULES)}.")
         if self.compute_capability is not None:

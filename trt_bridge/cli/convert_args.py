@@ -247,6 +247,9 @@ class FormatArgs:
                                     "activations quantized per inference in FP4 blocks of 16 (TensorRT's "
                                     "TRT_FP4DynamicQuantize, a calibrated global scale) and their weights in FP4 "
                                     "blocks; the other quantized layers FP8")
+        group.add_argument("--fp8-nodes", metavar="REGEX",
+                           help="with --fp4: the layers (node names) written FP8 instead of FP4 (--accuracy-target "
+                                "under --fp4 moves layers to FP8 this way before any goes to float)")
         group.add_argument("--int4", dest="weights", action="store_const", const="int4",
                            help="2-D MatMul/Gemm weights in INT4 blocks along their reduction axis (INT4 weight-only: "
                                 "their activations stay in the high precision; --int8/--fp8 still quantize the other "
@@ -268,7 +271,8 @@ class FormatArgs:
     def parse(self, args: argparse.Namespace) -> FormatOptions:
         return FormatOptions(activations=args.precision, weights=args.weights, block_size=args.block_size,
                              compute_capability=getattr(args, "compute_capability", None),
-                             trt_module=getattr(args, "trt_module", None))
+                             trt_module=getattr(args, "trt_module", None),
+                             fp8_nodes=getattr(args, "fp8_nodes", None))
 
 
 class SourceArgs:

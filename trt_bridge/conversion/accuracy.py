@@ -59,6 +59,7 @@ class Probe:
     ranking: str = ""  # the ranking whose bisection made it ("" for plain INT8)
     cosine: float = math.nan  # the worst output's cosine similarity to the source
     score: float = math.nan  # what the target is compared with: snr_db or cosine, by the metric
+    tier: str = ""  # where the excluded layers go: "" float; "fp8" FP8 (under --fp4, tried before float)
 
 
 @dataclass
@@ -78,7 +79,8 @@ class TargetResult:
         if chosen is None:
             return "accuracy target: not measured"
         state = "met" if self.met else "MISSED"
-        kept = f"{len(chosen.excluded)} layer(s) kept in higher precision" if chosen.excluded else (
+        kept = f"{len(chosen.excluded)} layer(s) kept in {'FP8' if chosen.tier else 'higher precision'}" \
+            if chosen.excluded else (
             f"{len(self.given_back)} layer(s) given back" if self.given_back else "all layers INT8")
         by = f", ranked by {chosen.ranking} error" if chosen.ranking else ""
         if self.metric == "cosine":
@@ -107,21 +109,30 @@ def convert_to_target(model_path: str | Path, output_path: str | Path, options, 
     measured: dict[frozenset, Probe] = {}
     given_back = result.given_back  # what the plain conversion's give-back left in float: excluded in every later probe
 
-    def probe_options(excluded: tuple[str, ...]):
+    # under --fp4 the layers go to FP8 first, to float only where FP8 cannot meet the target
+    tiers = ("fp8", "") if options.formats.activations == "fp4" else ("",)
+
+    def probe_options(excluded: tuple[str, ...], tier: str = ""):
         """The plain conversion as the user asked; every other probe with give-back's layers excluded and
-        give-back itself off (it would judge the rest again, and could quantize a layer it gave back)."""
+        give-back itself off (it would judge the rest again, and could quantize a layer it gave back); the
+        ``excluded`` layers in float, or in FP8 for the tier "fp8" (give-back's stay float)."""
         if not excluded:
             return options
-        return replace(options, calibration=replace(options.calibration, give_back=False),
-                       placement=_excluding(options.placement, (*given_back, *excluded)))
+        formats, placement = options.formats, _excluding(options.placement, (*given_back, *excluded))
+        if tier == "fp8":
+            formats = replace(formats, fp8_nodes=_regex(formats.fp8_nodes, excluded))
+            placement = _excluding(options.placement, tuple(given_back))
+        return replace(options, calibration=replace(options.calibration, give_back=False), placement=placement,
+                       formats=formats)
 
     with tempfile.TemporaryDirectory(prefix="trt-bridge-target-") as tmp:
         reference = _reference(model_path, Path(tmp), result)
-        def probe(excluded: tuple[str, ...], ranking: str = "") -> Probe:
-            if frozenset(excluded) in measured:
-                return measured[frozenset(excluded)]
+        def probe(excluded: tuple[str, ...], ranking: str = "", tier: str = "") -> Probe:
+            key = (tier if excluded else "", frozenset(excluded))
+            if key in measured:
+                return measured[key]
             path = Path(tmp) / f"probe{len(result.probes)}.onnx"
-            report = convert(model_path, path, replace(probe_options(excluded), check=False))
+            report = convert(model_path, path, replace(probe_options(excluded, tier), check=False))
             first = not result.probes
             if first:
                 given_back.extend((report.given_back or {}).get("layers") or ())
@@ -139,23 +150,26 @@ def convert_to_target(model_path: str | Path, output_path: str | Path, options, 
             layers = len({c for q in report.quantized if q["kind"] == "weight" for c in q["consumers"]})
             snr = snr if not math.isnan(snr) else -math.inf
             cosine = cosine if not math.isnan(cosine) else -1.0
-            found = Probe(excluded, snr, layers, ranking, cosine, cosine if metric == "cosine" else snr)
+            found = Probe(excluded, snr, layers, ranking, cosine, cosine if metric == "cosine" else snr, key[0])
             result.probes.append(found)
-            measured[frozenset(excluded)] = found
+            measured[key] = found
             log.info("accuracy probe: %d layer(s) excluded → %.2f dB, cosine %.6f", len(excluded), found.snr_db,
                      found.cosine)
             return found
 
         best = probe(())
         if best.score < target_db:
-            best, name = search(result.rankings, probe, target_db)
+            for tier in tiers:
+                best, name = search(result.rankings, lambda ex, r, t=tier: probe(ex, r, t), target_db)
+                if name is not None:
+                    break
             if name is None:
                 best = max(result.probes, key=lambda p: p.score)
                 name = best.ranking if best.ranking in result.rankings else next(iter(result.rankings), None)
             result.ranking = result.rankings.get(name, [])
         result.met, result.chosen = best.score >= target_db, best
     # the chosen probe, written where the user asked, the way convert writes (atomically, external data, check)
-    report = convert(model_path, output_path, probe_options(best.excluded), outputs)
+    report = convert(model_path, output_path, probe_options(best.excluded, best.tier), outputs)
     return report, result
 
 

@@ -206,8 +206,9 @@ class ConversionReport:
             for probe in self.accuracy["probes"]:
                 kept = ", ".join(probe["excluded"]) or "none"
                 by = f" [{probe['ranking']} ranking]" if probe.get("ranking") else ""
+                where = "FP8" if probe.get("tier") else "higher precision"
                 lines.append(f"    probe{by}: {probe['snr_db']:.2f} dB (cosine {probe['cosine']:.6f}) with "
-                             f"{len(probe['excluded'])} layer(s) in higher precision ({kept})")
+                             f"{len(probe['excluded'])} layer(s) in {where} ({kept})")
         if self.check is not None:
             lines.append(f"  check: {self.check['headline']}")
             for finding in self.check["findings"]:

@@ -69,7 +69,8 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
         act = _fp4_source(annotations, options.compute_capability, approximate)
     if act is FP4:  # NVFP4 where TensorRT's FP4 GEMMs take the activation, FP8 elsewhere
         was = {name: spec.format for name, spec in annotations.activations.items()}
-        fp8, asked = fp4_activations(graph, annotations), "--fp4" if options.activations else "the source's FP4"
+        fp8 = fp4_activations(graph, annotations, options.fp8_nodes)
+        asked = "--fp4" if options.activations else "the source's FP4"
         changes += [FormatChange(name, "activation", spec.format.name, was[name].name,
                                  f"{asked} is for GEMMs: {fp8[name]}" if name in fp8 else asked)
                     for name, spec in annotations.activations.items() if spec.format is not was[name]]

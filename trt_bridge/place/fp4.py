@@ -17,6 +17,8 @@ placement and the accuracy target leave in float, as with INT8.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import onnx_graphsurgeon as gs
 
@@ -43,15 +45,19 @@ def fp4_reader(node: gs.Node, index: int) -> str | None:
     return None
 
 
-def fp4_activations(graph: gs.Graph, annotations: Annotations) -> dict[str, str]:
-    """Set each quantized activation's format (in place): FP4 where every reader is an FP4 GEMM, else FP8; return
-    the FP8 ones with the reason."""
+def fp4_activations(graph: gs.Graph, annotations: Annotations, fp8_nodes: str | None = None) -> dict[str, str]:
+    """Set each quantized activation's format (in place): FP4 where every reader is an FP4 GEMM that ``fp8_nodes``
+    (a regular expression of node names, --fp8-nodes) does not name, else FP8; return the FP8 ones with the
+    reason."""
     nodes = {n.name: n for n in graph.nodes}
+    named = re.compile(fp8_nodes) if fp8_nodes else None
     fp8: dict[str, str] = {}
     for name in sorted(annotations.activations):
         spec = annotations.activations[name]
         why = next((w for s in spec.sites if (w := fp4_reader(nodes[s.node], s.index) if s.node in nodes
                                               else "its reader is in a control-flow body")), None)
+        if why is None and named is not None and any(named.search(s.node) for s in spec.sites):
+            why = "--fp8-nodes names its reader"
         spec.format = FP4 if why is None else FP8
         if why is not None:
             fp8[name] = why
