@@ -33,7 +33,8 @@ def speech(rng: np.random.Generator, seconds: float) -> np.ndarray:
     source = sum(np.sin(k * phase) / k for k in range(1, 30))
     spectrum = np.fft.rfft(source)
     freqs = np.fft.rfftfreq(n, 1 / RATE)
-    shape = sum(np.exp(-0.5 * ((freqs - f) / (f * 0.12)) ** 2) for f in rng.uniform([300, 900, 2200], [800, 2000, 3200]))
+    formants = rng.uniform([300, 900, 2200], [800, 2000, 3200])
+    shape = sum(np.exp(-0.5 * ((freqs - f) / (f * 0.12)) ** 2) for f in formants)
     voiced = np.fft.irfft(spectrum * (0.05 + shape), n)
     syllables = np.clip(np.sin(2 * np.pi * rng.uniform(2, 5) * t + rng.uniform(0, 6)), 0, None) ** 0.5
     x = voiced * syllables + rng.normal(0, rng.uniform(0.005, 0.03), n) * np.abs(voiced).max()

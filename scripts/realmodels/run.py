@@ -79,8 +79,13 @@ def prepare(model: RealModel, files: Path, work: Path, calib: int, held: int) ->
 
 
 def make_source(form: str, float_path: Path, out: Path, calib: list[dict]) -> Path:
-    from onnxruntime.quantization import (CalibrationDataReader, QuantFormat, QuantType, quantize_dynamic,
-                                          quantize_static)
+    from onnxruntime.quantization import (
+        CalibrationDataReader,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
 
     if form.startswith("float"):
         return float_path
