@@ -1,7 +1,7 @@
-"""Measure trt-bridge on the real-weight corpus: one row per (model, form), as JSON and as docs/real-models.md.
+"""Measure trt-bridge on the real-weight corpus: one row per (model, form), as JSON and as docs/real-models-table.md.
 
     python scripts/realmodels/run.py [--cache .corpus/realmodels] [--only NAME ...] [--forms FORM ...]
-        [--calib 16] [--eval 16] [--timeout 900] [--json FILE] [--markdown docs/real-models.md]
+        [--calib 16] [--eval 16] [--timeout 900] [--json FILE] [--markdown docs/real-models-table.md] [--table-only]
 
 Forms: ``float-int8`` / ``float-fp8`` (the float model, calibrated by trt-bridge, ``--int8`` / ``--fp8``),
 ``dynamic`` (onnxruntime ``quantize_dynamic``, int8 per-channel weights; calibrated by trt-bridge), ``qdq`` and
@@ -107,15 +107,38 @@ def make_source(form: str, float_path: Path, out: Path, calib: list[dict]) -> Pa
 
 
 def _worst(report) -> dict:
-    """The worst output's SNR (dB), and each output's."""
+    """The worst output's SNR (dB), each output's, and the worst top-1 agreement of classifier-like outputs."""
     snrs = {o.output: round(float(o.snr_db), 2) for o in report.outputs}
-    return {"worst": min(snrs.values()) if snrs else None, "outputs": snrs}
+    top1 = [o.top1 for o in report.outputs if o.top1 is not None]
+    return {"worst": min(snrs.values()) if snrs else None, "outputs": snrs, "top1": min(top1) if top1 else None}
+
+
+def _shapes(eval_dir: Path) -> list[str]:
+    """The build's fixed shapes: the held-out feeds' (NAME:DIMS)."""
+    return [f"{k}:{'x'.join(str(d) for d in v.shape)}" for k, v in _load_feeds(eval_dir)[0].items()]
+
+
+def float_build(model: RealModel, cache: Path, calib: int, held: int) -> dict:
+    """Whether TensorRT-RTX builds the float model itself (SM 8.9): a row whose conversion does not build is then
+    TensorRT's limit, not the conversion's."""
+    import trt_bridge
+
+    work = cache / "work" / model.name
+    float_path = prepare(model, cache / "files", work, calib, held)
+    try:
+        trt_bridge.build(float_path, work / "float.engine", compute_capability="8.9", shapes=_shapes(work / "eval"),
+                         quiet=True)
+        return {"model": model.name, "form": "float", "built": True}
+    except Exception as exc:  # recorded, as every stage's error
+        return {"model": model.name, "form": "float", "built": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
 
 
 def one(model: RealModel, form: str, cache: Path, calib: int, held: int) -> dict:
     """Make the source, convert, verify, check and build one (model, form); every stage's result or error."""
     import trt_bridge
 
+    if form == "float":
+        return float_build(model, cache, calib, held)
     row: dict = {"model": model.name, "form": form}
     files = cache / "files"
     work = cache / "work" / model.name
@@ -147,10 +170,9 @@ def one(model: RealModel, form: str, cache: Path, calib: int, held: int) -> dict
         row["parser"] = None if checked.parser is None else {"ok": checked.parser.ok, "errors": checked.parser.errors}
         row["blockers"] = [f"[{f.rule}] {f.where}: {f.why}"[:300] for f in checked.blockers]
         stage = "build"
-        first = _load_feeds(eval_dir)[0]
-        shapes = [f"{k}:{'x'.join(str(d) for d in v.shape)}" for k, v in first.items()]
         t = time.time()
-        built = trt_bridge.build(out, work / f"{form}.engine", compute_capability="8.9", shapes=shapes, quiet=True)
+        built = trt_bridge.build(out, work / f"{form}.engine", compute_capability="8.9", shapes=_shapes(eval_dir),
+                                 quiet=True)
         row["build_seconds"] = round(time.time() - t, 1)
         row["engine_mib"] = round(built.info["engine"]["size"] / 2**20, 2)
         row["built"] = True
@@ -186,12 +208,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cache", type=Path, default=ROOT / ".corpus" / "realmodels")
     parser.add_argument("--only", nargs="+", choices=sorted(BY_NAME))
-    parser.add_argument("--forms", nargs="+", choices=FORMS)
+    parser.add_argument("--forms", nargs="+", choices=FORMS, help="default: all (the float model's build always)")
     parser.add_argument("--calib", type=int, default=16)
     parser.add_argument("--eval", type=int, default=16)
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--json", type=Path, default=None, help="default: CACHE/results.json")
-    parser.add_argument("--markdown", type=Path, default=ROOT / "docs" / "real-models.md")
+    parser.add_argument("--markdown", type=Path, default=ROOT / "docs" / "real-models-table.md")
+    parser.add_argument("--table-only", action="store_true", help="rewrite the markdown from the JSON; run nothing")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "FORM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.getLogger().setLevel(logging.ERROR)
@@ -201,17 +224,18 @@ def main() -> int:
         (args.cache / "work" / name / f"{form}.row.json").write_text(json.dumps(row, indent=1))
         return 0
     models = [BY_NAME[n] for n in args.only] if args.only else MODELS
-    fetch(models, args.cache)
     json_path = args.json or args.cache / "results.json"
     rows = json.loads(json_path.read_text()) if json_path.is_file() else []
-    for model in models:
-        for form in args.forms or model.forms:
+    if not args.table_only:
+        fetch(models, args.cache)
+    for model in [] if args.table_only else models:
+        for form in dict.fromkeys(("float", *(args.forms or model.forms))):  # the float build first
             row = run_row(model.name, form, args)
             rows = [r for r in rows if (r["model"], r["form"]) != (model.name, form)] + [row]
             print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
             json_path.write_text(json.dumps(rows, indent=1))
     order = {m.name: i for i, m in enumerate(MODELS)}
-    rows.sort(key=lambda r: (order.get(r["model"], 99), FORMS.index(r["form"])))
+    rows.sort(key=lambda r: (order.get(r["model"], 99), ("float", *FORMS).index(r["form"])))
     json_path.write_text(json.dumps(rows, indent=1))
     args.markdown.write_text(markdown(rows, MODELS))
     print(f"{json_path}, {args.markdown}")
