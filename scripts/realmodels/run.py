@@ -1,7 +1,10 @@
-"""Measure trt-bridge on the real-weight corpus: one row per (model, form), as JSON and as docs/real-models-table.md.
+"""Measure trt-bridge on the real-weight corpus: one row per (model, form), in
+docs/real-models-table.json and docs/real-models-table.md.
 
     python scripts/realmodels/run.py [--cache .corpus/realmodels] [--only NAME ...] [--forms FORM ...]
-        [--calib 16] [--eval 16] [--timeout 900] [--json FILE] [--markdown docs/real-models-table.md] [--table-only]
+        [--calib 16] [--eval 16] [--timeout 900] [--json docs/real-models-table.json]
+        [--markdown docs/real-models-table.md]
+        [--baseline OLD.json] [--table-only]
 
 Forms: ``float-int8`` / ``float-fp8`` (the float model, calibrated by trt-bridge, ``--int8`` / ``--fp8``),
 ``dynamic`` (onnxruntime ``quantize_dynamic``, int8 per-channel weights; calibrated by trt-bridge), ``qdq`` and
@@ -11,7 +14,8 @@ onnxruntime runs it), the converted model's SNR against the float model and agai
 float, as TensorRT computes), the worst output's, on held-out feeds (other seeds, other pictures); whether
 ``trt-bridge check`` finds it TensorRT-ready (TensorRT-RTX's parser included); and whether TensorRT-RTX builds it
 ahead of time for SM 8.9 at the manifest's shapes. Every row runs in its own process (``--one``): a crash, a
-timeout or an exception becomes that row's error, never the end of the run. Run it before and after a change.
+timeout or an exception becomes that row's error, never the end of the run. Run it before and after a change:
+``--baseline`` names the rows that moved (a build gained or lost, an error, a worst SNR more than 1 dB away).
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 import feeds as feed_makers  # noqa: E402
 from fetch import fetch  # noqa: E402
 from manifest import BY_NAME, MODELS, RealModel  # noqa: E402
-from table import markdown  # noqa: E402
+from table import changes, markdown  # noqa: E402
 
 FORMS = ("float-int8", "float-fp8", "dynamic", "qdq", "qop")
 
@@ -201,6 +205,8 @@ def run_row(name: str, form: str, args) -> dict:
         row = {"model": name, "form": form, "built": False,
                "error": f"process ended with status {done.returncode}: {tail[0][:300]}"}
     row["seconds"] = round(time.time() - t, 1)
+    if row.get("error"):  # the work folder's paths differ from one checkout to the next
+        row["error"] = row["error"].replace(f"{args.cache / 'work' / name}/", "")
     return row
 
 
@@ -212,8 +218,10 @@ def main() -> int:
     parser.add_argument("--calib", type=int, default=16)
     parser.add_argument("--eval", type=int, default=16)
     parser.add_argument("--timeout", type=int, default=900)
-    parser.add_argument("--json", type=Path, default=None, help="default: CACHE/results.json")
+    parser.add_argument("--json", type=Path, default=ROOT / "docs" / "real-models-table.json",
+                        help="the rows (tracebacks stay in CACHE/work/MODEL/FORM.row.json)")
     parser.add_argument("--markdown", type=Path, default=ROOT / "docs" / "real-models-table.md")
+    parser.add_argument("--baseline", type=Path, help="an earlier run's JSON: list what changed against it")
     parser.add_argument("--table-only", action="store_true", help="rewrite the markdown from the JSON; run nothing")
     parser.add_argument("--one", nargs=2, metavar=("MODEL", "FORM"), help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -224,21 +232,24 @@ def main() -> int:
         (args.cache / "work" / name / f"{form}.row.json").write_text(json.dumps(row, indent=1))
         return 0
     models = [BY_NAME[n] for n in args.only] if args.only else MODELS
-    json_path = args.json or args.cache / "results.json"
+    json_path = args.json
     rows = json.loads(json_path.read_text()) if json_path.is_file() else []
     if not args.table_only:
         fetch(models, args.cache)
     for model in [] if args.table_only else models:
         for form in dict.fromkeys(("float", *(args.forms or model.forms))):  # the float build first
-            row = run_row(model.name, form, args)
+            row = {k: v for k, v in run_row(model.name, form, args).items() if k != "traceback"}
             rows = [r for r in rows if (r["model"], r["form"]) != (model.name, form)] + [row]
-            print(json.dumps({k: v for k, v in row.items() if k != "traceback"}), flush=True)
+            print(json.dumps(row), flush=True)
             json_path.write_text(json.dumps(rows, indent=1))
     order = {m.name: i for i, m in enumerate(MODELS)}
     rows.sort(key=lambda r: (order.get(r["model"], 99), ("float", *FORMS).index(r["form"])))
     json_path.write_text(json.dumps(rows, indent=1))
     args.markdown.write_text(markdown(rows, MODELS))
     print(f"{json_path}, {args.markdown}")
+    if args.baseline:
+        found = changes(rows, json.loads(args.baseline.read_text()))
+        print("\n".join(found) if found else f"no change against {args.baseline}")
     return 0
 
 

@@ -43,3 +43,23 @@ def markdown(rows: list[dict], models) -> str:
     converted = sum("snr_vs_float" in r for r in rows)
     lines += ["", f"{len(rows)} rows: {converted} converted and verified, {built} built for SM 8.9.", ""]
     return "\n".join(lines)
+
+
+def changes(rows: list[dict], baseline: list[dict], tolerance_db: float = 1.0) -> list[str]:
+    """What differs from ``baseline`` (an earlier run's rows): a row that built and no longer does (or the reverse),
+    an error gained or lost, a worst SNR against the float model that moved by more than ``tolerance_db``."""
+    before = {(r["model"], r["form"]): r for r in baseline}
+    out = []
+    for r in rows:
+        old = before.get((r["model"], r["form"]))
+        if old is None:
+            continue
+        where = f"{r['model']} {r['form']}"
+        if bool(old.get("built")) != bool(r.get("built")):
+            out.append(f"{where}: {'now builds' if r.get('built') else 'no longer builds'}")
+        if bool(old.get("error")) != bool(r.get("error")):
+            out.append(f"{where}: {'error: ' + r['error'][:160] if r.get('error') else 'error gone'}")
+        a, b = ((x.get("snr_vs_float") or {}).get("worst") for x in (old, r))
+        if a is not None and b is not None and abs(b - a) > tolerance_db and not (a == b == float("inf")):
+            out.append(f"{where}: {a:.1f} → {b:.1f} dB against the float model")
+    return out
