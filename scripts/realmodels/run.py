@@ -130,9 +130,10 @@ def float_build(model: RealModel, cache: Path, calib: int, held: int) -> dict:
     work = cache / "work" / model.name
     float_path = prepare(model, cache / "files", work, calib, held)
     try:
-        trt_bridge.build(float_path, work / "float.engine", compute_capability="8.9", shapes=_shapes(work / "eval"),
-                         quiet=True)
-        return {"model": model.name, "form": "float", "built": True}
+        built = trt_bridge.build(float_path, work / "float.engine", compute_capability="8.9",
+                                 shapes=_shapes(work / "eval"), quiet=True)
+        return {"model": model.name, "form": "float", "built": True,
+                "engine_mib": round(built.info["engine"]["size"] / 2**20, 2)}
     except Exception as exc:  # recorded, as every stage's error
         return {"model": model.name, "form": "float", "built": False, "error": f"{type(exc).__name__}: {exc}"[:400]}
 

@@ -22,6 +22,7 @@ def markdown(rows: list[dict], models) -> str:
               "| model | form | source | vs float | vs source | top-1 | ready | builds | convert s | note |",
               "|---|---|---|---|---|---|---|---|---|---|"]
     float_built = {r["model"]: r.get("built") for r in rows if r["form"] == "float"}
+    float_mib = {r["model"]: r.get("engine_mib") for r in rows if r["form"] == "float"}
     rows = [r for r in rows if r["form"] != "float"]
     for r in rows:
         if r["model"] not in by_name:
@@ -30,7 +31,8 @@ def markdown(rows: list[dict], models) -> str:
         ready = {True: "yes", False: "no", None: "-"}[r.get("ready")]
         note = r.get("error") or "; ".join(r.get("blockers") or [])
         if r.get("engine_mib") is not None:
-            note = (f"engine {r['engine_mib']} MiB" + (f"; {note}" if note else ""))
+            versus = f" (float {float_mib[r['model']]} MiB)" if float_mib.get(r["model"]) else ""
+            note = f"engine {r['engine_mib']} MiB{versus}" + (f"; {note}" if note else "")
         if float_built.get(r["model"]) is False and not r.get("built"):
             note = f"the float model does not build either; {note}"
         note = re.sub(r"\S*/work/[^/\s]+/", "", note).replace("|", "\\|").replace("\n", " ")[:240]
