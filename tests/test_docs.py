@@ -31,7 +31,7 @@ def site(tmp_path_factory) -> Path:
 def test_site_builds_strictly_with_every_page(site):
     pages = ["getting-started", "guide/convert", "guide/check", "guide/verify", "guide/build", "guide/bench",
              "guide/pipeline", "guide/scales", "calibration", "precision", "sources", "accuracy", "dynamic-int8",
-             "reliability", "results", "corpus", "api", "ARCHITECTURE", "layout", "changelog"]
+             "reliability", "results", "corpus", "real-models", "api", "ARCHITECTURE", "layout", "changelog"]
     assert (site / "index.html").is_file()
     assert [p for p in pages if not (site / p / "index.html").is_file()] == []
 

@@ -356,3 +356,23 @@ def test_a_candidate_with_non_finite_outputs_fails_without_gates(tmp_path, value
     done = cli("verify", reference, candidate, "--random", "2", "--costs", "off")
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert "FAIL (the candidate's outputs are non-finite" in done.stdout
+
+
+def test_random_feeds_a_model_cannot_run_name_the_flags_that_give_real_ones(tmp_path):
+    """A Conv over a dynamic time axis cannot run on random feeds' length 1 (openWakeWord's melspectrogram, in
+    scripts/realmodels: convert --accuracy-target without --eval-data stopped on onnxruntime's message alone): the
+    error says the feeds were random, and which flags give real ones; with real feeds the same pair compares."""
+    from onnx import TensorProto, helper
+
+    from trt_bridge.errors import TrtBridgeError
+
+    weight = numpy_helper.from_array(np.ones((2, 1, 5), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"])], "t",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, "samples"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [weight])
+    model = save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path / "conv.onnx")
+    with pytest.raises(TrtBridgeError, match=r"on random feeds .*verify --data, convert --eval-data, or --shapes"):
+        verify(model, model, VerifyOptions(random=2, progress=False))
+    np.savez(tmp_path / "feed.npz", x=np.ones((1, 1, 16), np.float32))
+    assert verify(model, model, VerifyOptions(data=str(tmp_path / "feed.npz"), progress=False)).outputs[0].snr_db \
+        == float("inf")

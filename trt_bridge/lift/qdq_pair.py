@@ -166,7 +166,11 @@ class QDQPair:
                             f"{zp.dtype} Q/DQ): scale {covering:.6g} covers the source's range [{lo:.6g}, {hi:.6g}]")
         for site in _read_float(ctx, dqs, x):
             ctx.annotations.add_activation(x.name, site, node.name, covering, ScaleSource.MODEL)
+        requantized = _take_over_requantized(ctx, node, dqs, x, (lo, hi))
         spec = ctx.annotations.activations.get(x.name)
+        if requantized is not None:  # the chain's second clamp is what its readers saw: its range, not the union
+            spec.model_range, spec.scale = requantized, max(abs(requantized[0]), abs(requantized[1])) / QMAX
+            return
         if spec is not None and spec.origin == node.name:
             spec.format = fmt
         if spec is not None and spec.source is ScaleSource.MODEL:
@@ -175,6 +179,34 @@ class QDQPair:
             elif spec.scale < covering or spec.model_range != (lo, hi):  # two Qs on one tensor: the union
                 spec.model_range = (min(lo, spec.model_range[0]), max(hi, spec.model_range[1]))
                 spec.scale = max(spec.scale, covering)
+
+
+def _take_over_requantized(ctx: LiftContext, node: gs.Node, dqs: list[gs.Node], x: gs.Tensor,
+                           first: tuple[float, float]) -> tuple[float, float] | None:
+    """A requantization, ``x ─ Q(s1) ─ DQ(s1) ─ d ─ Q(s2) ─ DQ(s2) ─ op``, whose second pair was lifted first (an
+    annotation on ``d``, onnxruntime's QOperator writes one where an Identity stood between two QLinear nodes):
+    lifting the first pair leaves ``d`` unread, so its annotation's sites now read ``x``. They take one Q/DQ (TensorRT
+    quantizes an edge once) over the range both clamps keep, reported as an approximation of the double rounding.
+    Returns that range (None: no such chain)."""
+    ranges = []
+    for dq in dqs:
+        out = dq.outputs[0] if dq.outputs else None
+        stale = None if out is None else ctx.annotations.activations.get(out.name)
+        if stale is None or out.outputs or out is x or stale.source is not ScaleSource.MODEL:
+            continue
+        del ctx.annotations.activations[out.name]
+        for site in stale.sites:
+            ctx.annotations.add_activation(x.name, site, stale.origin, stale.scale, stale.source, stale.dynamic)
+        second = stale.model_range or (-stale.scale * QMAX, stale.scale * QMAX)
+        ranges.append(second)
+        if not np.allclose(second, first, rtol=1e-6, atol=0.0):
+            ctx.approximate("qdq-pair", node.name, f"requantization of '{x.name}' (range [{first[0]:.4g}, "
+                            f"{first[1]:.4g}], then '{out.name}' [{second[0]:.4g}, {second[1]:.4g}] by "
+                            f"'{stale.origin}'): one Q/DQ over the range both keep")
+    if not ranges:
+        return None
+    lo, hi = max([first[0]] + [r[0] for r in ranges]), min([first[1]] + [r[1] for r in ranges])
+    return (lo, hi) if lo < hi else first
 
 
 def _read_float(ctx: LiftContext, dqs: list[gs.Node], x: gs.Tensor) -> list[Site]:

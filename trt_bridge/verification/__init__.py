@@ -271,7 +271,6 @@ def checked_feeds(reference: Path, candidate: Path, options: VerifyOptions) -> l
     elif options.data is not None:
         feeds = list(open_feeds(options.data, None, inputs, model=cand, flag="verify reads at most that many"))
     else:
-
         count = options.random if options.random is not None else DEFAULT_RANDOM_FEEDS
         if count < 1:
             raise TrtBridgeError("--random needs a positive number of feeds.")
@@ -313,7 +312,6 @@ def _run(reference: Path, candidate: Path, feeds, options: VerifyOptions):
     from polygraphy.backend.onnxrt import OnnxrtRunner
     from polygraphy.comparator import Comparator, RunResults
 
-
     loaded = RunResults()
     if options.load_outputs:
         try:
@@ -339,7 +337,9 @@ def _run(reference: Path, candidate: Path, feeds, options: VerifyOptions):
     try:
         results = Comparator.run(runners, data_loader=feeds)
     except Exception as exc:  # onnxruntime or TensorRT rejecting a model or a feed
-        raise TrtBridgeError(f"running the models failed: {_first_line(exc)}") from exc
+        hint = "" if options.data or options.load_inputs else (" on random feeds (1 for each dynamic dimension: give "
+                                                               "verify --data, convert --eval-data, or --shapes)")
+        raise TrtBridgeError(f"running the models failed{hint}: {_first_line(exc)}") from exc
     if REFERENCE in loaded.keys():
         results.append((REFERENCE, loaded[REFERENCE]))
     return results
