@@ -19,8 +19,8 @@ its range methods. It leaves none in two cases, which get one here:
 The reference is the lifted float model in every case, the source with its quantization removed: for a float
 source the source itself, for a quantized one what it means in float, as ``isolated`` measures each layer against
 its own float copy. It is not the quantized source's own outputs: a layer given back moves the output towards
-that float meaning and away from the source's rounding (``verify``, and ``--accuracy-target``, which probes with
-``verify``, measure against the source)::
+that float meaning and away from the source's rounding (``--accuracy-target`` measures against the same lifted
+form, :mod:`.accuracy`; ``verify`` against the source as given)::
 
     Before:  a source with its own scales: every layer it quantized INT8, nothing judged
     After:   the few whose own INT8 error stands far below the rest read float (judged as a float source's are)
