@@ -135,8 +135,13 @@ def test_fp4_kept_for_blackwell(gemm, tmp_path):
         ["Gemm"] if gemm else [])}
     assert "QuantizeLinear" not in {n.op_type for n in written.graph.node}
     dq, inits = weight_dq(written)
-    codes, scale = inits[dq.input[0]], numpy_helper.to_array(inits[dq.input[1]])
-    assert codes.data_type == TensorProto.FLOAT4E2M1 and scale.dtype == np.float32
+    codes = inits[dq.input[0]]
+    # the source's NVFP4 two levels come back: DequantizeLinear(FP8 block scales, FP32 global scale)
+    levels = next(n for n in written.graph.node if n.output[0] == dq.input[1])
+    s8, g = inits[levels.input[0]], numpy_helper.to_array(inits[levels.input[1]])
+    assert s8.data_type == TensorProto.FLOAT8E4M3FN and g.dtype == np.float32 and g.shape == ()
+    scale = (numpy_helper.to_array(s8).astype(np.float32) * g).astype(np.float32)
+    assert codes.data_type == TensorProto.FLOAT4E2M1
     attrs = {a.name: a.i for a in dq.attribute}
     assert attrs == {"axis": source["axis"], "block_size": BLOCK}
     kept = numpy_helper.to_array(codes)
