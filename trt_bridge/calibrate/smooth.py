@@ -29,7 +29,7 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations, ScaleSource, Site, WeightSpec
-from trt_bridge.formats import INT4
+from trt_bridge.formats import FP4, INT4
 from trt_bridge.ir.graph_builder import redirect
 from trt_bridge.ir.names import NameAllocator
 from trt_bridge.ir.toposort import toposort
@@ -101,8 +101,8 @@ def candidates(graph: gs.Graph, annotations: Annotations) -> list[str]:
     graph_outputs = {t.name for t in graph.outputs}
     found = []
     for name, spec in sorted(annotations.activations.items()):
-        if spec.scale is not None or not spec.sites:
-            continue
+        if spec.scale is not None or not spec.sites or spec.format is FP4:
+            continue  # FP4 activations are scaled per block of 16 (--fp4): an outlier channel costs its blocks
         ok = True
         for site in spec.sites:
             node = nodes[site.node]
