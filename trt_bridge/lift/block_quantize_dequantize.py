@@ -21,7 +21,13 @@ annotations.
 exponent per block of ``block_size`` values along ``axis``) and back to float, in one node; TensorRT has
 no such format for activations. The nearest thing it builds is a per-tensor format, calibrated on the
 calibration data (the block format carries no per-tensor scale to keep): FP8 E4M3 for MXFP8
-(``element_dtype`` ``fp8_e4m3``: the same element type), int8 for everything else (BFP16, MXFP4, MXFP6, MXINT8).
+(``element_dtype`` ``fp8_e4m3``: the same element type), int8 for everything else (BFP16, MXFP6, MXINT8). MXFP4
+activations are annotated FP4: TensorRT's dynamic FP4 blocks (NVFP4, blocks of 16 with FP8 scales under a
+calibrated global scale, finer than MX's 32 with powers of two) where the target runs FP4, else the nearest format
+placement picks (:mod:`trt_bridge.place.formats`)::
+
+    Before:  x ─ MXQuantizeDequantize(element_dtype fp4_e2m1, axis 1, block 32) ─ MatMul(W fp4)   (MXFP4 W4A4)
+    After:   x ─ MatMul    annotation: x → FP4 (12.0: TRT_FP4DynamicQuantize; no target: INT8, its W INT4-W)
 Weights are the float values (before Quark's rounding), quantized symmetric per output channel in the
 same format (FP8 or int8).
 
@@ -139,7 +145,8 @@ class BlockQuantizeDequantize:
     op_types = ("BFPQuantizeDequantize", "MXQuantizeDequantize")
     outcome = ("lifted by rule 'block-quantize-dequantize': TensorRT has no block floating point, so the "
                "tensor becomes FP8 (MXFP8) or int8 (activations calibrated: needs --calib-data; weights per output "
-               "channel); MXFP4 weights of MatMul/Gemm blocked along the reduction axis become FP4 blocks")
+               "channel); MXFP4 weights of MatMul/Gemm blocked along the reduction axis become FP4 blocks, MXFP4 "
+               "activations TensorRT's dynamic FP4 for --compute-capability 10.0+")
 
     def match(self, ctx: LiftContext, node: gs.Node) -> BlockFormatMatch | str:
         if (node.domain or "") not in QUARK_DOMAINS:
@@ -164,6 +171,9 @@ class BlockQuantizeDequantize:
         kind = f"MX {match.element}" if match.element else "block format"
         what = (f"activation, {fmt.label} scale from calibration" if values is None
                 else "constant, kept float (before the block rounding)")
+        if values is None and match.element == "fp4_e2m1":  # TensorRT's dynamic FP4 blocks where the target runs FP4
+            fmt, what = FP4, ("activation, TensorRT's dynamic FP4 blocks of 16 (NVFP4: FP8 block scales under a "
+                              "global scale from calibration) where the target runs FP4, else its nearest format")
         exact = approximated = False
         for consumer in list(y.outputs):
             for index, tensor in enumerate(consumer.inputs):
