@@ -263,3 +263,25 @@ def test_fp4_activations_are_not_smoothed(encoder):
     activation per block of 16, so an outlier costs its blocks only, and FP4 weights lose more than they gain."""
     _, _, fp4, fp8 = encoder
     assert not fp4.smoothed and fp8.smoothed
+
+
+def test_fp4_in_float16(encoder, tmp_path):
+    """--fp4 --high-precision fp16: the NVFP4 chains compute in float16 (a DequantizeLinear of opset 23 without
+    output_dtype writes its scale's type: the two-level weight scales become float16 with no Cast between the two
+    DequantizeLinear nodes), TensorRT-RTX builds it for SM 12.0, and it follows the float32 conversion."""
+    from trt_bridge.conversion.options import PrecisionOptions
+
+    root, src, _, _ = encoder
+    out = tmp_path / "fp16.onnx"
+    report = convert(src, out, ConvertOptions(
+        calibration=CalibrationOptions(data=str(root / "calib.npz")), progress=False,
+        formats=FormatOptions(activations="fp4", compute_capability="12.0"),
+        precision=PrecisionOptions(high_precision="fp16")))
+    assert report.check["ready"] and not report.remaining_blockers, report.summary()
+    model = onnx.load(str(out))
+    producers = {o: n for n in model.graph.node for o in n.output}
+    two_level = [n for n in model.graph.node if n.op_type == "DequantizeLinear" and n.input[1] in producers]
+    assert two_level and all(producers[n.input[1]].op_type == "DequantizeLinear" for n in two_level)
+    held = [{"x": f} for f in samples.sequence_feeds(6, 5, 32, 128)]
+    reference = _run(src, held)  # float16 rounding moves some FP4 codes across their midpoints: as accurate
+    assert snr_db(reference, _run(out, held)) > snr_db(reference, _run(root / "fp4.onnx", held)) - 1.0

@@ -43,7 +43,7 @@ def type_groups(node: onnx.NodeProto, opsets: dict[str, int], types: dict[str, i
     for k, name in enumerate(node.output):
         param = formal(schema.outputs, k)
         if name and param is not None:
-            bound.setdefault(param.type_str, ([], []))[1].append(k)
+            bound.setdefault(_output_param(node, k, param.type_str), ([], []))[1].append(k)
     found = []
     for param, (ins, outs) in bound.items():
         if not {"tensor(float)", "tensor(float16)"} <= allowed.get(param, set()):
@@ -55,6 +55,15 @@ def type_groups(node: onnx.NodeProto, opsets: dict[str, int], types: dict[str, i
                 continue  # an output typed by an attribute we do not rewrite (RandomNormal's dtype, ...)
             found.append((ins, outs))
     return found
+
+
+def _output_param(node: onnx.NodeProto, k: int, param: str) -> str:
+    """The type parameter output ``k`` is bound to: a DequantizeLinear of opset 23+ without ``output_dtype`` writes
+    its scale's type (its ``T3`` is ``T2`` then), so its ``y`` goes with ``x_scale``."""
+    if node.op_type == "DequantizeLinear" and k == 0 and param == "T3" and not next(
+            (a.i for a in node.attribute if a.name == "output_dtype"), 0):
+        return "T2"
+    return param
 
 
 def fixed_slots(node: onnx.NodeProto, opsets: dict[str, int]) -> list[tuple[int, int]]:
