@@ -27,7 +27,7 @@ from trt_bridge.annotations import QMAX, ScaleSource, Site
 from trt_bridge.formats import FP4, FP8
 from trt_bridge.lift.base import NOT_MINE, LiftContext
 from trt_bridge.lift.scale_algebra import constant_values
-from trt_bridge.runtime.fp4_dynamic import BLOCK, OP
+from trt_bridge.runtime.fp4_dynamic import BLOCK, DOMAIN, OP
 
 
 @dataclass(frozen=True)
@@ -44,7 +44,7 @@ class Fp4DynamicActivation:
     outcome = "lifts it to its float tensor, annotated FP4 (TensorRT's dynamic FP4 quantization)"
 
     def match(self, ctx: LiftContext, node: gs.Node) -> Fp4DynamicMatch | str:
-        if node.domain != "trt" or len(node.inputs) < 2 or len(node.outputs) != 2:
+        if node.domain != DOMAIN or len(node.inputs) < 2 or len(node.outputs) != 2:
             return NOT_MINE
         axis, block = node.attrs.get("axis", -1), node.attrs.get("block_size", BLOCK)
         rank = len(node.inputs[0].shape) if node.inputs[0].shape is not None else None

@@ -30,10 +30,7 @@ from onnx_graphsurgeon.ir.tensor import LazyValues
 from trt_bridge.formats import nvfp4_split
 from trt_bridge.ir.names import NameAllocator
 from trt_bridge.place.fp4 import BLOCK, global_scale
-from trt_bridge.runtime.fp4_dynamic import OP
-
-#: the domain of TensorRT's own ONNX ops, and its version
-DOMAIN, DOMAIN_VERSION = "trt", 1
+from trt_bridge.runtime.fp4_dynamic import DOMAIN, OP
 
 
 def fp4_dynamic(graph: gs.Graph, names: NameAllocator, x: gs.Tensor, int8_scale: float,
@@ -54,7 +51,6 @@ def fp4_dynamic(graph: gs.Graph, names: NameAllocator, x: gs.Tensor, int8_scale:
     graph.nodes.append(gs.Node("DequantizeLinear", names(f"{name}_fp4_DequantizeLinear"),
                                {"axis": -1, "block_size": BLOCK}, [codes, scales], [out]))
     return out, g
-
 
 
 def two_level_scale(graph: gs.Graph, names: NameAllocator, name: str, scale: np.ndarray,

@@ -37,8 +37,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trt_bridge.errors import UnsupportedPatternError
 
-#: TensorRT's dynamic FP4 quantization op (domain ``trt``)
-OP = "TRT_FP4DynamicQuantize"
+#: TensorRT's dynamic FP4 quantization op, and the domain of TensorRT's own ONNX ops
+OP, DOMAIN = "TRT_FP4DynamicQuantize", "trt"
 #: the only block size TensorRT takes for it
 BLOCK = 16
 #: FP8 E4M3's largest value (the block scales saturate there)
@@ -120,8 +120,8 @@ def fp4_dynamic_emulated(model: onnx.ModelProto) -> onnx.ModelProto:
     stale = [v for v in graph.value_info if v.name in codes]
     for info in stale:
         graph.value_info.remove(info)
-    if not any(n.domain == "trt" for n in graph.node):
-        kept = [o for o in model.opset_import if o.domain != "trt"]
+    if not any(n.domain == DOMAIN for n in graph.node):
+        kept = [o for o in model.opset_import if o.domain != DOMAIN]
         del model.opset_import[:]
         model.opset_import.extend(kept)
     return model
