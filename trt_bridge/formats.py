@@ -172,9 +172,22 @@ def nvfp4_scales(scale: np.ndarray) -> np.ndarray:
     products, which :func:`nvfp4_split` writes back exactly. A block scale under FP8's range becomes its smallest
     subnormal's, never 0 (a zero scale would make its codes infinite)."""
     scale = np.asarray(scale, np.float32)
-    g = np.float32(scale.max() / FP8.qmax) if scale.size and scale.max() > 0 else np.float32(1.0)
+    return nvfp4_round(scale, nvfp4_global(scale))
+
+
+def nvfp4_global(scale: np.ndarray) -> np.float32:
+    """The FP32 global scale NVFP4 puts over block ``scale``: its largest over 448 (1 for none positive)."""
+    scale = np.asarray(scale, np.float32)
+    return np.float32(scale.max() / FP8.qmax) if scale.size and scale.max() > 0 else np.float32(1.0)
+
+
+def nvfp4_round(scale, g: np.float32) -> np.ndarray:
+    """Block scales rounded to NVFP4's ``g`` · FP8(scale / g), as float32 products; one under FP8's range becomes its
+    smallest subnormal's, never 0 (a zero scale would make its codes infinite). ``scale / g`` is taken in
+    ``scale``'s own precision (float32, or float64 for a weight's candidate scales) before FP8's rounding."""
     tiny = np.float32(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).smallest_subnormal)
-    s8 = np.maximum(scale / g, tiny).astype(ml_dtypes.float8_e4m3fn)
+    ratio = np.maximum(np.asarray(scale) / g, tiny).astype(np.float32)
+    s8 = ratio.astype(ml_dtypes.float8_e4m3fn)
     return (s8.astype(np.float32) * g).astype(np.float32)
 
 
@@ -202,6 +215,32 @@ def nvfp4_split(scale: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
                 return s8, np.asarray(g, np.float32)
     return None
 
+
+
+#: the divisors of a block's amax tried for its FP4 scale (amax / 6 first: E2M1's largest value holds amax)
+FP4_DIVISORS = (6.0, 6.5, 7.0, 7.5, 8.0, 5.5)
+
+
+def nvfp4_fitted(grouped: np.ndarray, plain: np.ndarray) -> np.ndarray:
+    """Each FP4 block's NVFP4 scale (FP8 under the global scale of ``plain``, amax / 6's) whose codes dequantize
+    nearest to the block (the least squared error of ``FP4_DIVISORS``' candidates, ties to amax / 6). ``grouped``:
+    the weight as (blocks, block length, columns), float64; ``plain``: each block's amax / 6."""
+    amax = plain.astype(np.float64) * 6.0
+    base = nvfp4_scales(plain)
+    g = nvfp4_global(base)
+    best, best_err = base, None
+    for divisor in FP4_DIVISORS:
+        cand = np.where(plain > 0, nvfp4_round(amax / divisor, g), base)
+        full = cand.astype(np.float64)[:, None]
+        q = (grouped / full).astype(np.float32)
+        codes = np.clip(q, -6, 6).astype(ml_dtypes.float4_e2m1fn).astype(np.float64)
+        err = ((codes * full - grouped) ** 2).sum(axis=1)
+        if best_err is None:
+            best, best_err = cand, err
+            continue
+        better = err < best_err
+        best, best_err = np.where(better, cand, best), np.where(better, err, best_err)
+    return best.astype(np.float32)
 
 #: FP8 E4M3's positive finite values, largest first (the block scale a global scale may map the largest to)
 FP8_VALUES = np.unique(np.arange(256, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32))

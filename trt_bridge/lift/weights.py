@@ -6,14 +6,23 @@ lowering)."""
 
 from __future__ import annotations
 
-import ml_dtypes
 import numpy as np
 import onnx_graphsurgeon as gs
 from onnx_graphsurgeon.ir.tensor import LazyValues
 
 from trt_bridge.annotations import QMAX, ScaleSource, Site, WeightSpec
 from trt_bridge.errors import InternalError, UnsupportedPatternError
-from trt_bridge.formats import FP4, FP8, INT4, INT8, QuantFormat, broadcast_param, numpy_code_format, nvfp4_scales
+from trt_bridge.formats import (
+    FP4,
+    FP8,
+    INT4,
+    INT8,
+    QuantFormat,
+    broadcast_param,
+    numpy_code_format,
+    nvfp4_fitted,
+    nvfp4_scales,
+)
 from trt_bridge.ir.store import release_weight
 from trt_bridge.ir.tensorrt_ops import output_channel_axis
 from trt_bridge.ir.values import FLOAT32_TINY, check_finite_weight
@@ -289,36 +298,10 @@ def quantize_blocks(values: np.ndarray, axis: int, block_size: int, ftype=np.flo
         return np.moveaxis(codes, 0, axis), np.moveaxis(scale, 0, axis)
     scale = _scale(amax, ftype, fmt)
     if fmt is FP4 and ftype == np.float32:  # NVFP4: FP8 block scales under a global one (lowered in two levels)
-        scale = _fp4_scale(grouped, scale) if search else nvfp4_scales(scale)
+        scale = nvfp4_fitted(grouped, scale) if search else nvfp4_scales(scale)
     moved = np.moveaxis(values, axis, 0)
     codes = fmt.codes(moved, broadcast_param(scale.astype(np.float64), moved.shape, 0, block_size))
     return np.moveaxis(codes, 0, axis), np.moveaxis(scale, 0, axis)
-
-
-#: the divisors of a block's amax tried for its FP4 scale (amax / 6 first: E2M1's largest value holds amax)
-FP4_DIVISORS = (6.0, 6.5, 7.0, 7.5, 8.0, 5.5)
-
-
-def _fp4_scale(grouped: np.ndarray, plain: np.ndarray) -> np.ndarray:
-    """Each FP4 block's NVFP4 scale (FP8 under the global scale of ``plain``, amax / 6's) whose codes dequantize
-    nearest to the block (the least squared error of ``FP4_DIVISORS``' candidates, ties to amax / 6)."""
-    amax = plain.astype(np.float64) * 6.0
-    base = nvfp4_scales(plain)
-    g = np.float32(base.max() / FP8.qmax) if base.size and base.max() > 0 else np.float32(1.0)
-    best, best_err = base, None
-    for divisor in FP4_DIVISORS:
-        s8 = np.maximum(amax / divisor / g, 2.0 ** -9).astype(np.float32).astype(ml_dtypes.float8_e4m3fn)
-        cand = np.where(plain > 0, (s8.astype(np.float32) * g).astype(np.float32), base)
-        full = cand.astype(np.float64)[:, None]
-        q = (grouped / full).astype(np.float32)
-        codes = np.clip(q, -6, 6).astype(ml_dtypes.float4_e2m1fn).astype(np.float64)
-        err = ((codes * full - grouped) ** 2).sum(axis=1)
-        if best_err is None:
-            best, best_err = cand, err
-            continue
-        better = err < best_err
-        best, best_err = np.where(better, cand, best), np.where(better, err, best_err)
-    return best.astype(np.float32)
 
 
 #: the lowest int4 code: a weight block may use it (a DequantizeLinear reads every int4 code; only activations
