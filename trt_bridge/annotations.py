@@ -119,10 +119,11 @@ class Annotations:
         return sorted(name for name, spec in self.activations.items() if spec.scale is None and not spec.runtime)
 
 
-def drop_layers(annotations: Annotations, layers) -> None:
-    """Remove every quantization site of ``layers`` (node names) in place: their inputs stay float."""
+def drop_layers(annotations: Annotations, layers, weights: bool = True) -> None:
+    """Remove every quantization site of ``layers`` (node names) in place: their inputs stay float (with ``weights``
+    False, their activations only: the layers become weight-only)."""
     layers = set(layers)
-    for table in (annotations.activations, annotations.weights):
+    for table in (annotations.activations, annotations.weights) if weights else (annotations.activations,):
         for name in list(table):
             spec = table[name]
             spec.sites = [s for s in spec.sites if s.node not in layers]

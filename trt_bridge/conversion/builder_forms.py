@@ -23,6 +23,7 @@ import numpy as np
 from trt_bridge.annotations import Annotations, drop_layers
 from trt_bridge.choices import compute_capability
 from trt_bridge.errors import UnsupportedPatternError
+from trt_bridge.lower.layer_precisions import kind_of_op
 from trt_bridge.place.formats import FormatChange, assign_formats
 from trt_bridge.tensorrt.target import BUILDERS, KIND_LABELS, runs_as
 
@@ -30,13 +31,6 @@ RTX = "tensorrt_rtx"
 #: a weight-only GEMM pays from this many weight elements: TensorRT-RTX's SM 8.9 engine of a 320-element INT8
 #: weight-only GEMM is 1.9 KB larger than in float (its dequantization), int8 saving 3 bytes an element
 MIN_WEIGHT_ONLY = 4096
-
-
-def layer_kind(op: str) -> str:
-    """The support matrix's kind of a weighted or quantized layer: ``convolution``, ``gemm`` or ``other``."""
-    if op in ("Conv", "ConvTranspose"):
-        return "convolution"
-    return "gemm" if op in ("MatMul", "Gemm") else "other"
 
 
 def asked_precision(node: str, annotations: Annotations) -> str | None:
@@ -68,7 +62,7 @@ def builder_forms(graph, annotations: Annotations, module: str | None, target: s
     to_float: list[str] = []
     for node in sites:
         precision = asked_precision(node, annotations)
-        kind = layer_kind(ops.get(node, ""))
+        kind = kind_of_op(ops.get(node, ""))
         if precision is None:
             continue
         runs, _, why = runs_as(module, precision, kind, compute)
@@ -82,7 +76,7 @@ def builder_forms(graph, annotations: Annotations, module: str | None, target: s
                 f"a weight under {MIN_WEIGHT_ONLY} elements saves less than its dequantization costs" if elements
                 else f"{BUILDERS[module]} runs INT8 only as weight-only GEMMs, and this one has no constant weight")))
         elif runs == "int8-w" and precision == "int8":
-            _weight_only(annotations, node)
+            drop_layers(annotations, [node], weights=False)  # INT8 weight-only: the activation read in float
             changes.append(FormatChange(node, "layer", "int8-w", precision,
                                         f"{label}s: {BUILDERS[module]}'s INT8 WoQ GEMM, the activation read in float"))
     drop_layers(annotations, to_float)
@@ -102,16 +96,6 @@ def _weight_elements(tensors: dict, annotations: Annotations, node: str) -> int:
     """The elements of the weights ``node`` reads (0 where their shapes are unknown)."""
     return sum(int(np.prod(tensors[name].shape)) for name, spec in annotations.weights.items()
                if any(s.node == node for s in spec.sites) and name in tensors and tensors[name].shape is not None)
-
-
-def _weight_only(annotations: Annotations, node: str) -> None:
-    """``node`` reads its activations in float; its weights keep their format (INT8 weight-only)."""
-    for name in list(annotations.activations):
-        spec = annotations.activations[name]
-        spec.sites = [s for s in spec.sites if s.node != node]
-        if not spec.sites:
-            del annotations.activations[name]
-
 
 
 def formats_for(graph, annotations: Annotations, options, approximate, where: str) -> list[FormatChange]:

@@ -67,11 +67,14 @@ def layer_precisions(model: onnx.ModelProto) -> dict:
 def op_kind(node: onnx.NodeProto) -> str:
     """What kind of layer a builder's support matrix lists ``node`` as: ``convolution``, ``gemm`` (MatMul, Gemm,
     MatMulNBits), ``plugin`` (trt-bridge's DynamicInt8Gemm, its own int8 kernel) or ``other``."""
-    if is_plugin_node(node):
-        return "plugin"
-    if node.op_type in ("Conv", "ConvTranspose"):
+    return "plugin" if is_plugin_node(node) else kind_of_op(node.op_type)
+
+
+def kind_of_op(op: str) -> str:
+    """The support matrix's kind of an op: ``convolution``, ``gemm`` (MatMul, Gemm, MatMulNBits) or ``other``."""
+    if op in ("Conv", "ConvTranspose"):
         return "convolution"
-    return "gemm" if node.op_type in ("MatMul", "Gemm", "MatMulNBits") else "other"
+    return "gemm" if op in ("MatMul", "Gemm", "MatMulNBits") else "other"
 
 
 def _precision(node: onnx.NodeProto, producer: dict, types: dict[str, int]) -> str | None:
