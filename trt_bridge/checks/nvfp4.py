@@ -7,7 +7,9 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
+from onnx_graphsurgeon.ir.tensor import LazyValues
 
+from trt_bridge.ir.deferred import tensor_array
 from trt_bridge.lift.scale_algebra import constant_values
 from trt_bridge.runtime.fp4_dynamic import OP as FP4_DYNAMIC
 
@@ -19,10 +21,19 @@ def two_level_values(tensor: gs.Tensor) -> np.ndarray | None:
     made = tensor.inputs[0] if values is None and getattr(tensor, "inputs", None) else None
     if made is None or made.op != "DequantizeLinear" or len(made.inputs) < 2:
         return values
-    codes, scale = constant_values(made.inputs[0]), constant_values(made.inputs[1])
+    codes, scale = _exact(made.inputs[0]), constant_values(made.inputs[1])
     if codes is None or scale is None:
         return None
     return codes.astype(np.float32) * scale.astype(np.float32)
+
+
+def _exact(tensor: gs.Tensor) -> np.ndarray | None:
+    """A constant's values in their own type (FP8 codes as ml_dtypes' float8, read from their TensorProto; through
+    onnx-graphsurgeon they are cast, with a warning for each), else :func:`constant_values`'."""
+    lazy = getattr(tensor, "_values", None) if isinstance(tensor, gs.Constant) else None
+    if isinstance(lazy, LazyValues):
+        return tensor_array(lazy.tensor)
+    return constant_values(tensor)
 
 
 def in_fp4_dynamic(node: gs.Node) -> bool:

@@ -25,9 +25,10 @@ from trt_bridge.ir.tensorrt_ops import (
     rtx_imports_contrib,
 )
 from trt_bridge.lift import leftover_blockers
-from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
+from trt_bridge.lift.scale_algebra import constant_values, is_constant, quantizer_zero_point
 from trt_bridge.plugins.registry import plugin_problem
 from trt_bridge.prepare.types import type_name
+from trt_bridge.runtime.fp4_dynamic import DOMAIN as TRT_DOMAIN
 from trt_bridge.tensorrt import import_tensorrt
 
 QDQ = ("QuantizeLinear", "DequantizeLinear")
@@ -146,7 +147,7 @@ class NoImporter:
     def find(self, node, graph, opset):
         if node.op in NO_IMPORTER:
             return _finding(self.name, node, f"TensorRT's ONNX parser has no importer for {node.op}")
-        if node.domain == "trt" and node.op == FP4_DYNAMIC:  # TensorRT's own op: an FP4 activation (targets')
+        if node.domain == TRT_DOMAIN and node.op == FP4_DYNAMIC:  # TensorRT's own op: an FP4 activation (targets')
             return None
         if (node.domain or "") not in ("", "ai.onnx") and not is_plugin_node(node):
             if node.domain == "com.microsoft" and (rtx_imports_contrib(node.op, _outputs(node))
@@ -352,11 +353,11 @@ def _is_weight(node: gs.Node) -> bool:
     """The Q/DQ quantizes a constant: its input is one, or (a DequantizeLinear) the output of a QuantizeLinear of
     one (AIMET's weight Q → DQ pairs)."""
     x = node.inputs[0]
-    if constant_values(x) is not None:
+    if is_constant(x):
         return True
     producer = x.inputs[0] if len(x.inputs) == 1 else None
     return node.op == "DequantizeLinear" and producer is not None and producer.op == "QuantizeLinear" \
-        and bool(producer.inputs) and constant_values(producer.inputs[0]) is not None
+        and bool(producer.inputs) and is_constant(producer.inputs[0])
 
 
 def _code_type(node: gs.Node, zp: np.ndarray | None) -> np.dtype | None:

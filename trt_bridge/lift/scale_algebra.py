@@ -62,6 +62,15 @@ def constant_values(tensor: gs.Tensor) -> np.ndarray | None:
     return None
 
 
+def is_constant(tensor: gs.Tensor) -> bool:
+    """Whether :func:`constant_values` has values for ``tensor``, without reading them (a weight's bytes, or FP8
+    codes onnx-graphsurgeon would cast with a warning)."""
+    if isinstance(tensor, gs.Constant):
+        return True
+    return len(tensor.inputs) == 1 and tensor.inputs[0].op == "Constant" and isinstance(
+        tensor.inputs[0].attrs.get("value"), gs.Constant)
+
+
 def dequantized(offset: np.ndarray, scale: np.ndarray) -> np.ndarray:
     """``(q − z)·s`` from ``offset`` = q − z and ``scale`` (broadcast against it), in float64. An Inf scale is what
     a quantizer writes for a constant that held ±Inf (onnxruntime's range is its min and max): every finite value
