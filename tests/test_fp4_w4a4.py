@@ -220,6 +220,7 @@ def test_fp8_nodes_and_the_accuracy_target_move_fp4_layers_to_fp8_first(encoder,
     assert any(c["reason"] == "--fp4 is for GEMMs: --fp8-nodes names its reader" for c in moved.values())
     counts = layer_precisions(onnx.load(str(tmp_path / "fp8nodes.onnx")))["counts"]
     assert counts["fp8"] >= 1 and counts["fp4"] < 12
+    assert report.check["ready"]  # built for SM 12.0 by convert's check
     with pytest.raises(OptionError, match="--fp8-nodes names the layers --fp4 writes in FP8"):
         FormatOptions(activations="fp8", fp8_nodes="x")
     eval_feeds = root / "eval.npz"
@@ -236,6 +237,9 @@ def test_fp8_nodes_and_the_accuracy_target_move_fp4_layers_to_fp8_first(encoder,
     counts = layer_precisions(onnx.load(str(out)))["counts"]
     assert counts["fp8"] >= 1 and counts["fp4"] >= 1  # some W4A4 kept, none of the moved layers in float
     assert snr_db(_run(src, held), _run(out, held)) >= target - 0.01
+    from trt_bridge.tensorrt.build import build_engine
+
+    assert len(build_engine(out, compute_capability="SM120")) > 0  # the probes ran without convert's check
 
 
 def test_fp4_weight_blocks_take_the_scale_that_fits_them_best():
