@@ -186,7 +186,7 @@ def nvfp4_round(scale, g: np.float32) -> np.ndarray:
     smallest subnormal's, never 0 (a zero scale would make its codes infinite). ``scale / g`` is taken in
     ``scale``'s own precision (float32, or float64 for a weight's candidate scales) before FP8's rounding."""
     tiny = np.float32(ml_dtypes.finfo(ml_dtypes.float8_e4m3fn).smallest_subnormal)
-    ratio = np.maximum(np.asarray(scale) / g, tiny).astype(np.float32)
+    ratio = np.clip(np.asarray(scale) / g, tiny, FP8.qmax).astype(np.float32)  # FP8 E4M3 has no infinity
     s8 = ratio.astype(ml_dtypes.float8_e4m3fn)
     return (s8.astype(np.float32) * g).astype(np.float32)
 
@@ -221,13 +221,14 @@ def nvfp4_split(scale: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
 FP4_DIVISORS = (6.0, 6.5, 7.0, 7.5, 8.0, 5.5)
 
 
-def nvfp4_fitted(grouped: np.ndarray, plain: np.ndarray) -> np.ndarray:
-    """Each FP4 block's NVFP4 scale (FP8 under the global scale of ``plain``, amax / 6's) whose codes dequantize
-    nearest to the block (the least squared error of ``FP4_DIVISORS``' candidates, ties to amax / 6). ``grouped``:
-    the weight as (blocks, block length, columns), float64; ``plain``: each block's amax / 6."""
+def nvfp4_fitted(grouped: np.ndarray, plain: np.ndarray, g: np.float32 | None = None) -> np.ndarray:
+    """Each FP4 block's NVFP4 scale (FP8 under the global scale ``g``, by default that of ``plain``, amax / 6's)
+    whose codes dequantize nearest to the block (the least squared error of ``FP4_DIVISORS``' candidates, ties to
+    amax / 6). ``grouped``: the weight as (blocks, block length, columns), float64; ``plain``: each block's
+    amax / 6."""
     amax = plain.astype(np.float64) * 6.0
-    base = nvfp4_scales(plain)
-    g = nvfp4_global(base)
+    base = nvfp4_scales(plain) if g is None else nvfp4_round(plain, g)
+    g = nvfp4_global(base) if g is None else g
     best, best_err = base, None
     for divisor in FP4_DIVISORS:
         cand = np.where(plain > 0, nvfp4_round(amax / divisor, g), base)

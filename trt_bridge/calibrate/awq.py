@@ -22,7 +22,7 @@ codes and block scales go into the weight annotations, which lowering writes as 
 
 Each layer's error is only a proxy for the model's: on a real DINOv2 ViT-S both steps lowered every layer's
 calibration error (2.4 dB on average) and together still cost 0.5 dB on held-out photographs, each alone gaining
-0.3-0.6 dB. So the whole model, rounded four ways (:data:`VARIANTS`) on all calibration feeds but the last few, is
+0.3-0.6 dB. So the whole model, rounded six ways (:data:`VARIANTS`) on all calibration feeds but the last few, is
 judged on those; the best is fitted again on every feed and written (a real MiniLM-L3 encoder: 14.5 dB plain, 17.3 dB
 AWQ; ModelOpt's int4 awq_clip 15.1 dB).
 """
@@ -38,9 +38,11 @@ import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import Annotations, WeightSpec
 from trt_bridge.calibrate.feeds import FeedSource
+from trt_bridge.calibrate.gptq import gptq_round
+from trt_bridge.calibrate.gram import GramObserver
 from trt_bridge.calibrate.session import CalibrationSession, HeldOut, bad_feed
 from trt_bridge.calibrate.smooth import MIN_ROWS, S_RANGE, divide_layer_norm, foldable_layer_norm, rescale_weights
-from trt_bridge.formats import INT4
+from trt_bridge.formats import FP4, INT4
 from trt_bridge.ir.names import NameAllocator
 from trt_bridge.ir.store import store_of
 from trt_bridge.ir.toposort import toposort
@@ -55,8 +57,11 @@ ALPHAS = tuple(round(0.1 * i, 1) for i in range(11))
 CLIPS = tuple(round(1.0 - 0.05 * i, 2) for i in range(11))
 #: inputs wider than this are left to plain rounding (their Gram matrix would take over 512 MB)
 MAX_CHANNELS = 8192
-#: what the held-out feeds choose among: scaling and clipping (AWQ), either alone, plain rounding; the first on ties
-VARIANTS = ("awq", "clip", "scale", "rtn")
+#: what the held-out feeds choose among: scaling and clipping (AWQ), either alone, plain rounding, GPTQ's error-
+#: compensating rounding (:mod:`trt_bridge.calibrate.gptq`) alone and after AWQ's scaling; the first on ties
+VARIANTS = ("awq", "clip", "scale", "rtn", "gptq", "scale-gptq")
+#: FP4 weights (--fp4: their activations are quantized too, so AWQ's scaling of x is not tried): plain rounding first
+FP4_VARIANTS = ("rtn", "gptq")
 #: how much better on the held-out feeds another variant must be than AWQ (or the one before it) to be chosen
 MARGIN_DB = 0.1
 #: the Gram matrices gathered in one pass over the feeds, in bytes (more inputs: more passes)
@@ -78,6 +83,7 @@ class Scaled:
     error: float  # the same as written
     variant: str = "awq"  # of VARIANTS: what the held-out feeds chose for the whole model
     held_out_db: dict | None = None  # variant → the model's SNR on the held-out feeds ({}: none held out)
+    format: str = "INT4"  # the weights' format: INT4, or FP4 (rounded plainly or by GPTQ only)
 
 
 @dataclass
@@ -87,61 +93,6 @@ class _Layer:
     weight: np.ndarray  # [K, N] float32: the reduction axis first
     transposed: bool  # the stored weight is [N, K] (Gemm with transB)
     ftype: type
-
-
-class GramObserver:
-    """``XᵀX`` and the mean of ``|x|`` per channel of the last axis, over every row seen (non-finite values as 0).
-    Rows are gathered up to ``BATCH_VALUES`` values first: one large product instead of a small one per feed."""
-
-    BATCH_VALUES = 1 << 21  # 8 MB of float32
-
-    def __init__(self) -> None:
-        self._gram: np.ndarray | None = None
-        self._abs_sum: np.ndarray | None = None
-        self._pending: list[np.ndarray] = []
-        self._pending_rows = 0
-        self.rows = 0
-
-    def update(self, values: np.ndarray) -> None:
-        v = np.asarray(values, np.float32)
-        v = v.reshape(-1, v.shape[-1])
-        if not np.isfinite(v).all():
-            v = np.where(np.isfinite(v), v, 0.0).astype(np.float32)
-        self._pending.append(v)
-        self._pending_rows += v.shape[0]
-        self.rows += v.shape[0]
-        if self._pending_rows * v.shape[1] >= self.BATCH_VALUES:
-            self._flush()
-
-    def _flush(self) -> None:
-        if not self._pending:
-            return
-        v = np.concatenate(self._pending)
-        self._pending, self._pending_rows = [], 0
-        gram, abs_sum = (v.T @ v).astype(np.float64), np.abs(v).sum(axis=0, dtype=np.float64)
-        if self._gram is None:
-            self._gram, self._abs_sum = gram, abs_sum
-        else:
-            self._gram += gram
-            self._abs_sum += abs_sum
-
-    def joined(self, other: GramObserver) -> GramObserver:
-        """This one with ``other``'s rows added (in place)."""
-        self._flush()
-        if other.gram is not None:
-            self._gram, self._abs_sum = self._gram + other.gram, self._abs_sum + other._abs_sum
-            self.rows += other.rows
-        return self
-
-    @property
-    def gram(self) -> np.ndarray | None:
-        self._flush()
-        return self._gram
-
-    @property
-    def mean_abs(self) -> np.ndarray:
-        self._flush()
-        return self._abs_sum / max(self.rows, 1)
 
 
 def groups(graph: gs.Graph, annotations: Annotations) -> dict[str, list[_Layer]]:
@@ -157,7 +108,7 @@ def groups(graph: gs.Graph, annotations: Annotations) -> dict[str, list[_Layer]]
             continue
         x, w = node.inputs[0], node.inputs[1]
         spec = annotations.weights.get(w.name)
-        if (spec is None or spec.format is not INT4 or spec.codes is not None or not spec.block_size
+        if (spec is None or spec.format not in (INT4, FP4) or spec.codes is not None or not spec.block_size
                 or not isinstance(w, gs.Constant) or len(w.shape) != 2 or readers.get(w.name) != 1
                 or isinstance(x, gs.Constant) or len(spec.sites) != 1):
             continue
@@ -177,9 +128,11 @@ def apply_awq(graph: gs.Graph, annotations: Annotations, lifted: onnx.ModelProto
     rows keep plain rounding; the last feeds (``HeldOut.size_for``) judge the variants (:func:`_judge`)."""
     found = groups(graph, annotations)
     known = {o for n in lifted.graph.node for o in n.output} | {i.name for i in lifted.graph.input}
-    found = {x: layers for x, layers in found.items() if x in known}
+    fmt = INT4 if any(layer.spec.format is INT4 for layers in found.values() for layer in layers) else FP4
+    found = {x: layers for x, layers in found.items() if x in known and all(lr.spec.format is fmt for lr in layers)}
     if not found:
         return []
+    variants = VARIANTS if fmt is INT4 else FP4_VARIANTS
     total = feeds.total
     # a model over 2 GB (its weights in a store) is not copied to be judged
     hold = HeldOut.size_for(total) if total is not None and total >= 8 and store_of(lifted) is None else 0
@@ -207,12 +160,12 @@ def apply_awq(graph: gs.Graph, annotations: Annotations, lifted: onnx.ModelProto
                     log.info("AWQ leaves %r to plain rounding: %d calibration row(s), fewer than %d", x, obs.rows,
                              MIN_ROWS)
                     continue
-                options[x], merged[x] = _variants(found[x], obs), obs.joined(held[x])
+                options[x], merged[x] = _variants(found[x], obs, variants), obs.joined(held[x])
     if not options:
         return []
-    scores = {v: _judge(graph, found, options, v, kept) for v in VARIANTS} if kept else {}
-    chosen = VARIANTS[0]
-    for variant in VARIANTS[1:] if scores else ():  # AWQ unless another variant is clearly better
+    scores = {v: _judge(graph, found, options, v, kept) for v in variants} if kept else {}
+    chosen = variants[0]
+    for variant in variants[1:] if scores else ():  # the first unless another variant is clearly better
         if scores[variant] > scores[chosen] + MARGIN_DB:
             chosen = variant
     log.info("AWQ: held-out SNR by variant %s; chose %s", {k: round(v, 2) for k, v in scores.items()}, chosen)
@@ -291,10 +244,15 @@ def search_clip(gram: np.ndarray, scaled: np.ndarray, block: int, ftype) -> np.n
 def _variants(layers: list[_Layer], obs: GramObserver, variants: tuple[str, ...] = VARIANTS) -> dict[str, tuple]:
     """Per variant of :data:`VARIANTS`: (α, s, [(codes, scales) per layer as stored], mean clip factor, error, plain
     rounding's error)."""
-    alpha, s_best, rtn, _ = search_alpha(obs.gram.astype(np.float32), obs.mean_abs, layers)
+    fmt = layers[0].spec.format
+    if fmt is INT4:
+        alpha, s_best, rtn, _ = search_alpha(obs.gram.astype(np.float32), obs.mean_abs, layers)
+    else:  # FP4: x keeps its values (its FP4 quantization takes them as they are)
+        alpha, s_best, rtn = 0.0, np.ones(obs.gram.shape[0]), None
+        variants = tuple(dict.fromkeys(("rtn", *variants)))  # its error is the record's rtn_error
     found = {}
     for variant in variants:
-        scaled_too, clipped_too = variant in ("awq", "scale"), variant in ("awq", "clip")
+        scaled_too, clipped_too = variant in ("awq", "scale", "scale-gptq"), variant in ("awq", "clip")
         a, s = (alpha, s_best) if scaled_too and alpha else (0.0, np.ones_like(s_best))
         gram = (obs.gram / np.outer(s, s)).astype(np.float32)  # of x/s
         quantized, clips, error = [], [], 0.0
@@ -304,14 +262,20 @@ def _variants(layers: list[_Layer], obs: GramObserver, variants: tuple[str, ...]
             chosen = search_clip(gram, scaled, block, layer.ftype) if clipped_too else np.ones((1, 1))
             limit = np.repeat(chosen * np.abs(_blocks(scaled, block)).max(axis=1), block, axis=0)[:scaled.shape[0]]
             clipped = np.clip(scaled, -limit, limit)
-            codes, scale = quantize_blocks(clipped.T if layer.transposed else clipped,  # clipped: ranged already
-                                           block_axis(layer.spec.axis, 2), block, layer.ftype, INT4,
-                                           search=not clipped_too)
+            got = gptq_round(scaled, gram, block, layer.ftype, fmt) if variant.endswith("gptq") else None
+            if got is not None:  # GPTQ rounds [K, N]
+                codes, scale = (got[0].T, got[1].T) if layer.transposed else got
+            else:
+                codes, scale = quantize_blocks(clipped.T if layer.transposed else clipped,  # clipped: ranged already
+                                               block_axis(layer.spec.axis, 2), block, layer.ftype, fmt,
+                                               search=not clipped_too)
             deq = dequantize(codes, scale, block_axis(layer.spec.axis, 2), block)
             error += _error(gram, scaled - (deq.T if layer.transposed else deq))
             quantized.append((codes, scale))
             clips.append(float(chosen.mean()))
         found[variant] = (a, s, quantized, float(np.mean(clips)), error, rtn)
+    if rtn is None:  # FP4: plain rounding's error is its variant's
+        found = {v: (*got[:5], found["rtn"][4]) for v, got in found.items()}
     return found
 
 
@@ -372,7 +336,7 @@ def _commit(graph: gs.Graph, annotations: Annotations, x: gs.Tensor, layers: lis
         spec.codes, spec.scale = codes, scale
     return Scaled(x.name, tuple(n.name for n in nodes), alpha, through, applied_by, float(s.max() / s.min()),
                   round(clip, 3), float(rtn), float(error), variant,
-                  {k: round(v, 2) for k, v in scores.items()})
+                  {k: round(v, 2) for k, v in scores.items()}, layers[0].spec.format.label)
 
 
 def _blocks(w: np.ndarray, block: int) -> np.ndarray:

@@ -36,7 +36,7 @@ class ConversionReport:
     remaining_blockers: list[str] = field(default_factory=list)
     recentered: list[dict] = field(default_factory=list)  # recenter.Recentered as dicts
     smoothed: list[dict] = field(default_factory=list)  # smooth.Smoothed as dicts
-    awq: list[dict] = field(default_factory=list)  # calibrate.awq.Scaled as dicts: INT4 weights' AWQ rounding
+    awq: list[dict] = field(default_factory=list)  # calibrate.awq.Scaled as dicts: INT4/FP4 weights' rounding
     split_outliers: list[dict] = field(default_factory=list)  # outliers.Split as dicts
     given_back: dict | None = None  # give_back.GiveBack as a dict (auto only): the layers left in float, and why
     bias_corrected: dict | None = None  # bias_correction.BiasCorrection as a dict (auto only): how many, and why
@@ -125,7 +125,8 @@ class ConversionReport:
                          f"LayerNormalization, {by_mul} through a Mul)")
         if self.awq:
             alphas = ", ".join(f"{a:.1f}" for a in sorted({x["alpha"] for x in self.awq}))
-            lines.append(f"  AWQ: the INT4 weights of {sum(len(x['layers']) for x in self.awq)} layer(s) reading "
+            layers, fmt = sum(len(x['layers']) for x in self.awq), self.awq[0].get('format', 'INT4')
+            lines.append(f"  AWQ: the {fmt} weights of {layers} layer(s) reading "
                          f"{len(self.awq)} input(s) rounded '{self.awq[0]['variant']}' (held-out SNR by variant: "
                          f"{self.awq[0]['held_out_db'] or 'none held out'}; alpha {alphas}; "
                          f"{sum(1 for x in self.awq if x['through'] == 'Mul')} through a Mul)")

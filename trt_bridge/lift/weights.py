@@ -293,8 +293,7 @@ def quantize_blocks(values: np.ndarray, axis: int, block_size: int, ftype=np.flo
     if fmt is INT4 and search:
         scale = _int4_scale(grouped, amax, ftype)
         moved = np.moveaxis(values, axis, 0)
-        codes = np.clip(np.rint(np.asarray(moved, np.float64) / broadcast_param(
-            scale.astype(np.float64), moved.shape, 0, block_size)), INT4_LOWEST, INT4.qmax).astype(INT4.dtype)
+        codes = block_codes(moved, broadcast_param(scale.astype(np.float64), moved.shape, 0, block_size), INT4)
         return np.moveaxis(codes, 0, axis), np.moveaxis(scale, 0, axis)
     scale = _scale(amax, ftype, fmt)
     if fmt is FP4 and ftype == np.float32:  # NVFP4: FP8 block scales under a global one (lowered in two levels)
@@ -302,6 +301,23 @@ def quantize_blocks(values: np.ndarray, axis: int, block_size: int, ftype=np.flo
     moved = np.moveaxis(values, axis, 0)
     codes = fmt.codes(moved, broadcast_param(scale.astype(np.float64), moved.shape, 0, block_size))
     return np.moveaxis(codes, 0, axis), np.moveaxis(scale, 0, axis)
+
+
+def fp4_block_scales(values: np.ndarray, block_size: int) -> np.ndarray:
+    """Plain FP4 block scales (amax / 6, float32) of ``values`` [K, N] in blocks of ``block_size`` rows: [blocks, N]."""
+    blocks = -(-values.shape[0] // block_size)
+    padded = np.zeros((blocks * block_size, *values.shape[1:]))
+    padded[:values.shape[0]] = values
+    return _scale(np.abs(padded.reshape(blocks, block_size, *values.shape[1:])).max(axis=1), np.float32, FP4)
+
+
+def block_codes(values: np.ndarray, scale: np.ndarray, fmt: QuantFormat) -> np.ndarray:
+    """The codes of weight ``values`` at ``scale`` (broadcast to them): INT4 over [-8, 7] (:data:`INT4_LOWEST`),
+    other formats as ``fmt`` writes them."""
+    if fmt is not INT4:
+        return fmt.codes(values, scale)
+    return np.clip(np.rint(np.asarray(values, np.float64) / np.asarray(scale, np.float64)), INT4_LOWEST,
+                   INT4.qmax).astype(INT4.dtype)
 
 
 #: the lowest int4 code: a weight block may use it (a DequantizeLinear reads every int4 code; only activations
