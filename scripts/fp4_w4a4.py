@@ -5,7 +5,9 @@
 For each float model (the sample transformer blocks, the corpus's BERT exports in tests/data/corpus/float): the
 four conversions calibrated on the same feeds, their SNR against the float model on held-out feeds (onnxruntime; the
 FP4 activations through trt-bridge's exact emulation of TensorRT's dynamic FP4 quantization), and the engine size
-and activation memory TensorRT-RTX reports for an ahead-of-time SM 12.0 build. Prints a markdown table.
+and activation memory TensorRT-RTX reports for an ahead-of-time SM 12.0 build. Then ``--fp4 --accuracy-target``
+at ``--fp8``'s SNR less 6 dB (the held-out feeds as evaluation data): the layers it moves to FP8 to get there
+(``fp4/fp8`` in the form column counts the GEMMs of each). Prints a markdown table.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import onnx
 from trt_bridge import samples
 from trt_bridge.choices import FormatOptions
 from trt_bridge.conversion import convert
+from trt_bridge.conversion.accuracy import convert_to_target
 from trt_bridge.conversion.options import CalibrationOptions, ConvertOptions
+from trt_bridge.lower.layer_precisions import layer_precisions
 from trt_bridge.runtime.session import session
 from trt_bridge.verification.metrics import snr_db
 
@@ -56,6 +60,7 @@ def main(out: Path) -> None:
     print("|---|---|---|---|---|---|")
     for name, src, calib, held in models(out):
         reference = outputs(src, held)
+        scores = {}
         for flag, formats in FORMS.items():
             target = out / f"{name}{flag.replace('--', '.')}.onnx"
             options = ConvertOptions(calibration=CalibrationOptions(data=str(calib)), progress=False,
@@ -65,7 +70,7 @@ def main(out: Path) -> None:
             except Exception as error:  # noqa: BLE001 - a failure is a row
                 print(f"| {name} | {flag} | failed: {str(error).splitlines()[0][:120]} | | | |")
                 continue
-            db = snr_db(np.concatenate(reference), np.concatenate(outputs(target, held)))
+            db = scores[flag] = snr_db(np.concatenate(reference), np.concatenate(outputs(target, held)))
             costs = report.costs or {}
             mine, ref = costs.get("output") or {}, costs.get("float") or {}
 
@@ -73,6 +78,22 @@ def main(out: Path) -> None:
                 return f"{value / 2**20:.2f}" if value else "?"
             print(f"| {name} | {flag} | {db:.2f} | {mib(mine.get('engine_bytes'))} | "
                   f"{mib(mine.get('activation_bytes'))} | {mib(ref.get('engine_bytes'))} |", flush=True)
+        if "--fp8" in scores:
+            target_row(out, name, src, calib, held, reference, scores["--fp8"] - 6.0)
+
+
+def target_row(out: Path, name: str, src: Path, calib: Path, held, reference, target_db: float) -> None:
+    """``--fp4 --accuracy-target target_db`` measured on the held-out feeds: one row."""
+    eval_data = out / f"{name}.eval.npz"
+    np.savez(eval_data, **{k: np.stack([f[k] for f in held]) for k in held[0]})
+    target = out / f"{name}.fp4-target.onnx"
+    options = ConvertOptions(calibration=CalibrationOptions(data=str(calib)), progress=False, check=False,
+                             formats=FormatOptions(compute_capability="12.0", activations="fp4"))
+    convert_to_target(src, target, options, target_db, eval_data=str(eval_data))
+    counts = layer_precisions(onnx.load(str(target)))["counts"]
+    db = snr_db(np.concatenate(reference), np.concatenate(outputs(target, held)))
+    print(f"| {name} | --fp4 --accuracy-target {target_db:.2f} ({counts.get('fp4', 0)}/{counts.get('fp8', 0)}) | "
+          f"{db:.2f} | | | |", flush=True)
 
 
 if __name__ == "__main__":
