@@ -69,9 +69,10 @@ def _params(node: gs.Node) -> tuple[np.ndarray | None, np.ndarray | None, int, i
 
 
 def _same(a: tuple, b: tuple) -> bool:
+    """Whether two nodes' (scale, zero point, axis, block size) quantize alike (a per-tensor scale's axis aside)."""
     return all(x is not None and y is not None and np.shape(x) == np.shape(y)
                and np.array_equal(np.asarray(x, np.float32), np.asarray(y, np.float32)) for x, y in zip(a[:2], b[:2])) \
-        and a[2:] == b[2:]
+        and (a[3] == b[3] and (not a[3] or a[2] == b[2]))
 
 
 class Fp4ActivationQdq:
