@@ -18,13 +18,13 @@ import ml_dtypes
 import numpy as np
 import onnx
 import pytest
-from helpers import assert_tensorrt_ready, run_ort, save, snr_db
+from helpers import assert_tensorrt_ready, op_types, run_ort, save, snr_db
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
 from trt_bridge.conversion import convert
 from trt_bridge.conversion.options import ConvertOptions, FormatOptions
-from trt_bridge.errors import TrtBridgeError, UnsupportedPatternError
+from trt_bridge.errors import TrtBridgeError
 
 K, N, BLOCK = 64, 32, 16
 FP4_VALUES = np.array([-6, -4, -3, -2, -1.5, -1, -0.5, 0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float32)
@@ -187,13 +187,15 @@ def test_fp4_below_blackwell_target_is_approximated(tmp_path):
     assert report.check["ready"]
 
 
-def test_fp4_activations_are_refused_with_a_clear_message(tmp_path):
+def test_fp4_qdq_activations_are_converted(tmp_path):
+    """An FP4 Q/DQ of an activation (test_fp8's model: per tensor, its weight FP4 per tensor) is lifted
+    (lift/fp4_activation_qdq.py): TensorRT's dynamic FP4 for 12.0, reported in ``approximated``."""
     from test_fp8 import fp4_model
 
     src = save(fp4_model(), tmp_path / "fp4_act.onnx")
-    with pytest.raises(UnsupportedPatternError,
-                       match="FP4 weights and TensorRT.s dynamic FP4 activations .* but not FP4 Q/DQ of activations"):
-        convert(src, tmp_path / "out.onnx", ConvertOptions(formats=FormatOptions(compute_capability="12.0")))
+    report = convert(src, tmp_path / "out.onnx", ConvertOptions(formats=FormatOptions(compute_capability="12.0")))
+    assert "TRT_FP4DynamicQuantize" in op_types(tmp_path / "out.onnx") and report.check["ready"]
+    assert [a["node"] for a in report.approximated if a["rule"] == "fp4-activation-qdq"] == ["x_q"]
 
 
 def test_compute_capability_option(tmp_path):

@@ -57,6 +57,7 @@ class ActivationSpec:
     #: the format the output quantizes it in (the source's where TensorRT runs it; placement may change it)
     format: QuantFormat = INT8
     placed: bool = False  # added by placement (the source did not quantize it)
+    lifted_by: str = ""  # the lift rule that wrote a source's FP4 activation (its approximations are reported by it)
 
 
 @dataclass

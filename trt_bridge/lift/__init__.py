@@ -22,6 +22,7 @@ from trt_bridge.lift.dynamic_integer import DynamicIntegerOp
 from trt_bridge.lift.dynamic_lstm import DynamicQuantizeLSTM
 from trt_bridge.lift.dynamic_passthrough import DynamicPassThrough
 from trt_bridge.lift.embed_layer_norm import OrtEmbedLayerNorm
+from trt_bridge.lift.fp4_activation_qdq import Fp4ActivationQdq
 from trt_bridge.lift.fp4_dynamic import Fp4DynamicActivation
 from trt_bridge.lift.fused_dynamic_matmul import FusedDynamicMatMul
 from trt_bridge.lift.fused_matmul import FusedMatMul
@@ -44,7 +45,8 @@ from trt_bridge.lift.scale_through_movement import ScaleThroughMovement
 #: onnxruntime's fused attention and embedding ops (and the decoder attention of onnxruntime-genai)
 #: (the attention first: it reads the embedding's mask index), integer pass-through ops likewise, then the
 #: dynamically quantized codes that are only moved and dequantized again, quantized tables read
-#: through Gather (embeddings), every DQ of a constant and every activation Q→DQ pair is lifted,
+#: through Gather (embeddings), every DQ of a constant, FP4 Q→DQ pairs of activations (annotated FP4 like
+#: TensorRT's dynamic FP4 before them) and every other activation Q→DQ pair is lifted,
 #: AMD Quark's block formats (BFP16, MX) become float tensors to calibrate or re-quantize, a scale
 #: quantized in front of data-movement ops is carried through them to the op they feed, and last a bias
 #: Add left after a lifted Conv is folded into it.
@@ -54,7 +56,7 @@ LIFT_RULES: tuple[LiftRule, ...] = (
     GroupQueryAttention(), OrtRotaryEmbedding(),
     QEmbedLayerNorm(), OrtEmbedLayerNorm(),
     IntegerPassThrough(), DynamicPassThrough(), Fp4DynamicActivation(), DequantizeGathered(), DequantizeConstant(),
-    QDQPair(),
+    Fp4ActivationQdq(), QDQPair(),
     BlockQuantizeDequantize(), ScaleThroughMovement(), FoldConvBias(),
 )
 

@@ -45,8 +45,9 @@ import numpy as np
 import onnx_graphsurgeon as gs
 
 from trt_bridge.annotations import QMAX, ScaleSource, Site
-from trt_bridge.formats import INT4, INT8, code_limits, numpy_code_format
+from trt_bridge.formats import FP4, INT4, INT8, code_limits, numpy_code_format
 from trt_bridge.lift.base import NOT_MINE, LiftContext
+from trt_bridge.lift.fp4_activation_qdq import RULE as FP4_QDQ
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
 
 
@@ -173,6 +174,8 @@ class QDQPair:
             return
         if spec is not None and spec.origin == node.name:
             spec.format = fmt
+            if fmt is FP4:  # an FP4 pair lift/fp4_activation_qdq declined (another reader): reported as those are
+                spec.lifted_by = FP4_QDQ
         if spec is not None and spec.source is ScaleSource.MODEL:
             if spec.model_range is None:
                 spec.model_range = (lo, hi)

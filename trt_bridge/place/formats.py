@@ -23,10 +23,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trt_bridge.annotations import Annotations, ScaleSource, Site, WeightSpec
+from trt_bridge.annotations import QMAX, Annotations, ScaleSource, Site, WeightSpec
 from trt_bridge.choices import FormatOptions, PlacementOptions, PlacementPolicy, compute_capability
 from trt_bridge.errors import UnsupportedPatternError
 from trt_bridge.formats import FORMATS, FP4, FP8, INT4, INT8, QuantFormat
+from trt_bridge.lift.fp4_activation_qdq import RULE as FP4_QDQ
 from trt_bridge.lift.weights import block_axis, weight_axis
 from trt_bridge.place.fp4 import fp4_activations
 from trt_bridge.place.policies import excluder
@@ -70,6 +71,8 @@ def assign_formats(graph: gs.Graph, annotations: Annotations, options: FormatOpt
     if act is FP4:  # NVFP4 where TensorRT's FP4 GEMMs take the activation, FP8 elsewhere
         was = {name: spec.format for name, spec in annotations.activations.items()}
         fp8 = fp4_activations(graph, annotations, options.fp8_nodes)
+        if not options.activations:
+            _report_static_fp4(annotations, fp8, approximate)
         asked = "--fp4" if options.activations else "the source's FP4"
         changes += [FormatChange(name, "activation", spec.format.name, was[name].name,
                                  f"{asked} is for GEMMs: {fp8[name]}" if name in fp8 else asked)
@@ -147,9 +150,26 @@ def _fp4_source(annotations: Annotations, target: str | None, approximate) -> Qu
     why = "no --compute-capability was given" if target is None else f"compute capability {target} runs no FP4"
     for spec in annotations.activations.values():
         if spec.format is FP4 and approximate is not None:
-            approximate("fp4-dynamic-activation", spec.origin, f"FP4 activation '{spec.tensor}' written in "
-                        f"{nearest.label} ({why}; --compute-capability 10.0 or 12.0 keeps it FP4)")
+            approximate(spec.lifted_by or "fp4-dynamic-activation", spec.origin,
+                        f"FP4 activation '{spec.tensor}' written in {nearest.label} ({why}; --compute-capability 10.0 "
+                        "or 12.0 keeps it FP4)")
     return nearest
+
+
+def _report_static_fp4(annotations: Annotations, fp8: dict[str, str], approximate) -> None:
+    """Report each FP4 Q/DQ activation with a static scale (:mod:`trt_bridge.lift.fp4_activation_qdq`) that an FP4
+    target writes otherwise: TensorRT's dynamic FP4 (per-inference block scales under the global scale of the
+    source's range), or FP8 where the reader is not an FP4 GEMM."""
+    for spec in annotations.activations.values():
+        if spec.lifted_by != FP4_QDQ or approximate is None:
+            continue
+        amax = float(spec.scale or 0.0) * QMAX
+        what = (f"FP4 activation '{spec.tensor}' (static scale) written in FP8 over its range ±{amax:.4g}: "
+                f"{fp8[spec.tensor]}" if spec.tensor in fp8 else
+                f"FP4 activation '{spec.tensor}' (static scale) written as TensorRT's dynamic FP4: blocks of "
+                f"{FP4.block_size} scaled in every inference under the global scale of its range ±{amax:.4g} "
+                "(more accurate than the source's static scale)")
+        approximate(FP4_QDQ, spec.origin, what)
 
 
 def _int4_codes_as_blocks(spec: WeightSpec, block_size: int) -> bool:
