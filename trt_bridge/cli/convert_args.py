@@ -206,7 +206,9 @@ class ActivationArgs:
                            help="static (default): calibrated INT8 Q/DQ that TensorRT fuses into its own layers; "
                                 "dynamic: a dynamically quantized source's MatMuls (or a float model's) become "
                                 "trt-bridge's DynamicInt8Gemm plugin, which computes the activation scale per "
-                                "inference (no calibration data; engines need the plugin where they run)")
+                                "inference (no calibration data; engines need the plugin where they run); with "
+                                "--compute-capability 10.0+ also TensorRT's own dynamic FP4 (no plugin), measured "
+                                "beside it, the more accurate written")
         group.add_argument("--dynamic-granularity", choices=DYNAMIC_GRANULARITIES, default="tensor",
                            help="with --activations dynamic: one scale per tensor, the source's exact math "
                                 "(default), or one per token (row), usually more accurate")

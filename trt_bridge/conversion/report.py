@@ -58,6 +58,8 @@ class ConversionReport:
     precision: dict | None = None  # layers by the precision TensorRT runs them in; --high-precision's fp32 keeps
     #: --activations dynamic: the MatMuls now trt-bridge's DynamicInt8Gemm plugin (name, version, granularity, layers)
     plugin: dict | None = None
+    #: --activations dynamic for 10.0+: the plugin or TensorRT's dynamic FP4, both scores (dynamic_form.DynamicForm)
+    dynamic_form: dict | None = None
     #: If branches and Loop/Scan bodies quantized as graphs of their own (convert.bodies): how many, the nodes of
     #: other ops whose bodies stay float, and the body sites left float with their reasons (None: no control flow)
     control_flow: dict | None = None
@@ -202,6 +204,8 @@ class ConversionReport:
             lines.append(f"  {view['line']}")
             if view["alternatives"]:  # TensorRT-RTX runs W8A8 INT8 in float or weight-only: a warning, not a refusal
                 lines.append(f"  warning: {view['alternatives']}")
+        if self.dynamic_form is not None:
+            lines.append(f"  dynamic activations: {self.dynamic_form['chosen']} ({self.dynamic_form['reason']})")
         if self.accuracy is not None:
             lines.append(f"  {self.accuracy['summary']}")
             for probe in self.accuracy["probes"]:
