@@ -21,11 +21,10 @@ from trt_bridge.cli.convert_args import (  # add_parser: as trt_bridge.api build
     TARGET,
     add_parser,  # noqa: F401
 )
-from trt_bridge.conversion import dynamic_form
 from trt_bridge.conversion.accuracy import convert_to_target
+from trt_bridge.conversion.dynamic_form import convert_as_asked
 from trt_bridge.conversion.options import ConvertOptions
 from trt_bridge.conversion.paths import input_files
-from trt_bridge.conversion.pipeline import convert
 from trt_bridge.conversion.report import ConversionReport
 from trt_bridge.ir.commit import Outputs
 
@@ -62,10 +61,8 @@ def execute(args: argparse.Namespace) -> ConversionReport:
             report, result = convert_to_target(args.model, output, options, target.target, target.data,
                                                target.random, target.metric, outputs=outputs)
             report.accuracy = {**asdict(result), "summary": result.summary()}
-        elif dynamic_form.applies(options):  # the plugin or TensorRT's dynamic FP4, the more accurate
-            report = dynamic_form.convert_dynamic(args.model, output, options, outputs)
-        else:
-            report = convert(args.model, output, options, outputs)
+        else:  # with --activations dynamic on 10.0+: the plugin or TensorRT's dynamic FP4, the more accurate
+            report = convert_as_asked(args.model, output, options, outputs)
         for report_path in report_paths:
             outputs.stage_text(report_path, report.to_json() + "\n", "report")
         outputs.commit()

@@ -99,3 +99,9 @@ def convert_dynamic(model_path: str | Path, output_path: str | Path, options: Co
     report.dynamic_form = DynamicForm(chosen, scores, f"calibration data {data}" if data else
                                       f"{DEFAULT_RANDOM_FEEDS} random feeds", reason).to_dict()
     return report
+
+
+def convert_as_asked(model_path: str | Path, output_path: str | Path, options: ConvertOptions,
+                     outputs: Outputs | None = None) -> ConversionReport:
+    """:func:`convert_dynamic` where it :func:`applies`, else the plain conversion (``convert`` and ``pipeline``)."""
+    return (convert_dynamic if applies(options) else convert)(model_path, output_path, options, outputs)

@@ -20,7 +20,7 @@ from pathlib import Path
 from trt_bridge import __version__
 from trt_bridge.bench import BenchOptions, bench
 from trt_bridge.checks import CheckOptions, check_model
-from trt_bridge.conversion.pipeline import convert
+from trt_bridge.conversion.dynamic_form import convert_as_asked
 from trt_bridge.errors import MissingDependencyError, TrtBridgeError
 from trt_bridge.ir.files import external_data_files, inside_folder, same_file, write_text_atomic
 from trt_bridge.manifest.report import PipelineReport, Status, StepResult
@@ -217,7 +217,8 @@ class _ModelRun:
     # -- model steps -----------------------------------------------------------------------------
 
     def _convert(self):
-        report = convert(self.model.source, self.converted, replace(self.model.convert, progress=False, check=False))
+        report = convert_as_asked(self.model.source, self.converted, replace(self.model.convert, progress=False,
+                                                                               check=False))
         report_path = self.folder / "convert.json"
         write_text_atomic(report_path, report.to_json() + "\n")
         quantized = len(report.quantized)
