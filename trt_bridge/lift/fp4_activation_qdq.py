@@ -27,9 +27,10 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from trt_bridge.annotations import QMAX, ScaleSource, Site
+from trt_bridge.annotations import QMAX
 from trt_bridge.formats import FP4
 from trt_bridge.lift.base import NOT_MINE, LiftContext
+from trt_bridge.lift.fp4_dynamic import read_as_float
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
 
 RULE = "fp4-activation-qdq"
@@ -101,20 +102,9 @@ class Fp4ActivationQdq:
         return Fp4QdqMatch(node, x, tuple(readers), float(np.max(params[0])) * FP4.qmax / QMAX)
 
     def rewrite(self, ctx: LiftContext, match: Fp4QdqMatch) -> None:
-        x = match.x
-        for dq in match.dequantized:
-            out = dq.outputs[0]
-            for consumer in list(out.outputs):
-                for index, inp in enumerate(consumer.inputs):
-                    if inp is out:
-                        consumer.inputs[index] = x
-                        ctx.annotations.add_activation(x.name, Site(consumer.name, index), match.node.name,
-                                                       match.scale, ScaleSource.MODEL)
-            if any(graph_out is out for graph_out in ctx.graph.outputs):
-                ctx.graph.nodes.append(gs.Node("Identity", ctx.names(f"{dq.name}_float"), {}, [x], [out]))
-        spec = ctx.annotations.activations.get(x.name)
+        spec = read_as_float(ctx, match.x, match.dequantized, match.node.name, match.scale)
         if spec is not None:
-            spec.format, spec.lifted_by = FP4, RULE
+            spec.lifted_by = RULE
         for node in (match.node, *match.dequantized):  # out of the graph: the Q/DQ rules after this one see neither
             node.inputs.clear()
             node.outputs.clear()

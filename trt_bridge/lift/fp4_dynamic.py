@@ -69,18 +69,27 @@ class Fp4DynamicActivation:
                                float(g.reshape(-1)[0]) * FP4.qmax * FP8.qmax / QMAX)
 
     def rewrite(self, ctx: LiftContext, match: Fp4DynamicMatch) -> None:
-        x = match.x
+        read_as_float(ctx, match.x, match.dequantized, match.node.name, match.scale)
         for dq in match.dequantized:
-            out = dq.outputs[0]
-            for consumer in list(out.outputs):
-                for index, inp in enumerate(consumer.inputs):
-                    if inp is out:
-                        consumer.inputs[index] = x
-                        ctx.annotations.add_activation(x.name, Site(consumer.name, index), match.node.name,
-                                                       match.scale, ScaleSource.MODEL)
-            if any(graph_out is out for graph_out in ctx.graph.outputs):
-                ctx.graph.nodes.append(gs.Node("Identity", ctx.names(f"{dq.name}_float"), {}, [x], [out]))
             dq.outputs.clear()
-        if x.name in ctx.annotations.activations:
-            ctx.annotations.activations[x.name].format = FP4
         match.node.outputs.clear()
+
+
+def read_as_float(ctx: LiftContext, x: gs.Tensor, dequantized, origin: str, scale: float):
+    """Every reader of the ``dequantized`` nodes' outputs reads ``x`` instead, annotated an FP4 activation of
+    ``scale`` (INT8 units) quantized by ``origin``; a graph output among them is kept by an Identity of ``x``.
+    Returns ``x``'s activation spec (None when nothing reads it)."""
+    for dq in dequantized:
+        out = dq.outputs[0]
+        for consumer in list(out.outputs):
+            for index, inp in enumerate(consumer.inputs):
+                if inp is out:
+                    consumer.inputs[index] = x
+                    ctx.annotations.add_activation(x.name, Site(consumer.name, index), origin, scale,
+                                                   ScaleSource.MODEL)
+        if any(graph_out is out for graph_out in ctx.graph.outputs):
+            ctx.graph.nodes.append(gs.Node("Identity", ctx.names(f"{dq.name}_float"), {}, [x], [out]))
+    spec = ctx.annotations.activations.get(x.name)
+    if spec is not None:
+        spec.format = FP4
+    return spec
