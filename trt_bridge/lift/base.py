@@ -11,7 +11,7 @@ from typing import Protocol, TypeVar
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trt_bridge.annotations import Annotations
+from trt_bridge.annotations import Annotations, Site
 from trt_bridge.ir.derived import DerivedValues
 from trt_bridge.ir.names import NameAllocator
 
@@ -133,3 +133,20 @@ class LiftRule(Protocol[M]):
     def match(self, ctx: LiftContext, node: gs.Node) -> M | str: ...
 
     def rewrite(self, ctx: LiftContext, match: M) -> None: ...
+
+
+def read_float(ctx: LiftContext, dqs: list[gs.Node], x: gs.Tensor) -> list[Site]:
+    """Rewire every reader of the ``dqs``' outputs to the float ``x``; the edges rewired."""
+    graph_outputs = {id(t) for t in ctx.graph.outputs}
+    sites = []
+    for dq in dqs:
+        out = dq.outputs[0]
+        for consumer in list(out.outputs):
+            for index, tensor in enumerate(consumer.inputs):
+                if tensor is out:
+                    consumer.inputs[index] = x
+                    sites.append(Site(consumer.name, index))
+        if id(out) in graph_outputs:  # keep the output's name: Identity from the float tensor
+            out.inputs.clear()
+            ctx.graph.nodes.append(gs.Node("Identity", ctx.names(f"{dq.name}/float"), {}, [x], [out]))
+    return sites

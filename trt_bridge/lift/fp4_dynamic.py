@@ -23,9 +23,9 @@ import numpy as np
 import onnx
 import onnx_graphsurgeon as gs
 
-from trt_bridge.annotations import QMAX, ScaleSource, Site
+from trt_bridge.annotations import QMAX, ScaleSource
 from trt_bridge.formats import FP4, FP8
-from trt_bridge.lift.base import NOT_MINE, LiftContext
+from trt_bridge.lift.base import NOT_MINE, LiftContext, read_float
 from trt_bridge.lift.scale_algebra import constant_values
 from trt_bridge.runtime.fp4_dynamic import BLOCK, DOMAIN, OP
 
@@ -79,16 +79,8 @@ def read_as_float(ctx: LiftContext, x: gs.Tensor, dequantized, origin: str, scal
     """Every reader of the ``dequantized`` nodes' outputs reads ``x`` instead, annotated an FP4 activation of
     ``scale`` (INT8 units) quantized by ``origin``; a graph output among them is kept by an Identity of ``x``.
     Returns ``x``'s activation spec (None when nothing reads it)."""
-    for dq in dequantized:
-        out = dq.outputs[0]
-        for consumer in list(out.outputs):
-            for index, inp in enumerate(consumer.inputs):
-                if inp is out:
-                    consumer.inputs[index] = x
-                    ctx.annotations.add_activation(x.name, Site(consumer.name, index), origin, scale,
-                                                   ScaleSource.MODEL)
-        if any(graph_out is out for graph_out in ctx.graph.outputs):
-            ctx.graph.nodes.append(gs.Node("Identity", ctx.names(f"{dq.name}_float"), {}, [x], [out]))
+    for site in read_float(ctx, list(dequantized), x):
+        ctx.annotations.add_activation(x.name, site, origin, scale, ScaleSource.MODEL)
     spec = ctx.annotations.activations.get(x.name)
     if spec is not None:
         spec.format = FP4

@@ -44,9 +44,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx_graphsurgeon as gs
 
-from trt_bridge.annotations import QMAX, ScaleSource, Site
+from trt_bridge.annotations import QMAX, ScaleSource
 from trt_bridge.formats import FP4, INT4, INT8, code_limits, numpy_code_format
-from trt_bridge.lift.base import NOT_MINE, LiftContext
+from trt_bridge.lift.base import NOT_MINE, LiftContext, read_float
 from trt_bridge.lift.fp4_activation_qdq import RULE as FP4_QDQ
 from trt_bridge.lift.scale_algebra import constant_values, quantizer_zero_point
 
@@ -127,7 +127,7 @@ class QDQPair:
             what = (f"scale {bad:g} of '{x.name}' is not a positive finite number (a range that overflowed "
                     "float32 while calibrating): TensorRT rejects it; the tensor stays in float")
             ctx.approximate(self.name, node.name, what)
-            _read_float(ctx, dqs, x)
+            read_float(ctx, dqs, x)
             return
         per_axis = scale.size > 1
         s = scale.astype(np.float64).reshape(-1) if per_axis else float(scale.reshape(()))
@@ -165,7 +165,7 @@ class QDQPair:
         elif zp.dtype.itemsize > 1:  # int16/uint16 (AMD Quark's A16W8, com.microsoft Q/DQ): TensorRT has int8 only
             ctx.approximate(self.name, node.name, f"{zp.dtype} activation codes narrowed to int8 (TensorRT has no "
                             f"{zp.dtype} Q/DQ): scale {covering:.6g} covers the source's range [{lo:.6g}, {hi:.6g}]")
-        for site in _read_float(ctx, dqs, x):
+        for site in read_float(ctx, dqs, x):
             ctx.annotations.add_activation(x.name, site, node.name, covering, ScaleSource.MODEL)
         requantized = _take_over_requantized(ctx, node, dqs, x, (lo, hi))
         spec = ctx.annotations.activations.get(x.name)
@@ -210,20 +210,3 @@ def _take_over_requantized(ctx: LiftContext, node: gs.Node, dqs: list[gs.Node], 
         return None
     lo, hi = max([first[0]] + [r[0] for r in ranges]), min([first[1]] + [r[1] for r in ranges])
     return (lo, hi) if lo < hi else first
-
-
-def _read_float(ctx: LiftContext, dqs: list[gs.Node], x: gs.Tensor) -> list[Site]:
-    """Rewire every reader of the ``dqs``' outputs to the float ``x``; the edges rewired."""
-    graph_outputs = {id(t) for t in ctx.graph.outputs}
-    sites = []
-    for dq in dqs:
-        out = dq.outputs[0]
-        for consumer in list(out.outputs):
-            for index, tensor in enumerate(consumer.inputs):
-                if tensor is out:
-                    consumer.inputs[index] = x
-                    sites.append(Site(consumer.name, index))
-        if id(out) in graph_outputs:  # keep the output's name: Identity from the float tensor
-            out.inputs.clear()
-            ctx.graph.nodes.append(gs.Node("Identity", ctx.names(f"{dq.name}/float"), {}, [x], [out]))
-    return sites
